@@ -1,0 +1,280 @@
+"""The ``slotless`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sqlite3
+import sys
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .dag import DagError
+from .loader import DagImportError, load_dag
+from .states import TERMINAL
+from .store import SchemaTooNew, Store, open_store
+from .store import UnknownBackend as _UnknownBackend
+from .worker import Worker
+
+USER_ERRORS = (
+    DagImportError,
+    DagError,
+    _UnknownBackend,
+    SchemaTooNew,
+    sqlite3.DatabaseError,
+    ValueError,
+    FileNotFoundError,
+)
+
+out = Console()
+err = Console(stderr=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return asyncio.run(args.func(args))
+    except USER_ERRORS as exc:
+        print(f"slotless: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="slotless", description=__doc__)
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+
+    def db_opt(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--db", help="database URL (default: $SLOTLESS_DB or sqlite:///slotless.db)"
+        )
+
+    run = sub.add_parser("run", help="run a DAG file once, in this process, until it ends")
+    run.add_argument("file")
+    db_opt(run)
+    run.add_argument("--dag", help="the DAG id, if the file defines several")
+    run.add_argument("--slots", type=int, default=8)
+    run.add_argument("--isolation", choices=["thread", "process"], default="thread")
+    run.add_argument("--logical-date", type=_date, default=None, help="YYYY-MM-DD (default today)")
+    run.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    run.set_defaults(func=cmd_run)
+
+    worker = sub.add_parser("worker", help="serve as a worker: claim and run tasks of any run")
+    db_opt(worker)
+    worker.add_argument("--slots", type=int, default=8)
+    worker.add_argument("--isolation", choices=["thread", "process"], default="thread")
+    worker.add_argument("--poll-interval", type=float, default=0.5)
+    worker.add_argument("--heartbeat-interval", type=float, default=5.0)
+    worker.add_argument(
+        "--stale-after",
+        type=float,
+        default=30.0,
+        help="seconds without heartbeat after which a worker counts as dead",
+    )
+    worker.set_defaults(func=cmd_worker)
+
+    status = sub.add_parser("status", help="runs and their tasks by state")
+    db_opt(status)
+    status.add_argument("--limit", type=int, default=20)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    logs = sub.add_parser("logs", help="a task's log: transitions, log lines, errors")
+    logs.add_argument("run_id")
+    logs.add_argument("task_id", help="TASK or TASK[INDEX] for one instance of a mapped task")
+    db_opt(logs)
+    logs.set_defaults(func=cmd_logs)
+    return p
+
+
+def _date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    dag = load_dag(args.file, args.dag)
+    dag.validate()
+    store = await open_store(args.db)
+    try:
+        run_id = await store.create_run(
+            dag, args.logical_date or date.today(), dag_file=str(Path(args.file).resolve())
+        )
+        worker = Worker(
+            store,
+            slots=args.slots,
+            isolation=args.isolation,
+            dags={dag.dag_id: dag},
+            poll_interval=0.05,
+        )
+        show = not args.json and err.is_terminal
+        await asyncio.gather(worker.run(), _watch(store, run_id, worker, show))
+        info = await store.run_info(run_id)
+        assert info is not None
+        tasks = await store.run_tasks(run_id)
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "dag_id": dag.dag_id,
+                        "run_id": run_id,
+                        "state": info["state"],
+                        "tasks": {t["task_id"]: t["state"] for t in tasks},
+                    }
+                )
+            )
+        else:
+            _summary(run_id, info, tasks, await store.mapped_counts(run_id))
+        return 0 if info["state"] == "SUCCESS" else 1
+    finally:
+        await store.close()
+
+
+async def _watch(store: Store, run_id: str, worker: Worker, show: bool) -> None:
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[states]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not show,
+        transient=False,
+    )
+    with progress:
+        bar = progress.add_task(run_id, total=None, states="")
+        while True:
+            info = await store.run_info(run_id)
+            counts = await store.run_counts(run_id)
+            total = sum(counts.values())
+            done = sum(n for s, n in counts.items() if s in TERMINAL)
+            progress.update(
+                bar,
+                total=total,
+                completed=done,
+                states=" ".join(f"{s.lower()}={n}" for s, n in sorted(counts.items())),
+            )
+            if info is None or info["state"] != "RUNNING":
+                worker.stop()
+                return
+            await asyncio.sleep(0.1)
+
+
+def _summary(run_id: str, info: Any, tasks: list[Any], mapped: dict[str, dict[str, int]]) -> None:
+    table = Table(title=f"{run_id}: {info['state']}")
+    for col in ("task", "state", "attempts", "duration"):
+        table.add_column(col)
+    for t in tasks:
+        state = t["state"]
+        if t["task_id"] in mapped:
+            state += (
+                " ("
+                + ", ".join(f"{n} {s.lower()}" for s, n in sorted(mapped[t["task_id"]].items()))
+                + ")"
+            )
+        dur = ""
+        if t["started_at"] and t["ended_at"]:
+            dur = f"{t['ended_at'] - t['started_at']:.2f} s"
+        table.add_row(t["task_id"], state, str(t["attempt"]), dur)
+    out.print(table)
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    store = await open_store(args.db)
+    worker = Worker(
+        store,
+        slots=args.slots,
+        isolation=args.isolation,
+        poll_interval=args.poll_interval,
+        heartbeat_interval=args.heartbeat_interval,
+        stale_after=args.stale_after,
+    )
+    loop = asyncio.get_running_loop()
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        await store.close()
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    store = await open_store(args.db)
+    try:
+        runs = await store.list_runs(args.limit)
+    finally:
+        await store.close()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "runs": [
+                        {
+                            "run_id": r["run_id"],
+                            "dag_id": r["dag_id"],
+                            "logical_date": r["logical_date"],
+                            "state": r["state"],
+                            "tasks": counts,
+                        }
+                        for r, counts in runs
+                    ]
+                }
+            )
+        )
+        return 0
+    table = Table(title="runs")
+    for col in ("run", "logical date", "state", "started", "tasks by state"):
+        table.add_column(col)
+    for r, counts in runs:
+        started = datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            r["run_id"],
+            r["logical_date"],
+            r["state"],
+            started,
+            ", ".join(f"{s.lower()}={n}" for s, n in sorted(counts.items())),
+        )
+    out.print(table)
+    return 0
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    task_id, map_index = args.task_id, -1
+    if task_id.endswith("]") and "[" in task_id:
+        task_id, _, idx = task_id[:-1].partition("[")
+        map_index = int(idx)
+    store = await open_store(args.db)
+    try:
+        events = await store.task_log(args.run_id, task_id, map_index)
+    finally:
+        await store.close()
+    if events is None:
+        print(f"slotless: error: no task {args.task_id!r} in run {args.run_id!r}", file=sys.stderr)
+        return 2
+    for e in events:
+        ts = datetime.fromtimestamp(e["ts"]).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        if e["kind"] == "transition":
+            line = f"{e['from_state']} -> {e['to_state']}: {e['message']}"
+        else:
+            line = e["message"]
+        print(f"{ts} [attempt {e['attempt']}] {e['kind']:<10} {line}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Declaring DAGs in Python: tasks, their parents, retries, trigger rules, fan-out, branches."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .context import TaskContext
+from .durations import Duration, seconds
+from .rules import TriggerRule
+
+DEFAULT_MAP_CAP = 50_000
+
+# Rules under which RUN implies every parent is done: a mapped task expands once, so it
+# must not start before all of its parents ended.
+_MAPPABLE_RULES = frozenset(
+    {
+        TriggerRule.ALL_SUCCESS,
+        TriggerRule.ALL_DONE,
+        TriggerRule.NONE_FAILED,
+        TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+        TriggerRule.NONE_SKIPPED,
+    }
+)
+
+TaskFn = Callable[[TaskContext], Any]
+
+
+class DagError(ValueError):
+    """A DAG that cannot run: unknown parent, duplicate id, cycle, bad option."""
+
+
+def deployment_map_cap() -> int:
+    return int(os.environ.get("SLOTLESS_MAX_MAP", DEFAULT_MAP_CAP))
+
+
+@dataclass(eq=False)
+class TaskSpec:
+    """One task of a DAG. Build them with :meth:`DAG.task`; ``a >> b`` makes ``a`` a parent of ``b``."""
+
+    dag: DAG
+    task_id: str
+    fn: TaskFn
+    parents: list[str] = field(default_factory=list)
+    retries: int = 0
+    retry_delay: float = 1.0
+    retry_backoff: float = 2.0
+    max_retry_delay: float = 3600.0
+    retry_jitter: float = 0.1
+    execution_timeout: float | None = None
+    trigger_rule: TriggerRule = TriggerRule.ALL_SUCCESS
+    priority: int = 0
+    expand: str | None = None
+    map_cap: int | None = None
+    branch: bool = False
+
+    def __rshift__(self, other: TaskSpec | Sequence[TaskSpec]) -> Any:
+        for child in [other] if isinstance(other, TaskSpec) else other:
+            if self.task_id not in child.parents:
+                child.parents.append(self.task_id)
+        return other
+
+    def __rrshift__(self, others: Sequence[TaskSpec]) -> TaskSpec:
+        for parent in others:
+            parent >> self
+        return self
+
+    def __call__(self, ctx: TaskContext) -> Any:
+        return self.fn(ctx)
+
+    def effective_map_cap(self) -> int | None:
+        if self.expand is None:
+            return None
+        return self.map_cap if self.map_cap is not None else deployment_map_cap()
+
+    def retry_delay_for(self, attempt: int, rand: float) -> float:
+        """Delay before the attempt after ``attempt``: exponential backoff with jitter.
+
+        ``rand`` is uniform in [0, 1); the delay is scaled by a factor in
+        [1 - jitter, 1 + jitter] so that retries of many tasks do not arrive together.
+        """
+        base = min(self.max_retry_delay, self.retry_delay * self.retry_backoff ** (attempt - 1))
+        return max(0.0, base * (1 + self.retry_jitter * (2 * rand - 1)))
+
+
+ParentRef = str | TaskSpec
+
+
+class DAG:
+    """A named set of tasks and the edges between them.
+
+    >>> dag = DAG("example")
+    >>> @dag.task
+    ... def extract(ctx): return [1, 2, 3]
+    >>> @dag.task(parents=[extract])
+    ... def load(ctx): return sum(ctx.inputs["extract"])
+    """
+
+    def __init__(self, dag_id: str, *, description: str = "") -> None:
+        if not dag_id or not dag_id.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise DagError(f"invalid DAG id {dag_id!r}: use letters, digits, _ - .")
+        self.dag_id = dag_id
+        self.description = description
+        self.tasks: dict[str, TaskSpec] = {}
+
+    def task(
+        self,
+        fn: TaskFn | None = None,
+        *,
+        task_id: str | None = None,
+        parents: Iterable[ParentRef] = (),
+        retries: int = 0,
+        retry_delay: Duration = 1.0,
+        retry_backoff: float = 2.0,
+        max_retry_delay: Duration = 3600.0,
+        retry_jitter: float = 0.1,
+        execution_timeout: Duration | None = None,
+        trigger_rule: TriggerRule | str = TriggerRule.ALL_SUCCESS,
+        priority: int = 0,
+        expand: ParentRef | None = None,
+        map_cap: int | None = None,
+        branch: bool = False,
+    ) -> Any:
+        """Declare a task; usable as ``@dag.task`` or ``@dag.task(parents=[...], retries=3)``.
+
+        ``expand=upstream`` runs one instance per item of ``upstream``'s output (a list).
+        ``branch=True`` makes the task's return value (a child id or list of ids) choose which
+        children run; the others end SKIPPED.
+        """
+
+        def register(f: TaskFn) -> TaskSpec:
+            tid = task_id or f.__name__
+            if tid in self.tasks:
+                raise DagError(f"duplicate task id {tid!r} in DAG {self.dag_id!r}")
+            try:
+                rule = TriggerRule(trigger_rule)
+            except ValueError:
+                known = ", ".join(r.value for r in TriggerRule)
+                raise DagError(
+                    f"task {tid!r}: unknown trigger rule {trigger_rule!r} (known: {known})"
+                ) from None
+            if retries < 0:
+                raise DagError(f"task {tid!r}: retries must be >= 0")
+            parent_ids = [_ref(p) for p in parents]
+            source = _ref(expand) if expand is not None else None
+            if source is not None:
+                if source not in parent_ids:
+                    parent_ids.append(source)
+                if rule not in _MAPPABLE_RULES:
+                    raise DagError(
+                        f"task {tid!r}: a mapped task cannot use trigger rule "
+                        f"{rule.value} (it must wait for all parents)"
+                    )
+            if map_cap is not None and map_cap < 0:
+                raise DagError(f"task {tid!r}: map_cap must be >= 0")
+            spec = TaskSpec(
+                dag=self,
+                task_id=tid,
+                fn=f,
+                parents=parent_ids,
+                retries=retries,
+                retry_delay=seconds(retry_delay) or 0.0,
+                retry_backoff=retry_backoff,
+                max_retry_delay=seconds(max_retry_delay) or 0.0,
+                retry_jitter=retry_jitter,
+                execution_timeout=seconds(execution_timeout),
+                trigger_rule=rule,
+                priority=priority,
+                expand=source,
+                map_cap=map_cap,
+                branch=branch,
+            )
+            self.tasks[tid] = spec
+            return spec
+
+        return register(fn) if fn is not None else register
+
+    def children(self, task_id: str) -> list[str]:
+        return [t.task_id for t in self.tasks.values() if task_id in t.parents]
+
+    def validate(self) -> None:
+        """Raise :class:`DagError` for unknown parents or a cycle (naming it)."""
+        for spec in self.tasks.values():
+            for parent in spec.parents:
+                if parent not in self.tasks:
+                    raise DagError(f"task {spec.task_id!r} has unknown parent {parent!r}")
+                if parent == spec.task_id:
+                    raise DagError(f"cycle: {parent} -> {parent}")
+        cycle = find_cycle({t.task_id: t.parents for t in self.tasks.values()})
+        if cycle:
+            raise DagError("cycle: " + " -> ".join(cycle))
+
+    def topological_levels(self) -> list[list[str]]:
+        """Tasks grouped into levels that could run in parallel (after :meth:`validate`)."""
+        waiting = {t.task_id: len(t.parents) for t in self.tasks.values()}
+        level = [tid for tid, n in waiting.items() if n == 0]
+        levels: list[list[str]] = []
+        while level:
+            levels.append(level)
+            nxt = []
+            for tid in level:
+                for child in self.children(tid):
+                    waiting[child] -= 1
+                    if waiting[child] == 0:
+                        nxt.append(child)
+            level = nxt
+        return levels
+
+
+def _ref(p: ParentRef) -> str:
+    return p.task_id if isinstance(p, TaskSpec) else p
+
+
+def find_cycle(parents: dict[str, list[str]]) -> list[str] | None:
+    """A cycle as a closed path ``[a, b, c, a]`` (edges parent -> child), or None."""
+    children: dict[str, list[str]] = {t: [] for t in parents}
+    for child, ps in parents.items():
+        for p in ps:
+            children.setdefault(p, []).append(child)
+    white, grey, black = 0, 1, 2
+    color = dict.fromkeys(children, white)
+    for start in children:
+        if color[start] != white:
+            continue
+        # Iterative DFS so that a 10,000-task chain does not hit the recursion limit.
+        path: list[str] = [start]
+        stack = [iter(children[start])]
+        color[start] = grey
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                color[path.pop()] = black
+                stack.pop()
+            elif color[nxt] == grey:
+                return [*path[path.index(nxt) :], nxt]
+            elif color[nxt] == white:
+                color[nxt] = grey
+                path.append(nxt)
+                stack.append(iter(children[nxt]))
+    return None

@@ -1,0 +1,56 @@
+"""Importing DAG files, for the CLI and for workers that resume runs created elsewhere."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+from .dag import DAG
+
+
+class DagImportError(RuntimeError):
+    """A DAG file that does not import, or holds no (or an ambiguous) DAG."""
+
+
+_cache: dict[tuple[str, str | None], DAG] = {}
+
+
+def load_dag(path: str | Path, dag_id: str | None = None) -> DAG:
+    """Import ``path`` and return its DAG (the one named ``dag_id`` if it holds several)."""
+    path = Path(path).resolve()
+    key = (str(path), dag_id)
+    if key in _cache:
+        return _cache[key]
+    if not path.is_file():
+        raise DagImportError(f"DAG file {path} does not exist")
+    name = "slotless_dag_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise DagImportError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        raise DagImportError(
+            f"cannot import {path}: {type(exc).__name__}: {exc} (line {frame.lineno})"
+        ) from exc
+    dags = {v.dag_id: v for v in vars(module).values() if isinstance(v, DAG)}
+    if dag_id is not None:
+        if dag_id not in dags:
+            raise DagImportError(
+                f"{path} has no DAG {dag_id!r} (found: {', '.join(dags) or 'none'})"
+            )
+        dag = dags[dag_id]
+    elif len(dags) == 1:
+        dag = next(iter(dags.values()))
+    else:
+        found = ", ".join(dags) or "none"
+        raise DagImportError(f"{path} must define exactly one DAG, or name one (found: {found})")
+    _cache[key] = dag
+    return dag

@@ -1,0 +1,309 @@
+"""Where a task changes state: the one compare-and-set, and what follows from it.
+
+:func:`transition` is the only code that writes ``task.state``. It moves a set of rows
+from one expected state to a new one (rows no longer in the expected state are left
+alone, so a replayed event or a racing process changes nothing the second time), logs
+each change in ``task_event``, and, when rows reach a terminal state, settles their
+consequences in the same transaction: run bookkeeping, children's readiness counters,
+trigger rules, mapped-task expansion and aggregation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .rules import Counts, Decision, aggregate, decide
+from .states import TERMINAL, State, check_transition
+from .store.db import Row, Tx
+
+Message = str | Mapping[int, str]
+
+
+async def transition(
+    tx: Tx,
+    ids: Sequence[int],
+    expected: State,
+    new: State,
+    *,
+    now: float,
+    message: Message,
+    ready_at: float | None = None,
+    owner: str | None = None,
+    expect_owner: str | None = None,
+    attempt_delta: int = 0,
+) -> list[Row]:
+    """Move ``ids`` from ``expected`` to ``new``; returns the rows that moved."""
+    changed = await _cas(
+        tx,
+        ids,
+        expected,
+        new,
+        now=now,
+        message=message,
+        ready_at=ready_at,
+        owner=owner,
+        expect_owner=expect_owner,
+        attempt_delta=attempt_delta,
+    )
+    if changed and new in TERMINAL:
+        await _settle(tx, [(row, new) for row in changed], now)
+    return changed
+
+
+async def _cas(
+    tx: Tx,
+    ids: Sequence[int],
+    expected: State,
+    new: State,
+    *,
+    now: float,
+    message: Message,
+    ready_at: float | None = None,
+    owner: str | None = None,
+    expect_owner: str | None = None,
+    attempt_delta: int = 0,
+) -> list[Row]:
+    check_transition(expected, new)
+    if not ids:
+        return []
+    changed = await tx.fetch(
+        "cas",
+        new.value,
+        ready_at,
+        owner,
+        now if owner else None,
+        attempt_delta,
+        now,
+        1 if new in TERMINAL else 0,
+        expected.value,
+        tx.ids(ids),
+        expect_owner,
+    )
+    if changed:
+        await tx.executemany(
+            "insert_event",
+            [
+                (
+                    row["id"],
+                    now,
+                    "transition",
+                    expected.value,
+                    new.value,
+                    row["attempt"],
+                    message[row["id"]] if isinstance(message, Mapping) else message,
+                )
+                for row in changed
+            ],
+        )
+    return changed
+
+
+async def evaluate(tx: Tx, rows: Sequence[Row], now: float) -> None:
+    """Apply trigger rules to rows whose counters changed (or to a new run's tasks)."""
+    ended = await _decide(tx, rows, now)
+    if ended:
+        await _settle(tx, ended, now)
+
+
+async def _settle(tx: Tx, ended: list[tuple[Row, State]], now: float) -> None:
+    # A worklist, not recursion: a skip can cascade down a chain of any length.
+    while ended:
+        ended = await _settle_batch(tx, ended, now)
+
+
+async def _settle_batch(
+    tx: Tx, ended: list[tuple[Row, State]], now: float
+) -> list[tuple[Row, State]]:
+    follow: list[tuple[Row, State]] = []
+
+    # 1. Run bookkeeping: a run ends when its last unmapped task does.
+    per_run: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for row, state in ended:
+        if row["map_index"] < 0:
+            acc = per_run[row["run_id"]]
+            acc[0] += 1
+            if row["is_leaf"] and state in (State.FAILED, State.UPSTREAM_FAILED):
+                acc[1] += 1
+    for run_id, (done, leaves_failed) in per_run.items():
+        left = await tx.fetchone("run_tasks_done", done, leaves_failed, run_id)
+        if left is not None and left["tasks_unfinished"] <= 0:
+            final = "FAILED" if left["leaves_failed"] else "SUCCESS"
+            await tx.execute("finish_run", final, now, run_id)
+
+    # 2. Mapped instances report to their template, summed per template.
+    per_template: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    for row, state in ended:
+        if row["map_index"] >= 0:
+            acc = per_template[(row["run_id"], row["task_id"])]
+            acc[0] += 1
+            acc[1:] = [a + b for a, b in zip(acc[1:], _state_flags(state), strict=True)]
+    for (run_id, task_id), acc in per_template.items():
+        tpl = await tx.fetchone("bump_template", *acc, run_id, task_id)
+        if tpl is None or tpl["state"] != State.RUNNING or tpl["n_done"] < tpl["n_parents"]:
+            continue
+        final = State(aggregate(_counts(tpl)))
+        summary = _describe_counts(_counts(tpl), "instances")
+        for moved in await _cas(
+            tx,
+            [tpl["id"]],
+            State.RUNNING,
+            final,
+            now=now,
+            message=f"all {tpl['n_parents']} instances ended: {summary}",
+        ):
+            follow.append((moved, final))
+
+    # 3. Unmapped tasks report to their children, whose trigger rules then decide.
+    for row, state in ended:
+        if row["map_index"] < 0:
+            children = await tx.fetch(
+                "bump_children", *_state_flags(state), row["run_id"], row["task_id"]
+            )
+            follow.extend(await _decide(tx, children, now))
+    return follow
+
+
+async def _decide(tx: Tx, rows: Sequence[Row], now: float) -> list[tuple[Row, State]]:
+    ready: list[int] = []
+    ended: list[tuple[Row, State]] = []
+    for row in rows:
+        if row["state"] != State.PENDING or row["ready_at"] is not None:
+            continue  # already decided: running, ended, or queued
+        counts = _counts(row)
+        decision = decide(row["trigger_rule"], counts)
+        if decision is Decision.WAIT:
+            continue
+        if decision is Decision.RUN:
+            if row["expand_from"]:
+                ended.extend(await _expand(tx, row, now))
+            else:
+                ready.append(row["id"])
+            continue
+        new = State(decision.value)
+        why = f"trigger rule {row['trigger_rule']}: {_describe_counts(counts, 'parents')}"
+        ended.extend(
+            (moved, new)
+            for moved in await _cas(tx, [row["id"]], State.PENDING, new, now=now, message=why)
+        )
+    if ready:
+        await tx.execute("mark_ready", now, tx.ids(ready))
+    return ended
+
+
+async def _expand(tx: Tx, tpl: Row, now: float) -> list[tuple[Row, State]]:
+    """Create one instance per item of the upstream's output, in this transaction."""
+    source = tpl["expand_from"]
+    src = await tx.fetchone("task_result", tpl["run_id"], source)
+    items: Any
+    if src is None or src["state"] != State.SUCCESS:
+        return await _end_template(
+            tx,
+            tpl,
+            State.SKIPPED,
+            now,
+            f"nothing to map over: {source} ended {src and src['state']}",
+        )
+    if src["map_total"] is not None:  # mapping over a mapped task: its outputs in order
+        items = [
+            _loads(r["output"]) for r in await tx.fetch("mapped_outputs", tpl["run_id"], source)
+        ]
+    else:
+        items = _loads(src["output"])
+    problem = expansion_problem(source, items, tpl["map_cap"])
+    if problem:
+        return await _end_template(tx, tpl, State.FAILED, now, problem)
+    if not items:
+        return await _end_template(
+            tx, tpl, State.SKIPPED, now, f"{source} returned an empty list: no instance to run"
+        )
+    await tx.executemany(
+        "insert_instance",
+        [
+            (
+                tpl["run_id"],
+                tpl["task_id"],
+                i,
+                tpl["priority"],
+                tpl["max_attempts"],
+                json.dumps(item),
+                len(items),
+                now,
+            )
+            for i, item in enumerate(items)
+        ],
+    )
+    await tx.execute("set_expanded", len(items), tpl["id"])
+    await _cas(
+        tx,
+        [tpl["id"]],
+        State.PENDING,
+        State.RUNNING,
+        now=now,
+        message=f"expanded over {source} into {len(items)} instances",
+    )
+    return []
+
+
+def expansion_problem(source: str, items: Any, cap: int | None) -> str | None:
+    """Why ``items`` cannot be mapped over, or None. Shared by worker and store."""
+    if not isinstance(items, list):
+        return f"cannot map over the output of {source}: it is a {type(items).__name__}, not a list"
+    if cap is not None and len(items) > cap:
+        return (
+            f"fan-out of {len(items)} items from {source} exceeds the cap of {cap}; "
+            "no instance was created"
+        )
+    return None
+
+
+async def _end_template(
+    tx: Tx, tpl: Row, new: State, now: float, why: str
+) -> list[tuple[Row, State]]:
+    return [
+        (moved, new)
+        for moved in await _cas(tx, [tpl["id"]], State.PENDING, new, now=now, message=why)
+    ]
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _state_flags(state: State) -> tuple[int, int, int, int]:
+    return (
+        int(state is State.SUCCESS),
+        int(state is State.FAILED),
+        int(state is State.UPSTREAM_FAILED),
+        int(state is State.SKIPPED),
+    )
+
+
+def _counts(row: Row) -> Counts:
+    return Counts(
+        total=row["n_parents"],
+        done=row["n_done"],
+        success=row["n_success"],
+        failed=row["n_failed"],
+        upstream_failed=row["n_upstream_failed"],
+        skipped=row["n_skipped"],
+    )
+
+
+def _describe_counts(c: Counts, noun: str) -> str:
+    parts = [
+        f"{n} {label}"
+        for n, label in (
+            (c.success, "succeeded"),
+            (c.failed, "failed"),
+            (c.upstream_failed, "upstream failed"),
+            (c.skipped, "skipped"),
+        )
+        if n
+    ]
+    pending = c.total - c.done
+    if pending:
+        parts.append(f"{pending} not done")
+    return f"of {c.total} {noun}, " + ", ".join(parts) if parts else f"{c.total} {noun}"

@@ -1,0 +1,52 @@
+"""Opening a store from a URL. ``sqlite:///path.db`` (or a bare path) is the embedded default."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+from .db import Database, Row, SchemaTooNew, Tx
+from .jobs import Store
+
+DEFAULT_DB = "sqlite:///slotless.db"
+
+__all__ = [
+    "DEFAULT_DB",
+    "Database",
+    "Row",
+    "SchemaTooNew",
+    "Store",
+    "Tx",
+    "open_store",
+    "resolve_url",
+]
+
+
+class UnknownBackend(ValueError):
+    """The database URL names a scheme slotless has no backend for."""
+
+
+def resolve_url(url: str | None) -> str:
+    return url or os.environ.get("SLOTLESS_DB") or DEFAULT_DB
+
+
+async def open_database(url: str | None = None) -> Database:
+    url = resolve_url(url)
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+        from .sqlite import SqliteDatabase
+
+        return await SqliteDatabase.open(url, parsed.path or url)
+    if parsed.scheme == "sqlite":
+        from .sqlite import SqliteDatabase
+
+        # sqlite:///rel.db is relative, sqlite:////abs.db absolute, sqlite:///:memory: in memory
+        path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else parsed.path
+        return await SqliteDatabase.open(url, path or ":memory:")
+    raise UnknownBackend(
+        f"unknown database URL scheme {parsed.scheme!r} in {url!r}; use sqlite:///PATH"
+    )
+
+
+async def open_store(url: str | None = None, **kwargs: object) -> Store:
+    return Store(await open_database(url), **kwargs)  # type: ignore[arg-type]

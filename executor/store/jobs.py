@@ -1,0 +1,317 @@
+"""Every database operation the executor needs, backend-agnostic (cf. procrastinate's JobManager).
+
+The worker, the CLI and the triggerer talk to the store only through :class:`Store`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from datetime import date
+from typing import TYPE_CHECKING, Any
+
+from ..outcomes import Kind, Outcome
+from ..statemachine import evaluate, transition
+from ..states import State
+from .db import Database, Row
+
+if TYPE_CHECKING:
+    from ..dag import DAG
+
+Clock = Callable[[], float]
+
+
+class Store:
+    def __init__(self, db: Database, clock: Clock = time.time) -> None:
+        self.db = db
+        self.clock = clock
+
+    @property
+    def url(self) -> str:
+        return self.db.url
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    # -- runs ---------------------------------------------------------------------------
+
+    async def create_run(
+        self,
+        dag: DAG,
+        logical_date: date,
+        *,
+        dag_file: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """Insert a run with all its tasks and edges; the roots become claimable at once."""
+        dag.validate()
+        run_id = run_id or f"{dag.dag_id}:{logical_date.isoformat()}:{secrets.token_hex(3)}"
+        now = self.clock()
+        specs = list(dag.tasks.values())
+        has_children = {p for spec in specs for p in spec.parents}
+        async with self.db.write() as tx:
+            await tx.execute(
+                "insert_run",
+                run_id,
+                dag.dag_id,
+                logical_date.isoformat(),
+                dag_file,
+                now,
+                len(specs),
+            )
+            await tx.executemany(
+                "insert_task",
+                [
+                    (
+                        run_id,
+                        s.task_id,
+                        s.trigger_rule.value,
+                        s.priority,
+                        int(s.task_id not in has_children),
+                        s.expand,
+                        s.effective_map_cap(),
+                        s.retries + 1,
+                        len(s.parents),
+                        now,
+                    )
+                    for s in specs
+                ],
+            )
+            await tx.executemany(
+                "insert_edge", [(run_id, parent, s.task_id) for s in specs for parent in s.parents]
+            )
+            await evaluate(tx, await tx.fetch("run_tasks", run_id), now)
+        return run_id
+
+    async def run_info(self, run_id: str) -> Row | None:
+        async with self.db.read() as tx:
+            return await tx.fetchone("run_info", run_id)
+
+    async def run_counts(self, run_id: str) -> dict[str, int]:
+        """Task instances by state (a mapped task counts as its instances)."""
+        counts: dict[str, int] = defaultdict(int)
+        async with self.db.read() as tx:
+            for row in await tx.fetch("run_counts", run_id):
+                counts[row["state"]] += row["n"]
+        return dict(counts)
+
+    async def list_runs(self, limit: int = 20) -> list[tuple[Row, dict[str, int]]]:
+        async with self.db.read() as tx:
+            runs = await tx.fetch("list_runs", limit)
+            per_run: dict[str, dict[str, int]] = defaultdict(dict)
+            for row in await tx.fetch("run_state_counts", limit):
+                per_run[row["run_id"]][row["state"]] = row["n"]
+        return [(run, per_run[run["run_id"]]) for run in runs]
+
+    async def run_tasks(self, run_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.fetch("run_tasks", run_id)
+
+    async def mapped_counts(self, run_id: str) -> dict[str, dict[str, int]]:
+        """For each mapped task of a run, its instances by state."""
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        async with self.db.read() as tx:
+            for row in await tx.fetch("mapped_counts", run_id):
+                out[row["task_id"]][row["state"]] = row["n"]
+        return dict(out)
+
+    async def task_log(self, run_id: str, task_id: str, map_index: int = -1) -> list[Row] | None:
+        async with self.db.read() as tx:
+            row = await tx.fetchone("task_row", run_id, task_id, map_index)
+            if row is None:
+                return None
+            return await tx.fetch("task_events", row["id"])
+
+    async def external_states(self, questions: Sequence[dict[str, Any]]) -> list[Row]:
+        """Answer many cross-DAG questions in one query.
+
+        Each question is ``{"dag_id", "logical_date", "task_id" (or None)}``; the answer rows
+        carry ``q`` (the question's index), ``state`` (None if no such run) and ``run_id``.
+        """
+        payload = json.dumps([{**q, "q": i} for i, q in enumerate(questions)])
+        async with self.db.read() as tx:
+            return await tx.fetch("external_states", payload)
+
+    # -- workers -------------------------------------------------------------------------
+
+    async def claim(self, owner: str, limit: int) -> list[Row]:
+        """Take up to ``limit`` claimable tasks for ``owner``, highest priority first."""
+        now = self.clock()
+        claimed: list[Row] = []
+        async with self.db.write() as tx:
+            by_state: dict[str, list[int]] = defaultdict(list)
+            for row in await tx.fetch("claim_candidates", now, limit):
+                by_state[row["state"]].append(row["id"])
+            for state, ids in by_state.items():
+                claimed += await transition(
+                    tx,
+                    ids,
+                    State(state),
+                    State.RUNNING,
+                    now=now,
+                    message=f"claimed by {owner}",
+                    owner=owner,
+                )
+        return claimed
+
+    async def parent_outputs(self, row: Row) -> dict[str, Any]:
+        """``ctx.inputs`` for a claimed task: each parent's output, a mapped one as a list."""
+        if row["map_index"] < 0 and not _has_parents(row):
+            return {}
+        inputs: dict[str, Any] = {}
+        async with self.db.read() as tx:
+            rows = await tx.fetch(
+                "parent_outputs",
+                row["run_id"],
+                row["task_id"],
+                row["expand_from"] if row["map_index"] >= 0 else None,
+            )
+        for r in rows:
+            value = None if r["output"] is None else json.loads(r["output"])
+            if r["map_index"] < 0:
+                inputs[r["task_id"]] = [] if r["map_total"] is not None else value
+            else:
+                inputs[r["task_id"]].append(value)
+        return inputs
+
+    async def heartbeat(self, owner: str, ids: Sequence[int]) -> int:
+        async with self.db.write() as tx:
+            return await tx.execute("heartbeat", self.clock(), tx.ids(ids), owner)
+
+    async def reap(self, stale_after: float) -> int:
+        """Take back tasks whose worker stopped heartbeating; retry or fail them per policy."""
+        now = self.clock()
+        taken = 0
+        async with self.db.write() as tx:
+            for row in await tx.fetch("stale_running", now - stale_after):
+                why = (
+                    f"worker {row['owner']} lost: no heartbeat for "
+                    f"{now - row['heartbeat_at']:.1f} s"
+                )
+                if row["attempt"] < row["max_attempts"]:
+                    moved = await transition(
+                        tx,
+                        [row["id"]],
+                        State.RUNNING,
+                        State.RETRYING,
+                        now=now,
+                        message=why + "; will retry",
+                        ready_at=now,
+                        attempt_delta=1,
+                        expect_owner=row["owner"],
+                    )
+                else:
+                    moved = await transition(
+                        tx,
+                        [row["id"]],
+                        State.RUNNING,
+                        State.FAILED,
+                        now=now,
+                        message=why,
+                        expect_owner=row["owner"],
+                    )
+                taken += len(moved)
+        return taken
+
+    async def complete(self, outcomes: Iterable[Outcome]) -> None:
+        """Record a batch of finished attempts in one transaction."""
+        outcomes = list(outcomes)
+        if not outcomes:
+            return
+        now = self.clock()
+        async with self.db.write() as tx:
+            await _write_logs(tx, outcomes)
+            successes: dict[str, list[Outcome]] = defaultdict(list)
+            for o in outcomes:
+                if o.kind is Kind.SUCCESS:
+                    successes[o.owner].append(o)
+            for owner, group in successes.items():
+                for o in group:
+                    # Only the attempt's owner may route its branch; a stale report skips nothing.
+                    if o.skip_children and await tx.execute(
+                        "set_output", o.output_json, o.row_id, owner
+                    ):
+                        await _skip_branches(tx, o, now)
+                await tx.executemany(
+                    "set_output",
+                    [(o.output_json, o.row_id, owner) for o in group if not o.skip_children],
+                )
+                await transition(
+                    tx,
+                    [o.row_id for o in group],
+                    State.RUNNING,
+                    State.SUCCESS,
+                    now=now,
+                    message="succeeded",
+                    expect_owner=owner,
+                )
+            for o in outcomes:
+                if o.kind is Kind.ERROR:
+                    await _fail_attempt(tx, o, now)
+
+
+def _has_parents(row: Row) -> bool:
+    return bool(row["n_parents"])
+
+
+async def _write_logs(tx: Any, outcomes: list[Outcome]) -> None:
+    events = [
+        (o.row_id, ts, "log", None, None, o.attempt, msg) for o in outcomes for ts, msg in o.logs
+    ]
+    events += [
+        (o.row_id, o.slot.ended_at if o.slot else 0.0, "error", None, None, o.attempt, o.traceback)
+        for o in outcomes
+        if o.traceback
+    ]
+    if events:
+        await tx.executemany("insert_event", events)
+    slots = [
+        (o.slot.worker_id, o.slot.slot, o.row_id, o.slot.kind, o.slot.started_at, o.slot.ended_at)
+        for o in outcomes
+        if o.slot
+    ]
+    if slots:
+        await tx.executemany("insert_slot_usage", slots)
+
+
+async def _skip_branches(tx: Any, o: Outcome, now: float) -> None:
+    rows = await tx.fetch("ids_by_task_id", o.run_id, json.dumps(o.skip_children))
+    await transition(
+        tx,
+        [r["id"] for r in rows],
+        State.PENDING,
+        State.SKIPPED,
+        now=now,
+        message="branch not taken",
+    )
+
+
+async def _fail_attempt(tx: Any, o: Outcome, now: float) -> None:
+    if o.attempt < o.max_attempts:
+        await transition(
+            tx,
+            [o.row_id],
+            State.RUNNING,
+            State.RETRYING,
+            now=now,
+            message=(
+                f"attempt {o.attempt} of {o.max_attempts} failed: {o.message}; "
+                f"retrying in {o.retry_delay:.1f} s"
+            ),
+            ready_at=now + o.retry_delay,
+            attempt_delta=1,
+            expect_owner=o.owner,
+        )
+    else:
+        await transition(
+            tx,
+            [o.row_id],
+            State.RUNNING,
+            State.FAILED,
+            now=now,
+            message=f"attempt {o.attempt} of {o.max_attempts} failed: {o.message}",
+            expect_owner=o.owner,
+        )

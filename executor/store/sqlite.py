@@ -1,0 +1,133 @@
+"""The embedded backend: one SQLite file through aiosqlite, in WAL mode.
+
+Several processes (workers, a triggerer) may share the file: writes take the lock up
+front with ``BEGIN IMMEDIATE`` and wait up to the busy timeout for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiosqlite
+
+import schema
+
+from .db import Row, SchemaTooNew
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+class SqliteTx:
+    def __init__(self, conn: aiosqlite.Connection, sql: dict[str, str]) -> None:
+        self._conn = conn
+        self._sql = sql
+
+    async def fetch(self, name: str, *args: Any) -> list[Row]:
+        return list(await self._conn.execute_fetchall(self._sql[name], args))
+
+    async def fetchone(self, name: str, *args: Any) -> Row | None:
+        rows = await self._conn.execute_fetchall(self._sql[name], args)
+        return rows[0] if rows else None
+
+    async def execute(self, name: str, *args: Any) -> int:
+        cursor = await self._conn.execute(self._sql[name], args)
+        count = cursor.rowcount
+        await cursor.close()
+        return count
+
+    async def executemany(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
+        await self._conn.executemany(self._sql[name], rows)
+
+    def ids(self, values: Sequence[int]) -> str:
+        return json.dumps(list(values))
+
+
+class SqliteDatabase:
+    backend = "sqlite"
+
+    def __init__(self, url: str, path: str, conn: aiosqlite.Connection) -> None:
+        self.url = url
+        self.path = path
+        self._conn = conn
+        self._sql = schema.queries("sqlite")
+        # One connection per process: transactions from this process's coroutines queue here.
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, url: str, path: str) -> SqliteDatabase:
+        conn = await aiosqlite.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        conn.row_factory = sqlite3.Row
+        await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        await conn.execute("PRAGMA journal_mode = WAL")
+        await conn.execute("PRAGMA synchronous = NORMAL")
+        db = cls(url, path, conn)
+        try:
+            await db._migrate()
+        except BaseException:
+            await conn.close()
+            raise
+        return db
+
+    async def _migrate(self) -> None:
+        known = schema.migrations("sqlite")
+        latest = known[-1].version
+        async with self._lock:
+            await self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                await self._conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_version"
+                    " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+                )
+                rows = await self._conn.execute_fetchall("SELECT max(version) FROM schema_version")
+                current = rows[0][0] or 0
+                if current > latest:
+                    raise SchemaTooNew(
+                        f"database {self.path} has schema version {current}, newer than the "
+                        f"{latest} this slotless knows; upgrade slotless to use it"
+                    )
+                for mig in known:
+                    if mig.version > current:
+                        # executescript would COMMIT; run statement by statement instead.
+                        for statement in _statements(mig.sql):
+                            await self._conn.execute(statement)
+                        await self._conn.execute(
+                            "INSERT INTO schema_version VALUES (?, ?, ?)",
+                            (mig.version, mig.name, time.time()),
+                        )
+                await self._conn.execute("COMMIT")
+            except BaseException:
+                await self._conn.execute("ROLLBACK")
+                raise
+
+    @asynccontextmanager
+    async def _tx(self, begin: str) -> AsyncIterator[SqliteTx]:
+        async with self._lock:
+            await self._conn.execute(begin)
+            try:
+                yield SqliteTx(self._conn, self._sql)
+            except BaseException:
+                await self._conn.execute("ROLLBACK")
+                raise
+            await self._conn.execute("COMMIT")
+
+    def write(self) -> Any:
+        return self._tx("BEGIN IMMEDIATE")
+
+    def read(self) -> Any:
+        return self._tx("BEGIN")
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
+def _statements(script: str) -> list[str]:
+    """Split a DDL file into statements (our DDL has no ``--`` or ``;`` inside literals)."""
+    text = re.sub(r"--[^\n]*", "", script)
+    return [s.strip() for s in text.split(";") if s.strip()]

@@ -1,0 +1,289 @@
+"""The sync worker: claim runnable tasks, run each in a slot, report back in batches.
+
+One loop, read top to bottom in :meth:`Worker.run`: claim as many tasks as there are free
+slots, start each in a slot, sleep until a slot frees or the poll interval passes. Beside
+it, a flusher commits finished attempts in batches (one transaction for everything that
+finished meanwhile), and a housekeeper heartbeats in-flight rows and takes back the rows
+of workers that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+from .context import TaskContext
+from .dag import DAG, TaskSpec
+from .loader import load_dag
+from .outcomes import Kind, Outcome, SlotInterval
+from .slots import ProcessSlots, Result, ThreadSlots
+from .statemachine import expansion_problem
+from .store import Row, Store
+
+log = logging.getLogger("slotless.worker")
+
+
+@dataclass(slots=True)
+class _RunInfo:
+    dag: DAG | None
+    dag_id: str
+    logical_date: date
+    problem: str | None = None
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        slots: int = 8,
+        isolation: str = "thread",
+        worker_id: str | None = None,
+        dags: dict[str, DAG] | None = None,
+        poll_interval: float = 0.5,
+        heartbeat_interval: float = 5.0,
+        stale_after: float = 30.0,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        if isolation not in ("thread", "process"):
+            raise ValueError(f"unknown isolation {isolation!r}: use thread or process")
+        self.store = store
+        self.slots = slots
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+        self._runner = ThreadSlots(slots) if isolation == "thread" else ProcessSlots(slots)
+        self._dags_by_id = dict(dags or {})
+        self._runs: dict[str, _RunInfo] = {}
+        self._poll = poll_interval
+        self._heartbeat_every = heartbeat_interval
+        self._stale_after = stale_after
+        self._rand = rand
+        self._free = list(range(slots - 1, -1, -1))  # slot numbers, popped from the end
+        self._in_flight: dict[int, str] = {}  # row id -> claim owner, until flushed
+        self._done: list[Outcome] = []
+        self._wake = asyncio.Event()
+        self._flush_wanted = asyncio.Event()
+        self._stopping = False
+        self._claims = 0
+        self.completed = 0
+
+    def stop(self) -> None:
+        """Stop claiming; the worker finishes what it holds and returns from :meth:`run`."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self, until: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """Serve until :meth:`stop` is called (or ``until()`` returns true)."""
+        tasks: set[asyncio.Task[Any]] = set()
+        helpers = [asyncio.create_task(self._flusher()), asyncio.create_task(self._housekeeper())]
+        try:
+            while not self._stopping:
+                if until is not None and await until():
+                    break
+                # Cleared before claiming, so a slot freed during the claim wakes us at once.
+                self._wake.clear()
+                if self._free:
+                    owner = f"{self.worker_id}#{self._claims}"
+                    self._claims += 1
+                    for row in await self.store.claim(owner, len(self._free)):
+                        self._in_flight[row["id"]] = owner
+                        task = asyncio.create_task(self._run_one(row, owner, self._free.pop()))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._poll)
+            if tasks:
+                await asyncio.gather(*tasks)
+            await self._flush()
+        finally:
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            self._runner.shutdown()
+
+    async def _run_one(self, row: Row, owner: str, slot: int) -> None:
+        release = asyncio.Event()
+        started = time.time()
+        try:
+            outcome = await self._attempt(row, owner, release)
+        except Exception as exc:  # a bug of ours must fail the attempt, not the worker
+            log.exception("worker error on task row %s", row["id"])
+            release.set()
+            outcome = self._outcome(row, owner, Kind.ERROR, message=f"worker error: {exc!r}")
+        outcome.slot = SlotInterval(self.worker_id, slot, "execute", started, time.time())
+        self._done.append(outcome)
+        self._flush_wanted.set()
+        await release.wait()
+        self._free.append(slot)
+        self._wake.set()
+
+    async def _attempt(self, row: Row, owner: str, release: asyncio.Event) -> Outcome:
+        info = await self._run_info(row["run_id"])
+        spec = info.dag.tasks.get(row["task_id"]) if info.dag else None
+        if spec is None:
+            release.set()
+            why = info.problem or f"task {row['task_id']!r} is not in DAG {info.dag_id!r}"
+            return self._outcome(row, owner, Kind.ERROR, message=why, retry=False)
+        ctx = TaskContext(
+            run_id=row["run_id"],
+            dag_id=info.dag_id,
+            task_id=row["task_id"],
+            logical_date=info.logical_date,
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            inputs=await self.store.parent_outputs(row),
+            map_index=row["map_index"],
+            item=json.loads(row["item"]) if row["item"] is not None else None,
+            total=row["map_total"] if row["map_index"] >= 0 else None,
+        )
+        result = await self._runner.run(spec, ctx, release)
+        return self._judge(row, owner, spec, ctx, result)
+
+    def _judge(self, row: Row, owner: str, spec: TaskSpec, ctx: TaskContext, r: Result) -> Outcome:
+        """Turn a callable's result into what the store records."""
+        if not r.ok:
+            o = self._outcome(row, owner, Kind.ERROR, message=r.message, spec=spec)
+            o.traceback = r.traceback
+            o.logs = ctx._logs
+            return o
+        try:
+            value = json.loads(r.value) if r.value_is_json else r.value
+            output_json = r.value if r.value_is_json else json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            o = self._outcome(
+                row, owner, Kind.ERROR, spec=spec, message=f"output cannot be stored as JSON: {exc}"
+            )
+            o.logs = ctx._logs
+            return o
+        problem, skip = self._check_output(spec, value, row["map_index"] >= 0)
+        if problem:
+            o = self._outcome(row, owner, Kind.ERROR, message=problem, spec=spec)
+        else:
+            o = self._outcome(row, owner, Kind.SUCCESS)
+            o.output_json = output_json
+            o.skip_children = skip
+        o.logs = ctx._logs
+        return o
+
+    def _check_output(
+        self, spec: TaskSpec, value: Any, is_instance: bool
+    ) -> tuple[str | None, list[str]]:
+        """Problems that fail the task itself: a bad fan-out source, a bad branch choice."""
+        for consumer in spec.dag.tasks.values():
+            # An instance's output is one item of what its consumer maps over, not the list.
+            if consumer.expand == spec.task_id and not is_instance:
+                problem = expansion_problem(spec.task_id, value, consumer.effective_map_cap())
+                if problem:
+                    return f"{problem} (mapped task {consumer.task_id})", []
+        if not spec.branch:
+            return None, []
+        chosen = [value] if isinstance(value, str) else value
+        children = spec.dag.children(spec.task_id)
+        if not isinstance(chosen, list) or not all(isinstance(c, str) for c in chosen):
+            return (
+                f"branch {spec.task_id} must return a child id or a list of them, not {value!r}"
+            ), []
+        unknown = [c for c in chosen if c not in children]
+        if unknown:
+            return (
+                f"branch {spec.task_id} chose {', '.join(unknown)}, which is not one of "
+                f"its children ({', '.join(children) or 'none'})"
+            ), []
+        return None, [c for c in children if c not in chosen]
+
+    def _outcome(
+        self,
+        row: Row,
+        owner: str,
+        kind: Kind,
+        *,
+        message: str = "",
+        spec: TaskSpec | None = None,
+        retry: bool = True,
+    ) -> Outcome:
+        attempt, max_attempts = row["attempt"], row["max_attempts"]
+        delay = 0.0
+        if kind is Kind.ERROR and spec is not None:
+            delay = spec.retry_delay_for(attempt, self._rand())
+        return Outcome(
+            row_id=row["id"],
+            owner=owner,
+            attempt=attempt,
+            max_attempts=max_attempts if retry else attempt,
+            kind=kind,
+            message=message,
+            retry_delay=delay,
+            run_id=row["run_id"],
+        )
+
+    async def _run_info(self, run_id: str) -> _RunInfo:
+        info = self._runs.get(run_id)
+        if info is not None:
+            return info
+        run = await self.store.run_info(run_id)
+        if run is None:
+            info = _RunInfo(None, "?", date.today(), problem=f"run {run_id} not found")
+        else:
+            logical = date.fromisoformat(run["logical_date"])
+            dag = self._dags_by_id.get(run["dag_id"])
+            problem = None
+            if dag is None and run["dag_file"]:
+                try:
+                    dag = load_dag(run["dag_file"], run["dag_id"])
+                except Exception as exc:
+                    problem = f"cannot load DAG {run['dag_id']}: {exc}"
+            elif dag is None:
+                problem = f"DAG {run['dag_id']} is unknown to this worker and has no file"
+            info = _RunInfo(dag, run["dag_id"], logical, problem)
+        self._runs[run_id] = info
+        return info
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        batch, self._done = self._done, []
+        if not batch:
+            return
+        try:
+            await self.store.complete(batch)
+        except Exception:
+            log.exception("could not record %d finished attempts; will retry", len(batch))
+            self._done[:0] = batch
+            await asyncio.sleep(self._poll)
+            self._flush_wanted.set()
+            return
+        for o in batch:
+            self._in_flight.pop(o.row_id, None)
+        self.completed += len(batch)
+        self._wake.set()
+
+    async def _housekeeper(self) -> None:
+        last_reap = 0.0
+        while True:
+            await asyncio.sleep(self._heartbeat_every)
+            by_owner: dict[str, list[int]] = {}
+            for row_id, owner in list(self._in_flight.items()):
+                by_owner.setdefault(owner, []).append(row_id)
+            try:
+                for owner, ids in by_owner.items():
+                    await self.store.heartbeat(owner, ids)
+                if time.monotonic() - last_reap >= self._stale_after / 2:
+                    last_reap = time.monotonic()
+                    if await self.store.reap(self._stale_after):
+                        self._wake.set()
+            except Exception:
+                log.exception("heartbeat failed; will try again")

@@ -1,0 +1,157 @@
+-- Every statement slotless runs on SQLite. Parameters are ?N, in the same order as
+-- schema/postgres/queries.sql. Id lists arrive as one JSON array parameter.
+
+-- name: cas
+-- The one compare-and-set through which every task state change passes.
+-- ?1 new state, ?2 ready_at, ?3 owner, ?4 heartbeat_at, ?5 attempt delta, ?6 now,
+-- ?7 1 if the new state is terminal, ?8 expected state, ?9 ids, ?10 expected owner or NULL
+UPDATE task
+SET state = ?1, ready_at = ?2, owner = ?3, heartbeat_at = ?4, attempt = attempt + ?5,
+    updated_at = ?6,
+    started_at = CASE WHEN ?1 = 'RUNNING' AND started_at IS NULL THEN ?6 ELSE started_at END,
+    ended_at = CASE WHEN ?7 THEN ?6 ELSE ended_at END
+WHERE id IN (SELECT value FROM json_each(?9)) AND state = ?8
+  AND (?10 IS NULL OR owner = ?10)
+RETURNING *;
+
+-- name: insert_event
+INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);
+
+-- name: insert_slot_usage
+INSERT INTO slot_usage (worker_id, slot, task_row, kind, started_at, ended_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6);
+
+-- name: insert_run
+INSERT INTO dag_run (run_id, dag_id, logical_date, state, dag_file, created_at, tasks_unfinished)
+VALUES (?1, ?2, ?3, 'RUNNING', ?4, ?5, ?6);
+
+-- name: insert_task
+INSERT INTO task (run_id, task_id, state, trigger_rule, priority, is_leaf, expand_from, map_cap,
+                  max_attempts, n_parents, updated_at)
+VALUES (?1, ?2, 'PENDING', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10);
+
+-- name: insert_edge
+INSERT INTO edge (run_id, parent, child) VALUES (?1, ?2, ?3);
+
+-- name: insert_instance
+INSERT OR IGNORE INTO task (run_id, task_id, map_index, state, trigger_rule, priority, is_leaf,
+                            max_attempts, item, map_total, ready_at, updated_at)
+VALUES (?1, ?2, ?3, 'PENDING', 'all_success', ?4, 0, ?5, ?6, ?7, ?8, ?8);
+
+-- name: set_expanded
+UPDATE task
+SET n_parents = ?1, n_done = 0, n_success = 0, n_failed = 0, n_upstream_failed = 0,
+    n_skipped = 0, map_total = ?1
+WHERE id = ?2;
+
+-- name: run_tasks
+SELECT * FROM task WHERE run_id = ?1 AND map_index = -1 ORDER BY id;
+
+-- name: run_tasks_done
+UPDATE dag_run
+SET tasks_unfinished = tasks_unfinished - ?1, leaves_failed = leaves_failed + ?2
+WHERE run_id = ?3
+RETURNING tasks_unfinished, leaves_failed;
+
+-- name: finish_run
+UPDATE dag_run SET state = ?1, ended_at = ?2 WHERE run_id = ?3 AND state = 'RUNNING';
+
+-- name: bump_children
+-- A parent ended: count it in each child's counters (?1..?4 are 0/1 by how it ended).
+UPDATE task
+SET n_done = n_done + 1, n_success = n_success + ?1, n_failed = n_failed + ?2,
+    n_upstream_failed = n_upstream_failed + ?3, n_skipped = n_skipped + ?4
+WHERE run_id = ?5 AND map_index = -1
+  AND task_id IN (SELECT child FROM edge WHERE run_id = ?5 AND parent = ?6)
+RETURNING *;
+
+-- name: bump_template
+-- Instances of a mapped task ended: count them in the template's counters.
+UPDATE task
+SET n_done = n_done + ?1, n_success = n_success + ?2, n_failed = n_failed + ?3,
+    n_upstream_failed = n_upstream_failed + ?4, n_skipped = n_skipped + ?5
+WHERE run_id = ?6 AND task_id = ?7 AND map_index = -1
+RETURNING *;
+
+-- name: mark_ready
+UPDATE task SET ready_at = ?1
+WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'PENDING' AND ready_at IS NULL;
+
+-- name: task_result
+SELECT state, output, map_total FROM task WHERE run_id = ?1 AND task_id = ?2 AND map_index = -1;
+
+-- name: mapped_outputs
+SELECT output FROM task WHERE run_id = ?1 AND task_id = ?2 AND map_index >= 0 ORDER BY map_index;
+
+-- name: claim_candidates
+SELECT id, state FROM task
+WHERE ready_at IS NOT NULL AND ready_at <= ?1
+ORDER BY priority DESC, ready_at, id
+LIMIT ?2;
+
+-- name: parent_outputs
+-- Outputs of a task's parents; a mapped parent contributes its instances in index order.
+SELECT t.task_id, t.map_index, t.output, t.map_total
+FROM edge e JOIN task t ON t.run_id = e.run_id AND t.task_id = e.parent
+WHERE e.run_id = ?1 AND e.child = ?2 AND e.parent IS NOT ?3
+ORDER BY t.task_id, t.map_index;
+
+-- name: set_output
+UPDATE task SET output = ?1 WHERE id = ?2 AND owner = ?3;
+
+-- name: ids_by_task_id
+SELECT id FROM task
+WHERE run_id = ?1 AND map_index = -1 AND task_id IN (SELECT value FROM json_each(?2));
+
+-- name: heartbeat
+UPDATE task SET heartbeat_at = ?1
+WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'RUNNING' AND owner = ?3;
+
+-- name: stale_running
+SELECT id, owner, attempt, max_attempts, heartbeat_at FROM task
+WHERE state = 'RUNNING' AND owner IS NOT NULL AND heartbeat_at < ?1;
+
+-- name: run_info
+SELECT * FROM dag_run WHERE run_id = ?1;
+
+-- name: run_counts
+SELECT state, count(*) AS n FROM task WHERE run_id = ?1 AND map_index >= 0 GROUP BY state
+UNION ALL
+SELECT state, count(*) AS n FROM task WHERE run_id = ?1 AND map_index = -1 AND map_total IS NULL
+GROUP BY state;
+
+-- name: list_runs
+SELECT * FROM dag_run ORDER BY created_at DESC LIMIT ?1;
+
+-- name: run_state_counts
+SELECT run_id, state, count(*) AS n FROM task
+WHERE run_id IN (SELECT run_id FROM dag_run ORDER BY created_at DESC LIMIT ?1)
+GROUP BY run_id, state;
+
+-- name: task_row
+SELECT * FROM task WHERE run_id = ?1 AND task_id = ?2 AND map_index = ?3;
+
+-- name: task_events
+SELECT * FROM task_event WHERE task_row = ?1 ORDER BY id;
+
+-- name: external_states
+-- Cross-DAG questions, all answered at once: ?1 is a JSON array of
+-- {"q": n, "dag_id": ..., "task_id": ... or null, "logical_date": ...}; the latest run wins.
+SELECT q.value ->> 'q' AS q,
+       (SELECT CASE WHEN q.value ->> 'task_id' IS NULL THEN r.state
+                    ELSE (SELECT t.state FROM task t
+                          WHERE t.run_id = r.run_id AND t.task_id = q.value ->> 'task_id'
+                            AND t.map_index = -1) END
+        FROM dag_run r
+        WHERE r.dag_id = q.value ->> 'dag_id' AND r.logical_date = q.value ->> 'logical_date'
+        ORDER BY r.created_at DESC LIMIT 1) AS state,
+       (SELECT r.run_id FROM dag_run r
+        WHERE r.dag_id = q.value ->> 'dag_id' AND r.logical_date = q.value ->> 'logical_date'
+        ORDER BY r.created_at DESC LIMIT 1) AS run_id
+FROM json_each(?1) AS q;
+
+-- name: mapped_counts
+SELECT task_id, state, count(*) AS n FROM task
+WHERE run_id = ?1 AND map_index >= 0
+GROUP BY task_id, state;
