@@ -169,7 +169,7 @@ async def _watch(store: Store, run_id: str, worker: Worker, show: bool) -> None:
             if info is None or info["state"] != "RUNNING":
                 worker.stop()
                 return
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.25)
 
 
 def _summary(run_id: str, info: Any, tasks: list[Any], mapped: dict[str, dict[str, int]]) -> None:

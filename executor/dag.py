@@ -38,7 +38,7 @@ def deployment_map_cap() -> int:
 
 @dataclass(eq=False)
 class TaskSpec:
-    """One task of a DAG. Build them with :meth:`DAG.task`; ``a >> b`` makes ``a`` a parent of ``b``."""
+    """One task of a DAG, built with :meth:`DAG.task`; ``a >> b`` makes ``a`` a parent of ``b``."""
 
     dag: DAG
     task_id: str
@@ -104,6 +104,7 @@ class DAG:
         self.dag_id = dag_id
         self.description = description
         self.tasks: dict[str, TaskSpec] = {}
+        self._consumers: tuple[int, dict[str, list[TaskSpec]]] | None = None
 
     def task(
         self,
@@ -179,6 +180,16 @@ class DAG:
 
     def children(self, task_id: str) -> list[str]:
         return [t.task_id for t in self.tasks.values() if task_id in t.parents]
+
+    def mapped_consumers(self, task_id: str) -> list[TaskSpec]:
+        """Tasks that expand over ``task_id``'s output (indexed once: workers ask per task)."""
+        if self._consumers is None or self._consumers[0] != len(self.tasks):
+            index: dict[str, list[TaskSpec]] = {}
+            for t in self.tasks.values():
+                if t.expand is not None:
+                    index.setdefault(t.expand, []).append(t)
+            self._consumers = (len(self.tasks), index)
+        return self._consumers[1].get(task_id, [])
 
     def validate(self) -> None:
         """Raise :class:`DagError` for unknown parents or a cycle (naming it)."""

@@ -230,6 +230,7 @@ async def _expand(tx: Tx, tpl: Row, now: float) -> list[tuple[Row, State]]:
                 tpl["max_attempts"],
                 json.dumps(item),
                 len(items),
+                source,
                 now,
             )
             for i, item in enumerate(items)

@@ -72,7 +72,6 @@ class Worker:
         self._in_flight: dict[int, str] = {}  # row id -> claim owner, until flushed
         self._done: list[Outcome] = []
         self._wake = asyncio.Event()
-        self._flush_wanted = asyncio.Event()
         self._stopping = False
         self._claims = 0
         self.completed = 0
@@ -85,33 +84,49 @@ class Worker:
     async def run(self, until: Callable[[], Awaitable[bool]] | None = None) -> None:
         """Serve until :meth:`stop` is called (or ``until()`` returns true)."""
         tasks: set[asyncio.Task[Any]] = set()
-        helpers = [asyncio.create_task(self._flusher()), asyncio.create_task(self._housekeeper())]
+        housekeeper = asyncio.create_task(self._housekeeper())
         try:
-            while not self._stopping:
-                if until is not None and await until():
-                    break
-                # Cleared before claiming, so a slot freed during the claim wakes us at once.
+            while True:
+                if until is not None and not self._stopping and await until():
+                    self._stopping = True
+                # Cleared before the exchange, so a slot freed meanwhile wakes us at once.
                 self._wake.clear()
-                if self._free:
-                    owner = f"{self.worker_id}#{self._claims}"
-                    self._claims += 1
-                    for row in await self.store.claim(owner, len(self._free)):
-                        self._in_flight[row["id"]] = owner
-                        task = asyncio.create_task(self._run_one(row, owner, self._free.pop()))
+                limit = 0 if self._stopping else len(self._free)
+                if self._done or limit:
+                    for row in await self._exchange(limit):
+                        task = asyncio.create_task(self._run_one(row, self._free.pop()))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
+                if self._stopping and not tasks and not self._done:
+                    break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._poll)
-            if tasks:
-                await asyncio.gather(*tasks)
-            await self._flush()
         finally:
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            housekeeper.cancel()
+            await asyncio.gather(housekeeper, return_exceptions=True)
             self._runner.shutdown()
 
-    async def _run_one(self, row: Row, owner: str, slot: int) -> None:
+    async def _exchange(self, limit: int) -> list[Row]:
+        """Report what finished and claim up to ``limit`` tasks, in one transaction."""
+        batch, self._done = self._done, []
+        owner = f"{self.worker_id}#{self._claims}"
+        self._claims += 1
+        try:
+            claimed = await self.store.exchange(batch, owner, limit)
+        except Exception:
+            log.exception("could not record %d attempts / claim; will retry", len(batch))
+            self._done[:0] = batch
+            await asyncio.sleep(self._poll)
+            return []
+        for o in batch:
+            self._in_flight.pop(o.row_id, None)
+        for row in claimed:
+            self._in_flight[row["id"]] = owner
+        self.completed += len(batch)
+        return claimed
+
+    async def _run_one(self, row: Row, slot: int) -> None:
+        owner = self._in_flight[row["id"]]
         release = asyncio.Event()
         started = time.time()
         try:
@@ -122,7 +137,7 @@ class Worker:
             outcome = self._outcome(row, owner, Kind.ERROR, message=f"worker error: {exc!r}")
         outcome.slot = SlotInterval(self.worker_id, slot, "execute", started, time.time())
         self._done.append(outcome)
-        self._flush_wanted.set()
+        self._wake.set()
         await release.wait()
         self._free.append(slot)
         self._wake.set()
@@ -141,13 +156,19 @@ class Worker:
             logical_date=info.logical_date,
             attempt=row["attempt"],
             max_attempts=row["max_attempts"],
-            inputs=await self.store.parent_outputs(row),
+            inputs=await self._inputs(row, spec),
             map_index=row["map_index"],
             item=json.loads(row["item"]) if row["item"] is not None else None,
             total=row["map_total"] if row["map_index"] >= 0 else None,
         )
         result = await self._runner.run(spec, ctx, release)
         return self._judge(row, owner, spec, ctx, result)
+
+    async def _inputs(self, row: Row, spec: TaskSpec) -> dict[str, Any]:
+        source = spec.expand if row["map_index"] >= 0 else None
+        if not any(p != source for p in spec.parents):
+            return {}  # no query: the common case of a root or a mapped instance
+        return await self.store.parent_outputs(row)
 
     def _judge(self, row: Row, owner: str, spec: TaskSpec, ctx: TaskContext, r: Result) -> Outcome:
         """Turn a callable's result into what the store records."""
@@ -179,12 +200,11 @@ class Worker:
         self, spec: TaskSpec, value: Any, is_instance: bool
     ) -> tuple[str | None, list[str]]:
         """Problems that fail the task itself: a bad fan-out source, a bad branch choice."""
-        for consumer in spec.dag.tasks.values():
-            # An instance's output is one item of what its consumer maps over, not the list.
-            if consumer.expand == spec.task_id and not is_instance:
-                problem = expansion_problem(spec.task_id, value, consumer.effective_map_cap())
-                if problem:
-                    return f"{problem} (mapped task {consumer.task_id})", []
+        # An instance's output is one item of what its consumer maps over, not the list.
+        for consumer in [] if is_instance else spec.dag.mapped_consumers(spec.task_id):
+            problem = expansion_problem(spec.task_id, value, consumer.effective_map_cap())
+            if problem:
+                return f"{problem} (mapped task {consumer.task_id})", []
         if not spec.branch:
             return None, []
         chosen = [value] if isinstance(value, str) else value
@@ -247,29 +267,6 @@ class Worker:
             info = _RunInfo(dag, run["dag_id"], logical, problem)
         self._runs[run_id] = info
         return info
-
-    async def _flusher(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted.clear()
-            await self._flush()
-
-    async def _flush(self) -> None:
-        batch, self._done = self._done, []
-        if not batch:
-            return
-        try:
-            await self.store.complete(batch)
-        except Exception:
-            log.exception("could not record %d finished attempts; will retry", len(batch))
-            self._done[:0] = batch
-            await asyncio.sleep(self._poll)
-            self._flush_wanted.set()
-            return
-        for o in batch:
-            self._in_flight.pop(o.row_id, None)
-        self.completed += len(batch)
-        self._wake.set()
 
     async def _housekeeper(self) -> None:
         last_reap = 0.0

@@ -139,12 +139,31 @@ class Store:
 
     async def claim(self, owner: str, limit: int) -> list[Row]:
         """Take up to ``limit`` claimable tasks for ``owner``, highest priority first."""
+        return await self.exchange([], owner, limit)
+
+    async def complete(self, outcomes: Iterable[Outcome]) -> None:
+        """Record a batch of finished attempts in one transaction."""
+        await self.exchange(outcomes, "", 0)
+
+    async def exchange(self, outcomes: Iterable[Outcome], owner: str, limit: int) -> list[Row]:
+        """Record finished attempts and claim up to ``limit`` new tasks, in one transaction.
+
+        A worker's steady state is one transaction per batch in each direction at once:
+        what finished goes in, what is now runnable (often its children) comes out.
+        """
+        outcomes = list(outcomes)
+        if not outcomes and limit <= 0:
+            return []
         now = self.clock()
-        claimed: list[Row] = []
         async with self.db.write() as tx:
+            if outcomes:
+                await _record(tx, outcomes, now)
+            if limit <= 0:
+                return []
             by_state: dict[str, list[int]] = defaultdict(list)
             for row in await tx.fetch("claim_candidates", now, limit):
                 by_state[row["state"]].append(row["id"])
+            claimed: list[Row] = []
             for state, ids in by_state.items():
                 claimed += await transition(
                     tx,
@@ -155,7 +174,7 @@ class Store:
                     message=f"claimed by {owner}",
                     owner=owner,
                 )
-        return claimed
+            return claimed
 
     async def parent_outputs(self, row: Row) -> dict[str, Any]:
         """``ctx.inputs`` for a claimed task: each parent's output, a mapped one as a list."""
@@ -216,41 +235,34 @@ class Store:
                 taken += len(moved)
         return taken
 
-    async def complete(self, outcomes: Iterable[Outcome]) -> None:
-        """Record a batch of finished attempts in one transaction."""
-        outcomes = list(outcomes)
-        if not outcomes:
-            return
-        now = self.clock()
-        async with self.db.write() as tx:
-            await _write_logs(tx, outcomes)
-            successes: dict[str, list[Outcome]] = defaultdict(list)
-            for o in outcomes:
-                if o.kind is Kind.SUCCESS:
-                    successes[o.owner].append(o)
-            for owner, group in successes.items():
-                for o in group:
-                    # Only the attempt's owner may route its branch; a stale report skips nothing.
-                    if o.skip_children and await tx.execute(
-                        "set_output", o.output_json, o.row_id, owner
-                    ):
-                        await _skip_branches(tx, o, now)
-                await tx.executemany(
-                    "set_output",
-                    [(o.output_json, o.row_id, owner) for o in group if not o.skip_children],
-                )
-                await transition(
-                    tx,
-                    [o.row_id for o in group],
-                    State.RUNNING,
-                    State.SUCCESS,
-                    now=now,
-                    message="succeeded",
-                    expect_owner=owner,
-                )
-            for o in outcomes:
-                if o.kind is Kind.ERROR:
-                    await _fail_attempt(tx, o, now)
+
+async def _record(tx: Any, outcomes: list[Outcome], now: float) -> None:
+    await _write_logs(tx, outcomes)
+    successes: dict[str, list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        if o.kind is Kind.SUCCESS:
+            successes[o.owner].append(o)
+    for owner, group in successes.items():
+        for o in group:
+            # Only the attempt's owner may route its branch; a stale report skips nothing.
+            if o.skip_children and await tx.execute("set_output", o.output_json, o.row_id, owner):
+                await _skip_branches(tx, o, now)
+        await tx.executemany(
+            "set_output",
+            [(o.output_json, o.row_id, owner) for o in group if not o.skip_children],
+        )
+        await transition(
+            tx,
+            [o.row_id for o in group],
+            State.RUNNING,
+            State.SUCCESS,
+            now=now,
+            message="succeeded",
+            expect_owner=owner,
+        )
+    for o in outcomes:
+        if o.kind is Kind.ERROR:
+            await _fail_attempt(tx, o, now)
 
 
 def _has_parents(row: Row) -> bool:

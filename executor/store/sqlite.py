@@ -107,9 +107,9 @@ class SqliteDatabase:
                 raise
 
     @asynccontextmanager
-    async def _tx(self, begin: str) -> AsyncIterator[SqliteTx]:
+    async def write(self) -> AsyncIterator[SqliteTx]:
         async with self._lock:
-            await self._conn.execute(begin)
+            await self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield SqliteTx(self._conn, self._sql)
             except BaseException:
@@ -117,11 +117,12 @@ class SqliteDatabase:
                 raise
             await self._conn.execute("COMMIT")
 
-    def write(self) -> Any:
-        return self._tx("BEGIN IMMEDIATE")
-
-    def read(self) -> Any:
-        return self._tx("BEGIN")
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[SqliteTx]:
+        # Reads run in autocommit: each statement sees one consistent snapshot, and we
+        # save the BEGIN/COMMIT round trips on the hot path.
+        async with self._lock:
+            yield SqliteTx(self._conn, self._sql)
 
     async def close(self) -> None:
         await self._conn.close()

@@ -35,9 +35,10 @@ VALUES (?1, ?2, 'PENDING', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10);
 INSERT INTO edge (run_id, parent, child) VALUES (?1, ?2, ?3);
 
 -- name: insert_instance
+-- Instances keep expand_from so that their inputs leave out the list they were cut from.
 INSERT OR IGNORE INTO task (run_id, task_id, map_index, state, trigger_rule, priority, is_leaf,
-                            max_attempts, item, map_total, ready_at, updated_at)
-VALUES (?1, ?2, ?3, 'PENDING', 'all_success', ?4, 0, ?5, ?6, ?7, ?8, ?8);
+                            max_attempts, item, map_total, expand_from, ready_at, updated_at)
+VALUES (?1, ?2, ?3, 'PENDING', 'all_success', ?4, 0, ?5, ?6, ?7, ?8, ?9, ?9);
 
 -- name: set_expanded
 UPDATE task
@@ -92,10 +93,11 @@ LIMIT ?2;
 
 -- name: parent_outputs
 -- Outputs of a task's parents; a mapped parent contributes its instances in index order.
-SELECT t.task_id, t.map_index, t.output, t.map_total
-FROM edge e JOIN task t ON t.run_id = e.run_id AND t.task_id = e.parent
-WHERE e.run_id = ?1 AND e.child = ?2 AND e.parent IS NOT ?3
-ORDER BY t.task_id, t.map_index;
+-- ?3 names a parent to leave out (a mapped instance's source: it gets its item instead).
+SELECT task_id, map_index, output, map_total FROM task
+WHERE run_id = ?1
+  AND task_id IN (SELECT parent FROM edge WHERE run_id = ?1 AND child = ?2 AND parent IS NOT ?3)
+ORDER BY task_id, map_index;
 
 -- name: set_output
 UPDATE task SET output = ?1 WHERE id = ?2 AND owner = ?3;
