@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.set_defaults(func=cmd_worker)
 
+    trig = sub.add_parser("triggerer", help="serve as a triggerer: hold and check deferred waits")
+    db_opt(trig)
+    trig.add_argument("--lease-ttl", type=float, default=15.0,
+                      help="seconds after which a silent triggerer's shards are taken over")
+    trig.set_defaults(func=cmd_triggerer)
+
     status = sub.add_parser("status", help="runs and their tasks by state")
     db_opt(status)
     status.add_argument("--limit", type=int, default=20)
@@ -112,15 +118,24 @@ async def cmd_run(args: argparse.Namespace) -> int:
         run_id = await store.create_run(
             dag, args.logical_date or date.today(), dag_file=str(Path(args.file).resolve())
         )
+        from triggerer.service import Triggerer
+
+        triggerer = Triggerer(store)
         worker = Worker(
             store,
             slots=args.slots,
             isolation=args.isolation,
             dags={dag.dag_id: dag},
             poll_interval=0.05,
+            on_defer=triggerer.poke,
         )
         show = not args.json and err.is_terminal
-        await asyncio.gather(worker.run(), _watch(store, run_id, worker, show))
+        sidecar = asyncio.create_task(triggerer.run())
+        try:
+            await asyncio.gather(worker.run(), _watch(store, run_id, worker, show))
+        finally:
+            triggerer.stop()
+            await sidecar
         info = await store.run_info(run_id)
         assert info is not None
         tasks = await store.run_tasks(run_id)
@@ -201,16 +216,34 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         heartbeat_interval=args.heartbeat_interval,
         stale_after=args.stale_after,
     )
-    loop = asyncio.get_running_loop()
-    import signal
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stop)
+    _on_signals(worker.stop)
     try:
         await worker.run()
     finally:
         await store.close()
     return 0
+
+
+async def cmd_triggerer(args: argparse.Namespace) -> int:
+    from triggerer.service import Triggerer, TriggererConfig
+
+    store = await open_store(args.db)
+    config = TriggererConfig(lease_ttl=args.lease_ttl, lease_every=max(0.2, args.lease_ttl / 5))
+    triggerer = Triggerer(store, config=config)
+    _on_signals(triggerer.stop)
+    try:
+        await triggerer.run()
+    finally:
+        await store.close()
+    return 0
+
+
+def _on_signals(stop: Any) -> None:
+    import signal
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
 
 
 async def cmd_status(args: argparse.Namespace) -> int:

@@ -5,7 +5,28 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .durations import Duration, seconds
+
+if TYPE_CHECKING:
+    from triggers.base import BaseTrigger
+
+
+class TaskDeferred(Exception):
+    """Raised by :meth:`TaskContext.defer`; the worker turns it into a DEFERRED row."""
+
+    def __init__(
+        self, trigger: BaseTrigger, method: str, kwargs: dict[str, Any], timeout: float | None
+    ) -> None:
+        super().__init__(f"deferred on {trigger.describe()}")
+        self.trigger = trigger
+        self.method = method
+        self.kwargs = kwargs
+        self.timeout = timeout
+
+    def __reduce__(self) -> Any:  # crosses the pipe from a process-isolated slot
+        return (TaskDeferred, (self.trigger, self.method, self.kwargs, self.timeout))
 
 
 @dataclass
@@ -27,6 +48,7 @@ class TaskContext:
     map_index: int = -1
     item: Any = None
     total: int | None = None
+    event: Any = None  # payload of the trigger event that resumed this task, if any
     _logs: list[tuple[float, str]] = field(default_factory=list, repr=False)
 
     @property
@@ -41,3 +63,19 @@ class TaskContext:
     def log(self, message: str) -> None:
         """Add a line to this task's log (written when the attempt ends)."""
         self._logs.append((time.time(), str(message)))
+
+    def defer(
+        self,
+        trigger: BaseTrigger,
+        *,
+        method: str = "__call__",
+        kwargs: dict[str, Any] | None = None,
+        timeout: Duration | None = None,
+    ) -> NoReturn:
+        """Give the slot back until ``trigger`` fires, then resume at ``method``.
+
+        ``method`` names a function registered with ``@task.method`` (called as
+        ``fn(ctx, **kwargs)``) or ``"__call__"`` to run the task again; either way
+        ``ctx.event`` holds the event's payload. ``timeout`` bounds the wait.
+        """
+        raise TaskDeferred(trigger, method, dict(kwargs or {}), seconds(timeout))

@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .context import TaskContext
 from .durations import Duration, seconds
 from .rules import TriggerRule
 
+if TYPE_CHECKING:
+    from triggers.base import BaseTrigger
+
 DEFAULT_MAP_CAP = 50_000
+DEFAULT_SENSOR_TIMEOUT = 12 * 3600.0  # seed 000: 12 h by default, 14 h for files known to be late
+SensorMode = Literal["poke", "reschedule", "deferrable"]
 
 # Rules under which RUN implies every parent is done: a mapped task expands once, so it
 # must not start before all of its parents ended.
@@ -28,6 +33,26 @@ _MAPPABLE_RULES = frozenset(
 TaskFn = Callable[[TaskContext], Any]
 
 
+@dataclass(frozen=True)
+class SensorSpec:
+    """How a sensor waits for its trigger's condition.
+
+    ``poke`` holds a worker slot and sleeps between checks; ``reschedule`` frees the slot
+    between checks (state SENSING); ``deferrable`` hands the wait to the triggerer
+    (state DEFERRED). All three run the same trigger code.
+    """
+
+    trigger: BaseTrigger
+    mode: SensorMode = "deferrable"
+    timeout: float = DEFAULT_SENSOR_TIMEOUT
+    soft_fail: bool = False
+    poke_interval: float | None = None
+
+    @property
+    def interval(self) -> float:
+        return self.poke_interval or self.trigger.poke_interval
+
+
 class DagError(ValueError):
     """A DAG that cannot run: unknown parent, duplicate id, cycle, bad option."""
 
@@ -42,7 +67,7 @@ class TaskSpec:
 
     dag: DAG
     task_id: str
-    fn: TaskFn
+    fn: TaskFn | None
     parents: list[str] = field(default_factory=list)
     retries: int = 0
     retry_delay: float = 1.0
@@ -55,6 +80,13 @@ class TaskSpec:
     expand: str | None = None
     map_cap: int | None = None
     branch: bool = False
+    sensor: SensorSpec | None = None
+    methods: dict[str, Callable[..., Any]] = field(default_factory=dict)
+
+    def method(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Register ``fn`` as a resume point for ``ctx.defer(..., method=fn.__name__)``."""
+        self.methods[fn.__name__] = fn
+        return fn
 
     def __rshift__(self, other: TaskSpec | Sequence[TaskSpec]) -> Any:
         for child in [other] if isinstance(other, TaskSpec) else other:
@@ -68,6 +100,8 @@ class TaskSpec:
         return self
 
     def __call__(self, ctx: TaskContext) -> Any:
+        if self.fn is None:
+            raise TypeError(f"{self.task_id} is a sensor; it has no callable")
         return self.fn(ctx)
 
     def effective_map_cap(self) -> int | None:
@@ -123,6 +157,7 @@ class DAG:
         expand: ParentRef | None = None,
         map_cap: int | None = None,
         branch: bool = False,
+        sensor: SensorSpec | None = None,
     ) -> Any:
         """Declare a task; usable as ``@dag.task`` or ``@dag.task(parents=[...], retries=3)``.
 
@@ -131,8 +166,8 @@ class DAG:
         children run; the others end SKIPPED.
         """
 
-        def register(f: TaskFn) -> TaskSpec:
-            tid = task_id or f.__name__
+        def register(f: TaskFn | None) -> TaskSpec:
+            tid = task_id or getattr(f, "__name__", "")
             if tid in self.tasks:
                 raise DagError(f"duplicate task id {tid!r} in DAG {self.dag_id!r}")
             try:
@@ -172,11 +207,41 @@ class DAG:
                 expand=source,
                 map_cap=map_cap,
                 branch=branch,
+                sensor=sensor,
             )
             self.tasks[tid] = spec
             return spec
 
-        return register(fn) if fn is not None else register
+        return register(fn) if fn is not None or sensor is not None else register
+
+    def sensor(
+        self,
+        task_id: str,
+        trigger: BaseTrigger,
+        *,
+        mode: SensorMode = "deferrable",
+        timeout: Duration = DEFAULT_SENSOR_TIMEOUT,
+        soft_fail: bool = False,
+        poke_interval: Duration | None = None,
+        **options: Any,
+    ) -> TaskSpec:
+        """A task that waits until ``trigger``'s condition holds; its output is the event.
+
+        String fields of the trigger may use ``{{ ds }}``, ``{{ ds_nodash }}``,
+        ``{{ run_id }}``, ``{{ dag_id }}``, ``{{ task_id }}``; they are filled per run.
+        After ``timeout`` the sensor fails with "sensor timeout", or ends SKIPPED if
+        ``soft_fail``.
+        """
+        if mode not in ("poke", "reschedule", "deferrable"):
+            raise DagError(f"sensor {task_id!r}: unknown mode {mode!r}")
+        spec = SensorSpec(
+            trigger=trigger,
+            mode=mode,
+            timeout=seconds(timeout) or 0.0,
+            soft_fail=soft_fail,
+            poke_interval=seconds(poke_interval),
+        )
+        return self.task(None, task_id=task_id, sensor=spec, **options)  # type: ignore[no-any-return]
 
     def children(self, task_id: str) -> list[str]:
         return [t.task_id for t in self.tasks.values() if task_id in t.parents]

@@ -11,12 +11,12 @@ import json
 import multiprocessing
 import os
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .context import TaskContext
-from .dag import TaskSpec
+from .context import TaskContext, TaskDeferred
 
 
 @dataclass(slots=True)
@@ -28,11 +28,18 @@ class Result:
     traceback: str | None = None
     timed_out: bool = False
     value_is_json: bool = False
+    deferred: TaskDeferred | None = None
 
 
-def call(spec: TaskSpec, ctx: TaskContext) -> Result:
+Job = Callable[[], Any]
+
+
+def call(job: Job) -> Result:
+    """Run a task's callable; its failure (or deferral) is data, never a worker crash."""
     try:
-        return Result(ok=True, value=spec(ctx))
+        return Result(ok=True, value=job())
+    except TaskDeferred as deferral:
+        return Result(ok=False, deferred=deferral, message=str(deferral))
     except BaseException as exc:
         return Result(
             ok=False,
@@ -46,11 +53,12 @@ class ThreadSlots:
     def __init__(self, slots: int) -> None:
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="slot")
 
-    async def run(self, spec: TaskSpec, ctx: TaskContext, release: asyncio.Event) -> Result:
+    async def run(
+        self, job: Job, ctx: TaskContext, timeout: float | None, release: asyncio.Event
+    ) -> Result:
         """Run in a thread; ``release`` is set when the thread is really free again."""
-        fut = asyncio.get_running_loop().run_in_executor(self._pool, call, spec, ctx)
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, call, job)
         fut.add_done_callback(lambda _: release.set())
-        timeout = spec.execution_timeout
         done, _ = await asyncio.wait({fut}, timeout=timeout)
         if not done:
             return Result(
@@ -72,19 +80,20 @@ class ProcessSlots:
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="slot-proc")
         self._mp = multiprocessing.get_context("fork")
 
-    async def run(self, spec: TaskSpec, ctx: TaskContext, release: asyncio.Event) -> Result:
+    async def run(
+        self, job: Job, ctx: TaskContext, timeout: float | None, release: asyncio.Event
+    ) -> Result:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._pool, self._fork_and_wait, spec, ctx)
+            return await loop.run_in_executor(self._pool, self._fork_and_wait, job, ctx, timeout)
         finally:
             release.set()
 
-    def _fork_and_wait(self, spec: TaskSpec, ctx: TaskContext) -> Result:
+    def _fork_and_wait(self, job: Job, ctx: TaskContext, timeout: float | None) -> Result:
         reader, writer = self._mp.Pipe(duplex=False)
-        child = self._mp.Process(target=_child_main, args=(spec, ctx, writer), daemon=True)
+        child = self._mp.Process(target=_child_main, args=(job, ctx, writer), daemon=True)
         child.start()
         writer.close()
-        timeout = spec.execution_timeout
         try:
             if not reader.poll(timeout):
                 child.kill()
@@ -94,7 +103,7 @@ class ProcessSlots:
                     timed_out=True,
                     message=f"execution timeout: killed after {timeout:g} s",
                 )
-            ok, payload, message, tb, logs = reader.recv()
+            ok, payload, message, tb, logs, deferred = reader.recv()
         except EOFError:
             child.join()
             return Result(ok=False, message=f"task process died (exit code {child.exitcode})")
@@ -102,20 +111,22 @@ class ProcessSlots:
             reader.close()
         child.join()
         ctx._logs.extend(logs)
-        return Result(ok=ok, value=payload, message=message, traceback=tb, value_is_json=ok)
+        return Result(
+            ok=ok, value=payload, message=message, traceback=tb, value_is_json=ok, deferred=deferred
+        )
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _child_main(spec: TaskSpec, ctx: TaskContext, writer: Any) -> None:
-    result = call(spec, ctx)
+def _child_main(job: Job, ctx: TaskContext, writer: Any) -> None:
+    result = call(job)
     payload: Any = None
     if result.ok:
         try:
             payload = json.dumps(result.value)
         except (TypeError, ValueError) as exc:
             result = Result(ok=False, message=f"output cannot be stored as JSON: {exc}")
-    writer.send((result.ok, payload, result.message, result.traceback, ctx._logs))
+    writer.send((result.ok, payload, result.message, result.traceback, ctx._logs, result.deferred))
     writer.close()
     os._exit(0)  # skip the parent's atexit handlers and inherited threads

@@ -41,7 +41,9 @@ ALLOWED: dict[State, frozenset[State]] = {
     ),
     State.RETRYING: frozenset({State.RUNNING, State.FAILED}),
     State.SENSING: frozenset({State.RUNNING, State.FAILED, State.SKIPPED}),
-    State.DEFERRED: frozenset({State.PENDING, State.SUCCESS, State.FAILED, State.SKIPPED}),
+    State.DEFERRED: frozenset(
+        {State.PENDING, State.SUCCESS, State.FAILED, State.SKIPPED, State.RETRYING}
+    ),
     State.SUCCESS: frozenset(),
     State.FAILED: frozenset(),
     State.UPSTREAM_FAILED: frozenset(),

@@ -21,10 +21,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import date
+from functools import partial
 from typing import Any
 
-from .context import TaskContext
-from .dag import DAG, TaskSpec
+from . import sensing
+from .context import TaskContext, TaskDeferred
+from .dag import DAG, SensorSpec, TaskSpec
 from .loader import load_dag
 from .outcomes import Kind, Outcome, SlotInterval
 from .slots import ProcessSlots, Result, ThreadSlots
@@ -55,6 +57,7 @@ class Worker:
         heartbeat_interval: float = 5.0,
         stale_after: float = 30.0,
         rand: Callable[[], float] = random.random,
+        on_defer: Callable[[], None] | None = None,
     ) -> None:
         if isolation not in ("thread", "process"):
             raise ValueError(f"unknown isolation {isolation!r}: use thread or process")
@@ -62,12 +65,17 @@ class Worker:
         self.slots = slots
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self._runner = ThreadSlots(slots) if isolation == "thread" else ProcessSlots(slots)
+        # Sensor checks are async code on a short-lived loop: always in a thread.
+        self._runner_for_sensors = (
+            self._runner if isinstance(self._runner, ThreadSlots) else ThreadSlots(slots)
+        )
         self._dags_by_id = dict(dags or {})
         self._runs: dict[str, _RunInfo] = {}
         self._poll = poll_interval
         self._heartbeat_every = heartbeat_interval
         self._stale_after = stale_after
         self._rand = rand
+        self._on_defer = on_defer  # e.g. wake an in-process triggerer at once
         self._free = list(range(slots - 1, -1, -1))  # slot numbers, popped from the end
         self._in_flight: dict[int, str] = {}  # row id -> claim owner, until flushed
         self._done: list[Outcome] = []
@@ -104,7 +112,8 @@ class Worker:
         finally:
             housekeeper.cancel()
             await asyncio.gather(housekeeper, return_exceptions=True)
-            self._runner.shutdown()
+            for runner in {self._runner, self._runner_for_sensors}:
+                runner.shutdown()
 
     async def _exchange(self, limit: int) -> list[Row]:
         """Report what finished and claim up to ``limit`` tasks, in one transaction."""
@@ -120,6 +129,8 @@ class Worker:
             return []
         for o in batch:
             self._in_flight.pop(o.row_id, None)
+        if self._on_defer is not None and any(o.kind is Kind.DEFER for o in batch):
+            self._on_defer()
         for row in claimed:
             self._in_flight[row["id"]] = owner
         self.completed += len(batch)
@@ -135,7 +146,8 @@ class Worker:
             log.exception("worker error on task row %s", row["id"])
             release.set()
             outcome = self._outcome(row, owner, Kind.ERROR, message=f"worker error: {exc!r}")
-        outcome.slot = SlotInterval(self.worker_id, slot, "execute", started, time.time())
+        kind = outcome.slot_kind or ("resume" if row["next_method"] else "execute")
+        outcome.slot = SlotInterval(self.worker_id, slot, kind, started, time.time())
         self._done.append(outcome)
         self._wake.set()
         await release.wait()
@@ -160,9 +172,138 @@ class Worker:
             map_index=row["map_index"],
             item=json.loads(row["item"]) if row["item"] is not None else None,
             total=row["map_total"] if row["map_index"] >= 0 else None,
+            event=json.loads(row["event"]) if row["event"] is not None else None,
         )
-        result = await self._runner.run(spec, ctx, release)
+        if spec.sensor is not None:
+            return await self._sense(row, owner, spec, spec.sensor, ctx, release)
+        job: Callable[[], Any] = partial(spec, ctx)
+        method = row["next_method"]
+        if method and method != "__call__":
+            fn = spec.methods.get(method)
+            if fn is None:
+                release.set()
+                return self._outcome(
+                    row,
+                    owner,
+                    Kind.ERROR,
+                    spec=spec,
+                    retry=False,
+                    message=f"cannot resume: {spec.task_id} has no method "
+                    f"{method!r} (register it with @task.method)",
+                )
+            job = partial(fn, ctx, **json.loads(row["next_kwargs"] or "{}"))
+        result = await self._runner.run(job, ctx, spec.execution_timeout, release)
+        if result.deferred is not None:
+            return self._deferred(row, owner, spec, ctx, result.deferred)
         return self._judge(row, owner, spec, ctx, result)
+
+    def _deferred(
+        self, row: Row, owner: str, spec: TaskSpec, ctx: TaskContext, d: TaskDeferred
+    ) -> Outcome:
+        now = time.time()
+        try:
+            deferral = sensing.deferral(
+                d.trigger,
+                method=d.method,
+                method_kwargs=d.kwargs,
+                wait_started_at=now,
+                timeout=d.timeout,
+            )
+        except Exception as exc:
+            o = self._outcome(
+                row,
+                owner,
+                Kind.ERROR,
+                spec=spec,
+                retry=False,
+                message=f"cannot defer on {d.trigger.describe()}: {exc}",
+            )
+        else:
+            o = self._outcome(row, owner, Kind.DEFER)
+            o.deferral = deferral
+        o.logs = ctx._logs
+        return o
+
+    async def _sense(
+        self,
+        row: Row,
+        owner: str,
+        spec: TaskSpec,
+        sensor: SensorSpec,
+        ctx: TaskContext,
+        release: asyncio.Event,
+    ) -> Outcome:
+        """A sensor's turn: defer it, or check in the slot (poke / reschedule)."""
+        now = time.time()
+        started = row["wait_started_at"] or now
+        deadline = started + sensor.timeout
+        try:
+            trigger = sensor.trigger.render(sensing.template_values(ctx))
+        except Exception as exc:
+            release.set()
+            return self._outcome(
+                row,
+                owner,
+                Kind.ERROR,
+                spec=spec,
+                retry=False,
+                message=f"cannot render the sensor's trigger: {exc}",
+            )
+        mode = sensor.mode
+        if mode == "deferrable":
+            try:
+                deferral = sensing.deferral(
+                    trigger,
+                    method=None,
+                    method_kwargs={},
+                    wait_started_at=started,
+                    timeout=sensor.timeout,
+                    soft_fail=sensor.soft_fail,
+                )
+            except Exception as exc:
+                mode = "reschedule"
+                ctx.log(f"cannot defer ({exc}); falling back to reschedule mode")
+            else:
+                release.set()
+                o = self._outcome(row, owner, Kind.DEFER)
+                o.deferral = deferral
+                o.logs = ctx._logs
+                return o
+        job = partial(
+            sensing.sense,
+            trigger,
+            sensor,
+            hold_slot=mode == "poke",
+            deadline=deadline,
+            main_loop=asyncio.get_running_loop(),
+            store=self.store,
+            log=ctx.log,
+        )
+        result = await self._runner_for_sensors.run(job, ctx, None, release)
+        if not result.ok:
+            o = self._outcome(row, owner, Kind.ERROR, message=result.message, spec=spec)
+            o.traceback = result.traceback
+        elif result.value.timed_out:
+            o = self._outcome(row, owner, Kind.SENSOR_TIMEOUT)
+            o.message = (
+                f"sensor timeout: {trigger.describe()} did not hold within {sensor.timeout:g} s"
+            )
+            o.extra["soft_fail"] = sensor.soft_fail
+        elif result.value.event is None:
+            o = self._outcome(row, owner, Kind.RESCHEDULE)
+            o.extra.update(
+                ready_at=time.time() + sensor.interval, wait_started_at=started, timeout_at=deadline
+            )
+            o.message = f"checked {trigger.describe()}: not yet; next in {sensor.interval:g} s"
+        elif result.value.event.error:
+            o = self._outcome(row, owner, Kind.ERROR, message=result.value.event.error, spec=spec)
+        else:
+            o = self._outcome(row, owner, Kind.SUCCESS)
+            o.output_json = json.dumps(result.value.event.payload)
+            ctx.log(f"condition held: {trigger.describe()}")
+        o.slot_kind = "poke" if mode == "poke" else "execute"
+        o.logs = ctx._logs
+        return o
 
     async def _inputs(self, row: Row, spec: TaskSpec) -> dict[str, Any]:
         source = spec.expand if row["map_index"] >= 0 else None

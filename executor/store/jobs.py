@@ -17,6 +17,7 @@ from ..outcomes import Kind, Outcome
 from ..statemachine import evaluate, transition
 from ..states import State
 from .db import Database, Row
+from .triggering import TriggerOps
 
 if TYPE_CHECKING:
     from ..dag import DAG
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
-class Store:
+class Store(TriggerOps):
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self.db = db
         self.clock = clock
@@ -191,7 +192,7 @@ class Store:
         for r in rows:
             value = None if r["output"] is None else json.loads(r["output"])
             if r["map_index"] < 0:
-                inputs[r["task_id"]] = [] if r["map_total"] is not None else value
+                inputs[r["task_id"]] = [] if r["expand_from"] is not None else value
             else:
                 inputs[r["task_id"]].append(value)
         return inputs
@@ -263,6 +264,63 @@ async def _record(tx: Any, outcomes: list[Outcome], now: float) -> None:
     for o in outcomes:
         if o.kind is Kind.ERROR:
             await _fail_attempt(tx, o, now)
+        elif o.kind is Kind.DEFER:
+            await _defer(tx, o, now)
+        elif o.kind is Kind.RESCHEDULE:
+            await _reschedule(tx, o, now)
+        elif o.kind is Kind.SENSOR_TIMEOUT:
+            new = State.SKIPPED if o.extra.get("soft_fail") else State.FAILED
+            await transition(
+                tx, [o.row_id], State.RUNNING, new, now=now, message=o.message, expect_owner=o.owner
+            )
+
+
+async def _defer(tx: Any, o: Outcome, now: float) -> None:
+    d = o.deferral
+    assert d is not None
+    row = await tx.fetchone("insert_trigger", d.classpath, d.kwargs_json, d.poke_hash, d.shard, now)
+    owned = await tx.execute(
+        "set_deferral",
+        row["id"],
+        d.method,
+        d.method_kwargs_json,
+        d.wait_started_at,
+        d.timeout_at,
+        o.row_id,
+        o.owner,
+        int(d.soft_fail),
+    )
+    if not owned:  # a stale report: the attempt is no longer ours, nor is the trigger
+        await tx.execute("delete_trigger", row["id"])
+        return
+    limit = (
+        "" if d.timeout_at is None else f"; gives up after {d.timeout_at - d.wait_started_at:g} s"
+    )
+    await transition(
+        tx,
+        [o.row_id],
+        State.RUNNING,
+        State.DEFERRED,
+        now=now,
+        message=f"deferred: waiting for {d.description}{limit}",
+        expect_owner=o.owner,
+    )
+
+
+async def _reschedule(tx: Any, o: Outcome, now: float) -> None:
+    await tx.execute(
+        "set_wait", o.extra["wait_started_at"], o.extra["timeout_at"], o.row_id, o.owner
+    )
+    await transition(
+        tx,
+        [o.row_id],
+        State.RUNNING,
+        State.SENSING,
+        now=now,
+        message=o.message,
+        ready_at=o.extra["ready_at"],
+        expect_owner=o.owner,
+    )
 
 
 def _has_parents(row: Row) -> bool:

@@ -48,12 +48,16 @@ CREATE TABLE task (
     next_method       TEXT,                   -- resume point after a deferral
     next_kwargs       TEXT,                   -- JSON
     trigger_id        INTEGER,
+    event             TEXT,                   -- JSON payload of the trigger event that woke it
+    soft_fail         INTEGER NOT NULL DEFAULT 0,
     wait_started_at   REAL,                   -- when the current sensor wait began
     wait_timeout_at   REAL,                   -- when the current wait gives up
     UNIQUE (run_id, task_id, map_index)
 );
 CREATE INDEX task_claimable ON task (priority DESC, ready_at, id) WHERE ready_at IS NOT NULL;
 CREATE INDEX task_running ON task (heartbeat_at) WHERE state = 'RUNNING' AND owner IS NOT NULL;
+CREATE INDEX task_deferred ON task (trigger_id) WHERE state = 'DEFERRED';
+CREATE INDEX task_wait_timeout ON task (wait_timeout_at) WHERE state = 'DEFERRED';
 
 -- The DAG's shape, copied per run so that workers never need the DAG file to settle a run.
 CREATE TABLE edge (
@@ -98,8 +102,20 @@ CREATE TABLE trigger (
 );
 CREATE INDEX trigger_by_shard ON trigger (shard);
 
+-- Virtual shards (poke_hash mod 64), each leased by at most one live triggerer.
 CREATE TABLE shard_lease (
     shard       INTEGER PRIMARY KEY,
     owner       TEXT,
     expires_at  REAL
+);
+WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 63)
+INSERT INTO shard_lease (shard) SELECT i FROM n;
+
+-- Live triggerers, so that each can take its fair share of shards.
+CREATE TABLE triggerer (
+    id          TEXT PRIMARY KEY,
+    seen_at     REAL NOT NULL,
+    started_at  REAL NOT NULL,
+    triggers    INTEGER NOT NULL DEFAULT 0,
+    loop_lag_ms REAL
 );

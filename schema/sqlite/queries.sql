@@ -94,7 +94,7 @@ LIMIT ?2;
 -- name: parent_outputs
 -- Outputs of a task's parents; a mapped parent contributes its instances in index order.
 -- ?3 names a parent to leave out (a mapped instance's source: it gets its item instead).
-SELECT task_id, map_index, output, map_total FROM task
+SELECT task_id, map_index, output, expand_from FROM task
 WHERE run_id = ?1
   AND task_id IN (SELECT parent FROM edge WHERE run_id = ?1 AND child = ?2 AND parent IS NOT ?3)
 ORDER BY task_id, map_index;
@@ -157,3 +157,86 @@ FROM json_each(?1) AS q;
 SELECT task_id, state, count(*) AS n FROM task
 WHERE run_id = ?1 AND map_index >= 0
 GROUP BY task_id, state;
+
+-- name: insert_trigger
+INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at)
+VALUES (?1, ?2, ?3, ?4, ?5)
+RETURNING id;
+
+-- name: set_deferral
+-- Only the attempt's owner may defer it; ?8 soft_fail.
+UPDATE task
+SET trigger_id = ?1, next_method = ?2, next_kwargs = ?3,
+    wait_started_at = COALESCE(wait_started_at, ?4), wait_timeout_at = ?5, event = NULL,
+    soft_fail = ?8
+WHERE id = ?6 AND owner = ?7 AND state = 'RUNNING';
+
+-- name: delete_trigger
+DELETE FROM trigger WHERE id = ?1;
+
+-- name: set_wait
+-- A reschedule-mode sensor's wait: started once, kept across checks.
+UPDATE task SET wait_started_at = COALESCE(wait_started_at, ?1), wait_timeout_at = ?2
+WHERE id = ?3 AND owner = ?4 AND state = 'RUNNING';
+
+-- ---------------------------------------------------------------- the triggerer
+
+-- name: triggerer_beat
+INSERT INTO triggerer (id, seen_at, started_at, triggers, loop_lag_ms)
+VALUES (?1, ?2, ?2, ?3, ?4)
+ON CONFLICT (id) DO UPDATE SET seen_at = ?2, triggers = ?3, loop_lag_ms = ?4;
+
+-- name: live_triggerers
+SELECT id FROM triggerer WHERE seen_at >= ?1 ORDER BY id;
+
+-- name: triggerer_leave
+DELETE FROM triggerer WHERE id = ?1;
+
+-- name: renew_shards
+UPDATE shard_lease SET expires_at = ?1 WHERE owner = ?2 RETURNING shard;
+
+-- name: free_shards
+SELECT shard FROM shard_lease WHERE owner IS NULL OR expires_at < ?1 ORDER BY shard;
+
+-- name: take_shard
+UPDATE shard_lease SET owner = ?1, expires_at = ?2
+WHERE shard = ?3 AND (owner IS NULL OR expires_at < ?4);
+
+-- name: release_shard
+UPDATE shard_lease SET owner = NULL, expires_at = NULL WHERE shard = ?1 AND owner = ?2;
+
+-- name: release_all_shards
+UPDATE shard_lease SET owner = NULL, expires_at = NULL WHERE owner = ?1;
+
+-- name: load_triggers
+-- The waits of the given shards, from trigger id ?2 on (0 for a full reload).
+SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, t.id AS task_row,
+       t.next_method, t.wait_timeout_at
+FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+WHERE g.shard IN (SELECT value FROM json_each(?1)) AND g.id > ?2
+ORDER BY g.id;
+
+-- name: set_event
+UPDATE task SET event = ?1 WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'DEFERRED';
+
+-- name: set_sensor_output
+UPDATE task SET output = ?1
+WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'DEFERRED' AND next_method IS NULL;
+
+-- name: deferred_rows
+SELECT id, attempt, max_attempts, soft_fail, next_method, wait_started_at FROM task
+WHERE id IN (SELECT value FROM json_each(?1)) AND state = 'DEFERRED';
+
+-- name: expired_waits
+SELECT t.id, t.soft_fail, t.wait_started_at FROM task t JOIN trigger g ON g.id = t.trigger_id
+WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < ?1
+  AND g.shard IN (SELECT value FROM json_each(?2));
+
+-- name: delete_orphan_triggers
+DELETE FROM trigger
+WHERE shard IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (SELECT 1 FROM task t WHERE t.trigger_id = trigger.id AND t.state = 'DEFERRED');
+
+-- name: list_triggerers
+SELECT r.*, (SELECT count(*) FROM shard_lease s WHERE s.owner = r.id) AS shards
+FROM triggerer r ORDER BY r.id;

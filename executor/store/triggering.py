@@ -1,0 +1,158 @@
+"""The database operations of the triggerer: shard leases, loading waits, firing events.
+
+Mixed into :class:`executor.store.Store`; every state change still goes through
+:func:`executor.statemachine.transition`, so a double fire during a shard hand-over, or a
+fire racing a timeout, changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from triggers.base import SHARDS
+
+from ..statemachine import transition
+from ..states import State
+from .db import Database, Row
+
+
+@dataclass(slots=True)
+class Fire:
+    """A check's event, for the tasks that waited on it."""
+
+    task_rows: list[int]
+    payload_json: str
+    message: str
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class TriggererBatch:
+    """Everything a triggerer writes in one transaction."""
+
+    fires: list[Fire] = field(default_factory=list)
+    failures: list[tuple[list[int], str]] = field(default_factory=list)  # rows, why
+    logs: list[tuple[int, str]] = field(default_factory=list)  # row, line
+
+    def __bool__(self) -> bool:
+        return bool(self.fires or self.failures or self.logs)
+
+
+class TriggerOps:
+    db: Database
+    clock: Callable[[], float]
+
+    async def lease_shards(self, owner: str, ttl: float, liveness: float) -> set[int]:
+        """Renew this triggerer's leases and converge on its fair share of the shards.
+
+        Fair share is ceil(shards / live triggerers); a triggerer over its share releases
+        the excess so that a newcomer can take it, one whose leases expired loses them.
+        """
+        now = self.clock()
+        async with self.db.write() as tx:
+            await tx.execute("triggerer_beat", owner, now, 0, None)
+            live = [r["id"] for r in await tx.fetch("live_triggerers", now - liveness)]
+            fair = math.ceil(SHARDS / max(1, len(live)))
+            held = sorted(r["shard"] for r in await tx.fetch("renew_shards", now + ttl, owner))
+            for shard in held[fair:]:
+                await tx.execute("release_shard", shard, owner)
+            held = held[:fair]
+            if len(held) < fair:
+                for r in await tx.fetch("free_shards", now):
+                    if len(held) >= fair:
+                        break
+                    if await tx.execute("take_shard", owner, now + ttl, r["shard"], now):
+                        held.append(r["shard"])
+        return set(held)
+
+    async def triggerer_beat(self, owner: str, triggers: int, loop_lag_ms: float | None) -> None:
+        async with self.db.write() as tx:
+            await tx.execute("triggerer_beat", owner, self.clock(), triggers, loop_lag_ms)
+
+    async def triggerer_leave(self, owner: str) -> None:
+        async with self.db.write() as tx:
+            await tx.execute("release_all_shards", owner)
+            await tx.execute("triggerer_leave", owner)
+
+    async def list_triggerers(self) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.fetch("list_triggerers")
+
+    async def load_triggers(self, shards: Sequence[int], after_id: int = 0) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.fetch("load_triggers", tx.ids(sorted(shards)), after_id)
+
+    async def triggerer_commit(self, batch: TriggererBatch) -> None:
+        """Fire events, fail broken waits and write check logs, in one transaction."""
+        now = self.clock()
+        async with self.db.write() as tx:
+            if batch.logs:
+                await tx.executemany(
+                    "insert_event",
+                    [(row, now, "check", None, None, None, line) for row, line in batch.logs],
+                )
+            for fire in batch.fires:
+                if fire.error is not None:
+                    await _fail_waits(tx, fire.task_rows, fire.error, now)
+                    continue
+                rows = await tx.fetch("deferred_rows", tx.ids(fire.task_rows))
+                sensors = [r["id"] for r in rows if r["next_method"] is None]
+                resumable = [r["id"] for r in rows if r["next_method"] is not None]
+                if sensors:
+                    await tx.execute("set_sensor_output", fire.payload_json, tx.ids(sensors))
+                    await transition(
+                        tx, sensors, State.DEFERRED, State.SUCCESS, now=now, message=fire.message
+                    )
+                if resumable:
+                    await tx.execute("set_event", fire.payload_json, tx.ids(resumable))
+                    await transition(
+                        tx,
+                        resumable,
+                        State.DEFERRED,
+                        State.PENDING,
+                        now=now,
+                        message=fire.message,
+                        ready_at=now,
+                    )
+            for rows, why in batch.failures:
+                await _fail_waits(tx, rows, why, now)
+
+    async def expire_waits(self, shards: Sequence[int]) -> list[int]:
+        """End the waits in these shards whose own timeout passed; returns their rows."""
+        now = self.clock()
+        ended: list[int] = []
+        async with self.db.write() as tx:
+            for r in await tx.fetch("expired_waits", now, tx.ids(sorted(shards))):
+                waited = now - (r["wait_started_at"] or now)
+                new = State.SKIPPED if r["soft_fail"] else State.FAILED
+                why = f"sensor timeout: the condition did not hold within {waited:.0f} s"
+                if r["soft_fail"]:
+                    why += " (soft_fail: skipped)"
+                moved = await transition(tx, [r["id"]], State.DEFERRED, new, now=now, message=why)
+                ended += [m["id"] for m in moved]
+        return ended
+
+    async def delete_orphan_triggers(self, shards: Sequence[int]) -> int:
+        async with self.db.write() as tx:
+            return await tx.execute("delete_orphan_triggers", tx.ids(sorted(shards)))
+
+
+async def _fail_waits(tx: Any, task_rows: list[int], why: str, now: float) -> None:
+    """A trigger that cannot fire: its tasks fail (or retry, if they have attempts left)."""
+    for r in await tx.fetch("deferred_rows", tx.ids(task_rows)):
+        if r["attempt"] < r["max_attempts"]:
+            await transition(
+                tx,
+                [r["id"]],
+                State.DEFERRED,
+                State.RETRYING,
+                now=now,
+                message=f"{why}; will retry",
+                ready_at=now,
+                attempt_delta=1,
+            )
+        else:
+            await transition(tx, [r["id"]], State.DEFERRED, State.FAILED, now=now, message=why)

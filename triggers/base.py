@@ -1,0 +1,145 @@
+"""The trigger API: what a deferred task waits on.
+
+A trigger is a small pydantic model. Its fields are its serialized kwargs, validated
+whenever a row is loaded, so a malformed row fails its own tasks with a clear message.
+Write either a poll-style trigger (``async def poke(ctx)`` returning an event or None;
+the triggerer schedules it, no coroutine sleeps per trigger) or a push-style one
+(``async def run(ctx)`` yielding events, for sources that notify).
+
+>>> class FlagTrigger(BaseTrigger):
+...     path: str
+...     async def poke(self, ctx):
+...         return TriggerEvent(payload={"path": self.path}) if ctx.exists(self.path) else None
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .context import TriggerContext
+
+# Virtual shards: shard = poke_hash mod SHARDS. Fixed, because the worker that defers and
+# every triggerer must agree on it; triggerers lease shards, never single triggers.
+SHARDS = 64
+
+_TEMPLATE = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def shard_of(poke_hash: str) -> int:
+    """The virtual shard of a check: duplicates always land on the same triggerer."""
+    return int(poke_hash[:15], 16) % SHARDS
+
+
+class TriggerEvent(BaseModel):
+    """What a trigger reports when its condition holds (or can never hold: ``error``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    payload: Any = None
+    error: str | None = None
+
+
+class BaseTrigger(BaseModel):
+    """Base class of every trigger.
+
+    ``poke_interval`` (seconds) is how often the condition is checked; it is an execution
+    field, not part of what is checked, so two tasks waiting for the same thing at
+    different intervals share one check at the shorter interval.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    poke_interval: float = Field(default=60.0, gt=0)
+
+    # Fields that say how to wait, not what to wait for: left out of the poke context.
+    execution_fields: ClassVar[frozenset[str]] = frozenset({"poke_interval"})
+
+    @classmethod
+    def classpath(cls) -> str:
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """``(classpath, kwargs)``: everything needed to rebuild this trigger elsewhere."""
+        return self.classpath(), self.model_dump(mode="json")
+
+    def poke_context(self) -> dict[str, Any]:
+        """What the check depends on; equal contexts are one check, run once for all."""
+        return self.model_dump(mode="json", exclude=set(self.execution_fields))
+
+    def poke_hash(self) -> str:
+        """Stable across processes and Python versions (sha256 of canonical JSON)."""
+        blob = json.dumps(
+            {"classpath": self.classpath(), "context": self.poke_context()},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def shard(self) -> int:
+        return shard_of(self.poke_hash())
+
+    def describe(self) -> str:
+        """A short readable description for logs and the status view."""
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.poke_context().items())
+        return f"{type(self).__name__}({fields})"
+
+    def first_check_at(self, now: float) -> float:
+        """When to check first; a time trigger returns its moment instead of polling."""
+        return now
+
+    def next_check_at(self, now: float, interval: float) -> float:
+        return now + interval
+
+    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
+        """Check once; return an event when the condition holds, else None."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither poke() nor run()")
+
+    async def run(self, ctx: TriggerContext) -> AsyncIterator[TriggerEvent]:
+        """Push style: yield an event when the condition holds (override instead of poke)."""
+        raise NotImplementedError
+        yield  # pragma: no cover - makes this an async generator
+
+    @classmethod
+    def is_push(cls) -> bool:
+        return cls.run is not BaseTrigger.run
+
+    @classmethod
+    def is_batched(cls) -> bool:
+        return cls.poke_many.__func__ is not BaseTrigger.poke_many.__func__  # type: ignore[attr-defined]
+
+    @classmethod
+    async def poke_many(
+        cls, triggers: Sequence[BaseTrigger], ctx: TriggerContext
+    ) -> Sequence[TriggerEvent | BaseException | None]:
+        """Check many distinct triggers of this class at once (override to batch).
+
+        Return one result per trigger, in order; an exception in the list fails only
+        the check it stands for.
+        """
+        raise NotImplementedError
+
+    def render(self, values: Mapping[str, str]) -> BaseTrigger:
+        """Fill ``{{ ds }}``-style placeholders in string fields (for sensors' templates)."""
+        changed = {}
+        for name, value in self.model_dump().items():
+            if isinstance(value, str) and "{{" in value:
+                changed[name] = _TEMPLATE.sub(lambda m: _lookup(values, m.group(1)), value)
+        return type(self).model_validate({**self.model_dump(), **changed}) if changed else self
+
+
+def _lookup(values: Mapping[str, str], name: str) -> str:
+    if name not in values:
+        raise KeyError(f"unknown template variable {{{{ {name} }}}}; known: {', '.join(values)}")
+    return values[name]
+
+
+class TransientError(Exception):
+    """Raise from a check for a passing failure (server down, throttled): the check is
+    retried with backoff and its tasks keep waiting. Any other exception fails them."""

@@ -1,0 +1,85 @@
+"""FileTrigger: a local path or glob exists (batched: one listing per directory)."""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+
+from pydantic import field_validator
+
+from .base import BaseTrigger, TriggerEvent
+from .context import TriggerContext, to_thread
+
+
+class FileTrigger(BaseTrigger):
+    """Fires when ``path`` (a file path or a glob such as ``/in/*.csv``) exists.
+
+    ``min_size`` (bytes) waits until a matching file is at least that large.
+    """
+
+    path: str
+    min_size: int = 0
+
+    @field_validator("path")
+    @classmethod
+    def _valid_glob(cls, value: str) -> str:
+        if not value:
+            raise ValueError("path must not be empty")
+        if value.count("[") != value.count("]"):
+            raise ValueError(f"malformed glob {value!r}: unbalanced brackets")
+        return value
+
+    def describe(self) -> str:
+        return f"file://{self.path}"
+
+    @property
+    def is_glob(self) -> bool:
+        return glob.has_magic(self.path)
+
+    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
+        return (await self.poke_many([self], ctx))[0]  # type: ignore[return-value]
+
+    @classmethod
+    async def poke_many(
+        cls, triggers: Sequence[BaseTrigger], ctx: TriggerContext
+    ) -> Sequence[TriggerEvent | BaseException | None]:
+        by_dir: dict[str, list[FileTrigger]] = defaultdict(list)
+        for t in triggers:
+            assert isinstance(t, FileTrigger)
+            by_dir[os.path.dirname(t.path) or "."].append(t)
+        listings = await to_thread(_list_dirs, list(by_dir))
+        results: dict[int, TriggerEvent | BaseException | None] = {}
+        for directory, group in by_dir.items():
+            entries = listings.get(directory)
+            for t in group:
+                results[id(t)] = _match(t, directory, entries)
+        return [results[id(t)] for t in triggers]
+
+
+def _list_dirs(directories: list[str]) -> dict[str, dict[str, int] | None]:
+    out: dict[str, dict[str, int] | None] = {}
+    for d in directories:
+        try:
+            with os.scandir(d) as it:
+                out[d] = {e.name: e.stat().st_size for e in it if e.is_file()}
+        except FileNotFoundError:
+            out[d] = None
+        except OSError:
+            out[d] = None
+    return out
+
+
+def _match(t: FileTrigger, directory: str, entries: dict[str, int] | None) -> TriggerEvent | None:
+    if entries is None:
+        return None
+    pattern = os.path.basename(t.path)
+    names = (
+        fnmatch.filter(entries, pattern) if t.is_glob else [pattern] if pattern in entries else []
+    )
+    found = sorted(n for n in names if entries[n] >= t.min_size)
+    if not found:
+        return None
+    return TriggerEvent(payload={"paths": [os.path.join(directory, n) for n in found]})
