@@ -183,8 +183,12 @@ class Triggerer:
             task_row = row["task_row"]
             seen.add(task_row)
             self._max_trigger_id = max(self._max_trigger_id, row["trigger_id"])
-            if task_row in self.table.by_row:
-                continue
+            held = self.table.by_row.get(task_row)
+            if held is not None:
+                sub_held = held.subscribers.get(task_row)
+                if sub_held is not None and sub_held.trigger_id == row["trigger_id"]:
+                    continue
+                self.table.unsubscribe(task_row)  # it deferred again, on a new trigger
             key = (row["classpath"], row["kwargs"])
             if key not in parsed:
                 try:
