@@ -8,6 +8,7 @@ import json
 import logging
 import sqlite3
 import sys
+import time
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -172,19 +173,26 @@ async def _watch(store: Store, run_id: str, worker: Worker, show: bool) -> None:
         bar = progress.add_task(run_id, total=None, states="")
         while True:
             info = await store.run_info(run_id)
-            counts = await store.run_counts(run_id)
-            total = sum(counts.values())
-            done = sum(n for s, n in counts.items() if s in TERMINAL)
-            progress.update(
-                bar,
-                total=total,
-                completed=done,
-                states=" ".join(f"{s.lower()}={n}" for s, n in sorted(counts.items())),
-            )
+            pause = 0.25
+            if show:
+                # Counting scans every row of the run while holding the store (about 40 ms
+                # at 100,000 rows): only when a bar is drawn, and never more than ~5% of
+                # the time, so the count does not slow the run it reports on.
+                started = time.perf_counter()
+                counts = await store.run_counts(run_id)
+                pause = max(pause, 20 * (time.perf_counter() - started))
+                total = sum(counts.values())
+                done = sum(n for s, n in counts.items() if s in TERMINAL)
+                progress.update(
+                    bar,
+                    total=total,
+                    completed=done,
+                    states=" ".join(f"{s.lower()}={n}" for s, n in sorted(counts.items())),
+                )
             if info is None or info["state"] != "RUNNING":
                 worker.stop()
                 return
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(pause)
 
 
 def _summary(run_id: str, info: Any, tasks: list[Any], mapped: dict[str, dict[str, int]]) -> None:

@@ -157,8 +157,9 @@ async def _settle_batch(
             follow.append((moved, final))
 
     # 3. Unmapped tasks report to their children, whose trigger rules then decide.
+    # A leaf has no edge to follow: skip the statement (one database round trip each).
     for row, state in ended:
-        if row["map_index"] < 0:
+        if row["map_index"] < 0 and not row["is_leaf"]:
             children = await tx.fetch(
                 "bump_children", *_state_flags(state), row["run_id"], row["task_id"]
             )

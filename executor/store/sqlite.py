@@ -37,10 +37,12 @@ class SqliteTx:
         return rows[0] if rows else None
 
     async def execute(self, name: str, *args: Any) -> int:
-        cursor = await self._conn.execute(self._sql[name], args)
-        count = cursor.rowcount
-        await cursor.close()
-        return count
+        # One round trip to the connection's thread, not two (execute, then close the
+        # cursor): each costs 20-100 us. The transaction holds the connection alone, so
+        # the change counter moves only by this statement (the schema has no SQL triggers).
+        before = self._conn.total_changes
+        await self._conn.execute_fetchall(self._sql[name], args)
+        return self._conn.total_changes - before
 
     async def executemany(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
         await self._conn.executemany(self._sql[name], rows)
