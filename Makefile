@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.throughput
+	$(BIN)/python -m benchmarks.throughput && $(BIN)/python -m benchmarks.fanout
 
 clean:
 	rm -rf $(VENV) *.db *.db-wal *.db-shm .pytest_cache .ruff_cache

@@ -1,0 +1,362 @@
+"""Executor throughput: no-op tasks end to end, and the cost of one completion vs fan-in.
+
+    python -m benchmarks.throughput [--chain 1000] [--flat 10000] [--slots 8] [--repeat 3]
+
+1. End to end, the way ``slotless run FILE --slots 8 --json`` does it: a generated DAG file
+   of no-op tasks is run by ``executor.cli.main`` in this process (DAG import, store open,
+   run creation, worker pool and triggerer sidecar, summary), timed from call to return;
+   once as a chain of ``--chain`` tasks and once as a flat DAG of ``--flat`` independent
+   tasks, each ``--repeat`` times on a fresh SQLite file; the headline is the median.
+   The same runs are then timed once more through the real ``slotless`` executable in a
+   subprocess (interpreter start-up included) unless ``--no-subprocess``.
+2. Completion cost vs fan-in: N parents into one child (N in ``--parents``). All parents are
+   claimed, then completed one transaction each (``Store.complete``, the worker's
+   transaction without the claim); the figure is the mean time of one completion. The
+   child's readiness is a counter bumped in that transaction, so it must stay flat in N.
+
+Writes benchmarks/results/throughput.json and throughput.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from . import common
+
+NAME = "throughput"
+TARGET_TASKS_PER_S = 2000
+
+DAG_SOURCE = '''"""Benchmark DAG: {n} no-op tasks, {shape}."""
+from executor import DAG
+
+dag = DAG("bench_{shape}_{n}")
+
+
+def noop(ctx):
+    return None
+
+
+previous = None
+for i in range({n}):
+    parents = [previous] if {chain} and previous is not None else []
+    previous = dag.task(noop, task_id=f"t{{i:05d}}", parents=parents)
+'''
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--chain", type=int, default=1000, help="tasks in the chain (default 1000)")
+    p.add_argument("--flat", type=int, default=10_000, help="tasks in the flat DAG (default 10000)")
+    p.add_argument("--slots", type=int, default=8, help="worker slots (default 8)")
+    p.add_argument("--repeat", type=int, default=3, help="in-process runs per shape (default 3)")
+    p.add_argument(
+        "--parents",
+        default="10,100,1000,10000",
+        help="fan-in widths for the completion cost, comma-separated (default 10,100,1000,10000)",
+    )
+    p.add_argument(
+        "--no-subprocess",
+        dest="subprocess",
+        action="store_false",
+        help="skip the runs through the slotless executable",
+    )
+    p.add_argument(
+        "--cpus", help='pin to these CPUs, e.g. "0" (default: no pinning; for diagnosis)'
+    )
+    p.add_argument("--workdir", help="where DAG files and databases go (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir")
+    p.add_argument("--results", type=Path, default=common.RESULTS, help="output folder")
+    args = p.parse_args(argv)
+    args.parents = [int(x) for x in args.parents.split(",") if x.strip()]
+    return args
+
+
+# -- end to end ----------------------------------------------------------------------------
+
+
+def end_to_end(
+    folder: Path, shape: str, n: int, slots: int, repeat: int, subprocess: bool, bar: Any
+) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    task = bar.add_task(f"{shape} of {n}: {repeat} run(s)", total=n * repeat)
+    for r in range(repeat):
+        # A fresh file per run, so that each run imports its DAG as `slotless run` would.
+        dag_file = common.write_dag_file(
+            folder, f"{shape}_{n}_{r}", DAG_SOURCE.format(n=n, shape=shape, chain=shape == "chain")
+        )
+        db = common.fresh_db(folder, f"{shape}_{n}_{r}")
+        log = common.ExchangeLog()
+        done_before = r * n
+        with (
+            log.active(),
+            common.follow(bar, task, lambda log=log, d=done_before: d + log.completed),
+        ):
+            run = common.run_cli(
+                ["run", str(dag_file), "--db", db, "--slots", str(slots), "--json"]
+            )
+        _check(run, n)
+        runs.append(
+            {
+                "seconds": round(run.seconds, 4),
+                "tasks_per_s": round(n / run.seconds, 1),
+                "create_run_s": round(sum(log.create_run_s), 4),
+                **log.summary(),
+            }
+        )
+    out: dict[str, Any] = {
+        "tasks": n,
+        "runs": runs,
+        "tasks_per_s_median": round(statistics.median(x["tasks_per_s"] for x in runs), 1),
+    }
+    if subprocess:
+        dag_file = common.write_dag_file(
+            folder, f"{shape}_{n}_cli", DAG_SOURCE.format(n=n, shape=shape, chain=shape == "chain")
+        )
+        db = common.fresh_db(folder, f"{shape}_{n}_cli")
+        sub = bar.add_task(f"{shape} of {n}: slotless subprocess", total=1)
+        run = common.run_cli_subprocess(
+            ["run", str(dag_file), "--db", db, "--slots", str(slots), "--json"]
+        )
+        bar.update(sub, completed=1)
+        _check(run, n)
+        out["subprocess"] = {
+            "command": " ".join(run.argv),
+            "seconds": round(run.seconds, 4),
+            "tasks_per_s": round(n / run.seconds, 1),
+        }
+    return out
+
+
+def _check(run: common.CliRun, n: int) -> None:
+    tasks = (run.result or {}).get("tasks", {})
+    if run.returncode != 0 or (run.result or {}).get("state") != "SUCCESS" or len(tasks) != n:
+        raise SystemExit(f"benchmark run did not succeed: {run.argv} -> rc {run.returncode}")
+
+
+# -- completion cost vs fan-in ---------------------------------------------------------------
+
+
+async def completion_cost(folder: Path, n: int, bar: Any) -> dict[str, Any]:
+    from executor import DAG
+    from executor.outcomes import Kind, Outcome
+    from executor.store import open_store
+
+    def noop(ctx: Any) -> None:
+        return None
+
+    dag = DAG(f"fanin_{n}")
+    parents = [dag.task(noop, task_id=f"p{i:05d}") for i in range(n)]
+    dag.task(noop, task_id="child", parents=parents)
+    store = await open_store(common.fresh_db(folder, f"fanin_{n}"))
+    task = bar.add_task(f"fan-in of {n}: completions", total=n)
+    try:
+        run_id = await store.create_run(dag, date(2026, 1, 1))
+        rows = await store.claim("bench", n)
+        assert len(rows) == n, f"claimed {len(rows)} of {n} parents"
+        times: list[float] = []
+        for i, row in enumerate(rows):
+            outcome = Outcome(
+                row_id=row["id"],
+                owner="bench",
+                attempt=row["attempt"],
+                max_attempts=row["max_attempts"],
+                kind=Kind.SUCCESS,
+                output_json="null",
+                run_id=run_id,
+            )
+            t0 = time.perf_counter()
+            await store.complete([outcome])
+            times.append(time.perf_counter() - t0)
+            if i % 64 == 0:
+                bar.update(task, completed=i + 1)
+        bar.update(task, completed=n)
+        child = next(t for t in await store.run_tasks(run_id) if t["task_id"] == "child")
+        assert child["n_done"] == n and child["ready_at"] is not None, dict(child)
+    finally:
+        await store.close()
+    ordered = sorted(times)
+    tenth = max(1, n // 10)
+    return {
+        "parents": n,
+        "mean_us": round(statistics.fmean(times) * 1e6, 1),
+        "median_us": round(common.percentile(ordered, 50) * 1e6, 1),
+        "p99_us": round(common.percentile(ordered, 99) * 1e6, 1),
+        "first_tenth_mean_us": round(statistics.fmean(times[:tenth]) * 1e6, 1),
+        "last_tenth_mean_us": round(statistics.fmean(times[-tenth:]) * 1e6, 1),
+        "last_completion_us": round(times[-1] * 1e6, 1),  # the one that makes the child ready
+    }
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def plot(doc: dict[str, Any], results: Path) -> Path:
+    fig, (ax1, ax2) = common.subplots(2)
+    shapes = [("chain", doc["chain"]), ("flat", doc["flat"])]
+    labels = [f"{s}\n{d['tasks']:,} tasks" for s, d in shapes]
+    xs = range(len(shapes))
+    medians = [d["tasks_per_s_median"] for _, d in shapes]
+    lows = [
+        m - min(r["tasks_per_s"] for r in d["runs"])
+        for m, (_, d) in zip(medians, shapes, strict=True)
+    ]
+    highs = [
+        max(r["tasks_per_s"] for r in d["runs"]) - m
+        for m, (_, d) in zip(medians, shapes, strict=True)
+    ]
+    width = 0.38
+    ax1.bar(
+        [x - width / 2 for x in xs],
+        medians,
+        width,
+        yerr=[lows, highs],
+        capsize=4,
+        label="in process (median, min-max)",
+        color="#4c72b0",
+    )
+    if all("subprocess" in d for _, d in shapes):
+        sub = [d["subprocess"]["tasks_per_s"] for _, d in shapes]
+        ax1.bar(
+            [x + width / 2 for x in xs], sub, width, label="slotless subprocess", color="#dd8452"
+        )
+    ax1.axhline(TARGET_TASKS_PER_S, ls="--", color="grey", lw=1)
+    ax1.text(
+        len(shapes) - 0.55,
+        TARGET_TASKS_PER_S,
+        f"target {TARGET_TASKS_PER_S:,}/s ",
+        ha="right",
+        va="bottom",
+        color="grey",
+        fontsize=8,
+    )
+    ax1.set_xticks(list(xs), labels)
+    ax1.set_ylabel("no-op tasks / s, end to end")
+    ax1.set_title(f"Throughput, SQLite, {doc['params']['slots']} slots")
+    ax1.legend(fontsize=8, loc="upper left")
+
+    fanin = doc["completion_cost"]
+    ns = [c["parents"] for c in fanin]
+    for key, label in (
+        ("mean_us", "mean"),
+        ("median_us", "median"),
+        ("p99_us", "p99"),
+        ("last_completion_us", "last parent (child becomes ready)"),
+    ):
+        style = ":" if key == "last_completion_us" else "-"
+        ax2.plot(ns, [c[key] for c in fanin], style, marker="o", label=label)
+    ax2.set_xscale("log")
+    ax2.set_ylim(bottom=0)
+    ax2.set_xlabel("parents of one child (fan-in)")
+    ax2.set_ylabel("µs per completion transaction")
+    ax2.set_title("Cost of one completion vs fan-in")
+    ax2.legend(fontsize=8)
+    m = doc["machine"]
+    fig.suptitle(
+        f"{m['cpu_count']} CPUs, Python {m['python']}, SQLite {m['sqlite_version']}",
+        fontsize=9,
+    )
+    return common.save_figure(fig, NAME, results)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    params = {
+        "chain": args.chain,
+        "flat": args.flat,
+        "slots": args.slots,
+        "cpus": args.cpus,
+        "repeat": args.repeat,
+        "parents": args.parents,
+        "subprocess": args.subprocess,
+        "store": "sqlite",
+        "task": "no-op (returns None)",
+    }
+    common.pin_cpus(args.cpus)
+    with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
+        doc = common.result_document(NAME, argv, params, folder)
+        with common.progress() as bar:
+            chain = end_to_end(
+                folder, "chain", args.chain, args.slots, args.repeat, args.subprocess, bar
+            )
+            flat = end_to_end(
+                folder, "flat", args.flat, args.slots, args.repeat, args.subprocess, bar
+            )
+            fanin = [asyncio.run(completion_cost(folder, n, bar)) for n in args.parents]
+    doc.update(
+        {
+            "tasks_per_s_flat": flat["tasks_per_s_median"],
+            "tasks_per_s_chain": chain["tasks_per_s_median"],
+            "completion_cost_us_by_parents": {str(c["parents"]): c["mean_us"] for c in fanin},
+            "target_tasks_per_s": TARGET_TASKS_PER_S,
+            "machine_load": load.summary,
+            "chain": chain,
+            "flat": flat,
+            "completion_cost": fanin,
+        }
+    )
+    json_path = common.write_json(NAME, doc, args.results)
+    png_path = plot(doc, args.results)
+
+    rows = [
+        (
+            f"flat, {args.flat:,} tasks: tasks/s (median of {args.repeat})",
+            f"{flat['tasks_per_s_median']:,.0f}",
+        ),
+        (
+            f"chain, {args.chain:,} tasks: tasks/s (median of {args.repeat})",
+            f"{chain['tasks_per_s_median']:,.0f}",
+        ),
+    ]
+    for shape, d in (("flat", flat), ("chain", chain)):
+        if "subprocess" in d:
+            rows.append(
+                (
+                    f"{shape}: tasks/s through the slotless executable",
+                    f"{d['subprocess']['tasks_per_s']:,.0f}",
+                )
+            )
+        last = d["runs"][-1]
+        rows.append(
+            (
+                f"{shape}: outcomes per transaction / median transaction",
+                f"{last['outcomes_per_transaction']} / {last['transaction_ms_median']} ms",
+            )
+        )
+    for c in fanin:
+        rows.append(
+            (
+                f"one completion, {c['parents']:,} parents: mean (median, p99)",
+                f"{c['mean_us']:,.0f} µs ({c['median_us']:,.0f}, {c['p99_us']:,.0f})",
+            )
+        )
+    rows.append(common.load_row(doc["machine_load"]))
+    common.print_table(
+        f"throughput: SQLite, {args.slots} slots",
+        rows,
+        caption=f"target {TARGET_TASKS_PER_S:,} tasks/s; wrote {_rel(json_path)}, {_rel(png_path)}",
+    )
+    return 0
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
