@@ -1,0 +1,143 @@
+"""ExternalDagRunTrigger: another DAG's run (or one task of it) reached a state.
+
+Batched: every waiting question is answered by one query per cycle
+(``ctx.external_states``), however many tasks wait on other runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from pydantic import field_validator, model_validator
+
+from .base import BaseTrigger, TriggerEvent
+from .context import TriggerContext
+
+_TEMPLATE = re.compile(r"\{\{.*\}\}")
+
+
+class ExternalDagRunTrigger(BaseTrigger):
+    """Fires when ``dag_id``'s run for ``logical_date + offset_days`` is in an allowed state.
+
+    ``task_id`` narrows the question to one task of that run. ``logical_date`` is a date
+    or a template such as ``"{{ ds }}"`` (filled per run by the sensor); ``offset_days=-1``
+    waits for the previous day's run. In one of ``failed_states`` the trigger reports an
+    error, so the waiting task fails with a message naming the other run. When several
+    runs share the logical date, the latest one counts. The event's payload is
+    ``{"dag_id", "task_id", "logical_date", "run_id", "state"}``.
+    """
+
+    dag_id: str
+    task_id: str | None = None
+    logical_date: str
+    offset_days: int = 0
+    allowed_states: list[str] = ["SUCCESS"]
+    failed_states: list[str] = ["FAILED", "UPSTREAM_FAILED"]
+
+    @field_validator("logical_date", mode="before")
+    @classmethod
+    def _date(cls, value: Any) -> Any:
+        if isinstance(value, datetime):
+            return value.date().isoformat()
+        if isinstance(value, date):
+            return value.isoformat()
+        if isinstance(value, str) and not _TEMPLATE.search(value):
+            try:
+                return date.fromisoformat(value).isoformat()
+            except ValueError:
+                raise ValueError(
+                    f"logical_date {value!r} is neither a date (YYYY-MM-DD) nor a "
+                    "template such as '{{ ds }}'"
+                ) from None
+        return value
+
+    @field_validator("allowed_states", "failed_states")
+    @classmethod
+    def _states(cls, value: list[str]) -> list[str]:
+        return [s.upper() for s in value]
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> ExternalDagRunTrigger:
+        if not self.allowed_states:
+            raise ValueError("allowed_states must not be empty")
+        both = set(self.allowed_states) & set(self.failed_states)
+        if both:
+            raise ValueError(f"states both allowed and failed: {sorted(both)}")
+        return self
+
+    @property
+    def target_date(self) -> str:
+        """The other run's logical date (raises if the template was never filled)."""
+        if _TEMPLATE.search(self.logical_date):
+            raise ValueError(
+                f"logical_date {self.logical_date!r} was not rendered: use this trigger "
+                "in a sensor (which fills '{{ ds }}') or pass a date"
+            )
+        day = date.fromisoformat(self.logical_date) + timedelta(days=self.offset_days)
+        return day.isoformat()
+
+    def describe(self) -> str:
+        what = self.dag_id + (f".{self.task_id}" if self.task_id else "")
+        try:
+            when = self.target_date
+        except ValueError:
+            when = f"{self.logical_date}{self.offset_days:+d}d"
+        return f"dag run {what} @ {when}"
+
+    def answer(self, state: str | None, run_id: str | None) -> TriggerEvent | None:
+        if state is None:
+            return None  # no such run (or task) yet
+        if state in self.allowed_states:
+            return TriggerEvent(
+                payload={
+                    "dag_id": self.dag_id,
+                    "task_id": self.task_id,
+                    "logical_date": self.target_date,
+                    "run_id": run_id,
+                    "state": state,
+                }
+            )
+        if state in self.failed_states:
+            what = f"task {self.task_id!r} of " if self.task_id else ""
+            return TriggerEvent(
+                error=(
+                    f"{what}run {run_id} of DAG {self.dag_id!r} "
+                    f"(logical date {self.target_date}) is {state}"
+                )
+            )
+        return None
+
+    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
+        result = (await self.poke_many([self], ctx))[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    @classmethod
+    async def poke_many(
+        cls, triggers: Sequence[BaseTrigger], ctx: TriggerContext
+    ) -> Sequence[TriggerEvent | BaseException | None]:
+        results: list[TriggerEvent | BaseException | None] = [None] * len(triggers)
+        questions: list[dict[str, Any]] = []
+        asked: list[int] = []
+        for i, t in enumerate(triggers):
+            assert isinstance(t, ExternalDagRunTrigger)
+            try:
+                day = t.target_date
+            except ValueError as exc:
+                results[i] = exc
+                continue
+            questions.append({"dag_id": t.dag_id, "task_id": t.task_id, "logical_date": day})
+            asked.append(i)
+        if questions:
+            rows = await ctx.external_states(questions)  # one query for all of them
+            by_q = {int(r["q"]): r for r in rows}
+            for q, i in enumerate(asked):
+                row = by_q.get(q)
+                t = triggers[i]
+                assert isinstance(t, ExternalDagRunTrigger)
+                results[i] = t.answer(row["state"] if row else None, row["run_id"] if row else None)
+        return results

@@ -1,0 +1,100 @@
+"""Helpers for triggers that answer many checks from one listing (S3, SFTP).
+
+* :func:`compile_glob` - path-style globs: ``*`` and ``?`` stop at ``/``, ``**`` crosses
+  it, ``[abc]`` / ``[!abc]`` are classes; a malformed pattern raises ValueError.
+* :class:`SingleFlight` - concurrent callers asking for the same listing share one request.
+  The triggerer hands a batched class at most ``batch_size`` checks per call, so 10,000
+  keys under one prefix arrive as ten concurrent calls; they still make one listing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Hashable
+from functools import lru_cache
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+MAGIC = frozenset("*?[")
+
+
+def has_magic(pattern: str) -> bool:
+    return any(c in MAGIC for c in pattern)
+
+
+def literal_prefix(pattern: str) -> str:
+    """The part before the first wildcard."""
+    for i, c in enumerate(pattern):
+        if c in MAGIC:
+            return pattern[:i]
+    return pattern
+
+
+@lru_cache(maxsize=4096)
+def compile_glob(pattern: str) -> re.Pattern[str]:
+    """Translate a path-style glob to a regex; raise ValueError saying what is wrong."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            if pattern.startswith("**", i):
+                out.append(".*")
+                i += 2
+                continue
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = i + 1
+            negate = j < n and pattern[j] in "!^"
+            if negate:
+                j += 1
+            end = pattern.find("]", j)
+            if end < 0:
+                raise ValueError(f"malformed glob {pattern!r}: '[' at {i} is never closed")
+            body = pattern[j:end]
+            if not body:
+                raise ValueError(f"malformed glob {pattern!r}: empty character class at {i}")
+            if "/" in body:
+                raise ValueError(f"malformed glob {pattern!r}: '/' inside a character class")
+            body = body.replace("\\", "\\\\")
+            out.append(f"[{'^' if negate else ''}{body}]")
+            i = end
+        elif c == "]":
+            raise ValueError(f"malformed glob {pattern!r}: ']' at {i} closes nothing")
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
+class SingleFlight:
+    """Run one coroutine per key at a time; callers arriving meanwhile share its result.
+
+    A caller that is cancelled (its check timed out) does not cancel the shared request.
+    """
+
+    def __init__(self) -> None:
+        self._inflight: dict[Hashable, asyncio.Future[Any]] = {}
+        self.started = 0  # requests actually made (for tests and benchmarks)
+        self.joined = 0  # callers served by a request someone else started
+
+    async def run(self, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
+        fut = self._inflight.get(key)
+        if fut is None:
+            self.started += 1
+            fut = asyncio.ensure_future(fn())
+            self._inflight[key] = fut
+            fut.add_done_callback(lambda f, k=key: self._done(k, f))
+        else:
+            self.joined += 1
+        return await asyncio.shield(fut)  # type: ignore[no-any-return]
+
+    def _done(self, key: Hashable, fut: asyncio.Future[Any]) -> None:
+        if self._inflight.get(key) is fut:
+            del self._inflight[key]
+        if not fut.cancelled():
+            fut.exception()  # retrieved: no "never retrieved" warning if every caller left

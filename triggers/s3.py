@@ -1,0 +1,322 @@
+"""S3KeyTrigger: an S3 key exists (batched: one paginated listing per bucket and prefix).
+
+Checked with aiobotocore, one client per connection id for the triggerer's lifetime. All
+the waiting keys under one bucket and prefix are answered by one ``ListObjectsV2``
+(paginated, 1,000 keys a page) instead of a ``HEAD`` per key: 10,000 sensors over 10
+prefixes cost 10 requests a cycle, not 10,000.
+
+The connection (``SLOTLESS_CONN_<ID>``) is a URI such as
+``s3://ACCESS_KEY:SECRET@?endpoint_url=http://127.0.0.1:9000&region_name=eu-west-1``
+(percent-encode ``/`` and ``+`` in the secret). Extras: ``endpoint_url``, ``region_name``,
+``aws_session_token``, ``addressing_style`` (path / virtual / auto), ``verify`` (false to
+skip TLS verification), ``connect_timeout``, ``read_timeout``, ``max_attempts``. Without
+a key and secret, botocore's usual chain (environment, profile, instance role) is used.
+The credentials need ``s3:ListBucket`` on the bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import field_validator
+
+from .base import BaseTrigger, TransientError, TriggerEvent
+from .context import TriggerContext
+from .listing import SingleFlight, compile_glob, has_magic, literal_prefix
+
+# Error codes S3 (and S3-compatible servers) use for a passing condition: retried.
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequests",
+        "RequestLimitExceeded",
+        "RequestTimeout",
+        "ServiceUnavailable",
+        "InternalError",
+        "500",
+        "502",
+        "503",
+        "504",
+    }
+)
+# Codes that say the credentials were refused: retrying will not help.
+CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AuthorizationHeaderMalformed",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "403",
+    }
+)
+MAX_PAYLOAD_KEYS = 1000
+_BUCKET = re.compile(r"^[A-Za-z0-9.\-_{} ]{1,255}$")
+
+
+class S3CheckError(RuntimeError):
+    """A check that cannot succeed as things are (no such bucket, credentials refused)."""
+
+
+class S3KeyTrigger(BaseTrigger):
+    """Fires when ``key`` exists in ``bucket``.
+
+    ``key`` is an exact key (``in/2024-01-01.csv``), a glob (``in/*.csv``; ``*`` and ``?``
+    stop at ``/``, ``**`` crosses it) or a prefix ending in ``/`` (any object under it).
+    ``min_size`` (bytes) waits until a matching object is at least that large. The event's
+    payload is ``{"bucket": ..., "keys": [matching keys, sorted, at most 1,000]}``.
+    """
+
+    bucket: str
+    key: str
+    min_size: int = 0
+    conn_id: str = "aws_default"
+
+    @field_validator("bucket")
+    @classmethod
+    def _valid_bucket(cls, value: str) -> str:
+        if not _BUCKET.match(value) or "/" in value:
+            raise ValueError(f"invalid bucket name {value!r}")
+        return value
+
+    @field_validator("key")
+    @classmethod
+    def _valid_key(cls, value: str) -> str:
+        if not value:
+            raise ValueError("key must not be empty (use a prefix ending in '/' or a glob)")
+        if value.startswith("/"):
+            raise ValueError(f"key {value!r} must not start with '/' (S3 keys are relative)")
+        compile_glob(value)  # ValueError names what is malformed
+        return value
+
+    @field_validator("min_size")
+    @classmethod
+    def _non_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("min_size must be >= 0")
+        return value
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    # -- what to list -----------------------------------------------------------------
+
+    @property
+    def is_prefix(self) -> bool:
+        return self.key.endswith("/") and not has_magic(self.key)
+
+    @property
+    def directory(self) -> str:
+        """The listing prefix shared by every key in the same "folder" (ends in '/')."""
+        lit = literal_prefix(self.key)
+        return lit[: lit.rfind("/") + 1]
+
+    @property
+    def recursive(self) -> bool:
+        """Whether a listing must descend below ``directory`` (no '/' delimiter)."""
+        if self.is_prefix:
+            return True
+        rest = self.key[len(self.directory) :]
+        return "/" in rest or "**" in rest
+
+    def _tight_prefix(self) -> str:
+        return self.key if self.is_prefix else literal_prefix(self.key)
+
+    def match(self, listing: dict[str, int]) -> TriggerEvent | None:
+        """Answer this trigger from a listing (key -> size) that covers it."""
+        if self.is_prefix:
+            found = [k for k, s in listing.items() if k.startswith(self.key) and k != self.key]
+        elif has_magic(self.key):
+            rx = compile_glob(self.key)
+            found = [k for k in listing if rx.match(k)]
+        else:
+            found = [self.key] if self.key in listing else []
+        found = sorted(k for k in found if listing[k] >= self.min_size)
+        if not found:
+            return None
+        return TriggerEvent(
+            payload={"bucket": self.bucket, "keys": found[:MAX_PAYLOAD_KEYS], "count": len(found)}
+        )
+
+    # -- checking -----------------------------------------------------------------------
+
+    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
+        """One check on its own: one listing of the tightest prefix that covers the key."""
+        result = (await _answer(ctx, [self], tight=True))[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    @classmethod
+    async def poke_many(
+        cls, triggers: Sequence[BaseTrigger], ctx: TriggerContext
+    ) -> Sequence[TriggerEvent | BaseException | None]:
+        return await _answer(ctx, triggers, tight=False)
+
+
+async def _answer(
+    ctx: TriggerContext, triggers: Sequence[BaseTrigger], *, tight: bool
+) -> list[TriggerEvent | BaseException | None]:
+    groups: dict[tuple[str, str, str], list[S3KeyTrigger]] = defaultdict(list)
+    for t in triggers:
+        assert isinstance(t, S3KeyTrigger)
+        prefix = t._tight_prefix() if tight else t.directory
+        groups[(t.conn_id, t.bucket, prefix)].append(t)
+    results: dict[int, TriggerEvent | BaseException | None] = {}
+
+    async def one(conn_id: str, bucket: str, prefix: str, group: list[S3KeyTrigger]) -> None:
+        recursive = any(t.recursive for t in group)
+        try:
+            listing = await list_prefix(ctx, conn_id, bucket, prefix, recursive=recursive)
+        except Exception as exc:  # each group fails alone; UnknownConnection included
+            for t in group:
+                results[id(t)] = exc
+            return
+        for t in group:
+            results[id(t)] = t.match(listing)
+
+    await asyncio.gather(*(one(*key, group) for key, group in groups.items()))
+    return [results[id(t)] for t in triggers]
+
+
+async def list_prefix(
+    ctx: TriggerContext, conn_id: str, bucket: str, prefix: str, *, recursive: bool
+) -> dict[str, int]:
+    """``{key: size}`` under ``prefix`` (direct children only unless ``recursive``).
+
+    Concurrent callers asking for the same listing share one paginated request.
+    """
+    link = await _link(ctx, conn_id)
+    return await link.flights.run(
+        (bucket, prefix, recursive), lambda: link.list(bucket, prefix, recursive)
+    )
+
+
+async def _link(ctx: TriggerContext, conn_id: str) -> _S3Link:
+    conn = ctx.connection(conn_id)  # UnknownConnection: fails the waiting tasks
+
+    async def factory() -> _S3Link:
+        return await _S3Link.open(conn)
+
+    return await ctx.shared(f"s3:{conn_id}", factory)
+
+
+class _S3Link:
+    """One aiobotocore client per connection id, plus its in-flight listings."""
+
+    def __init__(self, conn: Any, client: Any, cm: Any) -> None:
+        self.conn = conn
+        self.client = client
+        self._cm = cm
+        self.flights = SingleFlight()
+
+    @classmethod
+    async def open(cls, conn: Any) -> _S3Link:
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import get_session
+
+        if conn.scheme not in ("s3", "aws"):
+            raise S3CheckError(
+                f"connection {conn.conn_id!r} is {conn.redacted()}: an S3 connection "
+                "must be an s3:// URI"
+            )
+        extra = conn.extra
+        config: dict[str, Any] = {
+            "connect_timeout": float(extra.get("connect_timeout", 10)),
+            "read_timeout": float(extra.get("read_timeout", 30)),
+            # The triggerer retries with backoff and logs it; one quick retry here only.
+            "retries": {
+                "mode": "standard",
+                "total_max_attempts": int(extra.get("max_attempts", 2)),
+            },
+            "max_pool_connections": 50,
+        }
+        if "addressing_style" in extra:
+            config["s3"] = {"addressing_style": extra["addressing_style"]}
+        kwargs: dict[str, Any] = {
+            "region_name": extra.get("region_name", "us-east-1"),
+            "config": AioConfig(**config),
+        }
+        if "endpoint_url" in extra:
+            kwargs["endpoint_url"] = extra["endpoint_url"]
+        if extra.get("verify", "").lower() in ("false", "0", "no"):
+            kwargs["verify"] = False
+        if conn.login:
+            kwargs["aws_access_key_id"] = conn.login
+            kwargs["aws_secret_access_key"] = conn.password or ""
+        token = extra.get("aws_session_token") or extra.get("session_token")
+        if token:
+            kwargs["aws_session_token"] = token
+        cm = get_session().create_client("s3", **kwargs)
+        client = await cm.__aenter__()
+        return cls(conn, client, cm)
+
+    async def list(self, bucket: str, prefix: str, recursive: bool) -> dict[str, int]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        if not recursive:
+            kwargs["Delimiter"] = "/"
+        out: dict[str, int] = {}
+        try:
+            async for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
+                for obj in page.get("Contents", ()):
+                    out[obj["Key"]] = obj["Size"]
+        except ClientError as exc:
+            raise _classify(exc, self.conn, bucket) from exc
+        except BotoCoreError as exc:
+            raise _botocore_error(exc, self.conn) from exc
+        except (OSError, TimeoutError) as exc:
+            raise TransientError(f"S3 unreachable via {self._where()}: {exc}") from exc
+        return out
+
+    def _where(self) -> str:
+        return f"connection {self.conn.conn_id!r} ({self.conn.redacted()})"
+
+    async def close(self) -> None:
+        await self._cm.__aexit__(None, None, None)
+
+
+def _classify(exc: Any, conn: Any, bucket: str) -> Exception:
+    err = exc.response.get("Error", {})
+    code = str(err.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    where = f"connection {conn.conn_id!r}"
+    detail = f"{code}: {err.get('Message', '')}".rstrip(": ")
+    if code == "NoSuchBucket":
+        return S3CheckError(f"S3 bucket {bucket!r} does not exist ({where})")
+    if code in CREDENTIAL_CODES or status == 403:
+        return S3CheckError(
+            f"S3 refused the credentials of {where} for bucket {bucket!r}: {detail}"
+        )
+    if code in TRANSIENT_CODES or status >= 500 or status == 429:
+        return TransientError(f"S3 error for bucket {bucket!r} ({where}), will retry: {detail}")
+    return S3CheckError(f"S3 error for bucket {bucket!r} ({where}): {detail}")
+
+
+def _botocore_error(exc: Exception, conn: Any) -> Exception:
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import (
+        HTTPClientError,
+        NoCredentialsError,
+        PartialCredentialsError,
+    )
+
+    where = f"connection {conn.conn_id!r} ({conn.redacted()})"
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return S3CheckError(f"no usable S3 credentials for {where}: {exc}")
+    if isinstance(exc, BotoConnectionError | HTTPClientError):  # refused, timeouts, closed
+        return TransientError(f"S3 unreachable via {where}: {exc}")
+    return S3CheckError(f"S3 client error for {where}: {exc}")
