@@ -82,17 +82,21 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds without heartbeat after which a worker counts as dead",
     )
+    _metrics_opts(worker)
     worker.set_defaults(func=cmd_worker)
 
     trig = sub.add_parser("triggerer", help="serve as a triggerer: hold and check deferred waits")
     db_opt(trig)
     trig.add_argument("--lease-ttl", type=float, default=15.0,
                       help="seconds after which a silent triggerer's shards are taken over")
+    _metrics_opts(trig)
     trig.set_defaults(func=cmd_triggerer)
 
-    status = sub.add_parser("status", help="runs and their tasks by state")
+    status = sub.add_parser(
+        "status", help="runs by state; waiting tasks (what for, how long); triggerers"
+    )
     db_opt(status)
-    status.add_argument("--limit", type=int, default=20)
+    status.add_argument("--limit", type=int, default=20, help="runs, and tasks per waiting state")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
@@ -101,7 +105,33 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("task_id", help="TASK or TASK[INDEX] for one instance of a mapped task")
     db_opt(logs)
     logs.set_defaults(func=cmd_logs)
+
+    ui = sub.add_parser("ui", help="serve a read-only web page of runs, tasks and their logs")
+    db_opt(ui)
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765)
+    ui.add_argument("--refresh", type=float, default=2.0, help="seconds between live refreshes")
+    ui.set_defaults(func=cmd_ui)
+
+    up = sub.add_parser(
+        "up", help="a worker, a triggerer and the web page on one database; Ctrl-C stops all"
+    )
+    up.add_argument("files", nargs="*", metavar="DAG_FILE", help="start one run of each")
+    db_opt(up)
+    up.add_argument("--slots", type=int, default=8)
+    up.add_argument("--host", default="127.0.0.1", help="the web page's address")
+    up.add_argument("--port", type=int, default=8765, help="the web page's port")
+    up.add_argument("--worker-metrics-port", type=int, default=None)
+    up.add_argument("--triggerer-metrics-port", type=int, default=None)
+    up.set_defaults(func=cmd_up)
     return p
+
+
+def _metrics_opts(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+    )
+    sp.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
 
 
 def _date(text: str) -> date:
@@ -226,7 +256,12 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     )
     _on_signals(worker.stop)
     try:
-        await worker.run()
+        from .metrics import worker_metrics
+
+        async with worker_metrics(worker, args.metrics_host, args.metrics_port) as metrics:
+            if metrics is not None:
+                print(f"slotless worker: metrics on {metrics.url}", file=sys.stderr, flush=True)
+            await worker.run()
     finally:
         await store.close()
     return 0
@@ -240,7 +275,12 @@ async def cmd_triggerer(args: argparse.Namespace) -> int:
     triggerer = Triggerer(store, config=config)
     _on_signals(triggerer.stop)
     try:
-        await triggerer.run()
+        from triggerer.metrics import triggerer_metrics
+
+        async with triggerer_metrics(triggerer, args.metrics_host, args.metrics_port) as metrics:
+            if metrics is not None:
+                print(f"slotless triggerer: metrics on {metrics.url}", file=sys.stderr, flush=True)
+            await triggerer.run()
     finally:
         await store.close()
     return 0
@@ -255,43 +295,21 @@ def _on_signals(stop: Any) -> None:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    store = await open_store(args.db)
-    try:
-        runs = await store.list_runs(args.limit)
-    finally:
-        await store.close()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "runs": [
-                        {
-                            "run_id": r["run_id"],
-                            "dag_id": r["dag_id"],
-                            "logical_date": r["logical_date"],
-                            "state": r["state"],
-                            "tasks": counts,
-                        }
-                        for r, counts in runs
-                    ]
-                }
-            )
-        )
-        return 0
-    table = Table(title="runs")
-    for col in ("run", "logical date", "state", "started", "tasks by state"):
-        table.add_column(col)
-    for r, counts in runs:
-        started = datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(
-            r["run_id"],
-            r["logical_date"],
-            r["state"],
-            started,
-            ", ".join(f"{s.lower()}={n}" for s, n in sorted(counts.items())),
-        )
-    out.print(table)
-    return 0
+    from .status import status_command
+
+    return await status_command(args)
+
+
+async def cmd_ui(args: argparse.Namespace) -> int:
+    from .web import serve_ui
+
+    return await serve_ui(args)
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    from .up import up
+
+    return await up(args)
 
 
 async def cmd_logs(args: argparse.Namespace) -> int:

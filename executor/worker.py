@@ -83,11 +83,17 @@ class Worker:
         self._stopping = False
         self._claims = 0
         self.completed = 0
+        # Called after each exchange with (outcomes recorded, rows claimed): the metrics.
+        self.on_exchange: Callable[[list[Outcome], list[Row]], None] | None = None
 
     def stop(self) -> None:
         """Stop claiming; the worker finishes what it holds and returns from :meth:`run`."""
         self._stopping = True
         self._wake.set()
+
+    @property
+    def busy_slots(self) -> int:
+        return self.slots - len(self._free)
 
     async def run(self, until: Callable[[], Awaitable[bool]] | None = None) -> None:
         """Serve until :meth:`stop` is called (or ``until()`` returns true)."""
@@ -134,6 +140,8 @@ class Worker:
         for row in claimed:
             self._in_flight[row["id"]] = owner
         self.completed += len(batch)
+        if self.on_exchange is not None:
+            self.on_exchange(batch, claimed)
         return claimed
 
     async def _run_one(self, row: Row, slot: int) -> None:

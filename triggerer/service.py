@@ -76,6 +76,8 @@ class Triggerer:
         self.checks_done = 0
         self.checks_failed = 0
         self.events_fired = 0
+        # Called after each check call with (trigger classpath, triggers checked, seconds).
+        self.on_check_call: Callable[[str, int, float], None] | None = None
         self._batch = TriggererBatch()
         self._max_trigger_id = 0
         self._wake_checker = asyncio.Event()
@@ -242,6 +244,7 @@ class Triggerer:
     async def _run_checks(self, cls: type[BaseTrigger], checks: list[Check]) -> None:
         async with self._sem:
             results: list[Any]
+            began = time.perf_counter()
             try:
                 results = list(
                     await asyncio.wait_for(self._call(cls, checks), self.config.check_timeout)
@@ -259,6 +262,8 @@ class Triggerer:
                 ] * len(checks)
             except Exception as exc:
                 results = [exc] * len(checks)
+            if self.on_check_call is not None:
+                self.on_check_call(cls.classpath(), len(checks), time.perf_counter() - began)
         now = self.clock()
         for check, result in zip(checks, results, strict=True):
             check.running = False

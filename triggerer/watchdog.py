@@ -32,6 +32,7 @@ class LoopWatch:
         self.block_threshold = block_threshold
         self.lags: deque[float] = deque(maxlen=2048)
         self.blocked: Counter[str] = Counter()
+        self.on_lag: Callable[[float], None] | None = None  # each lag sample (the metrics)
         self._on_block = on_block
         self._last_tick = time.monotonic()
         self._loop_thread = threading.get_ident()
@@ -52,7 +53,10 @@ class LoopWatch:
                 before = time.monotonic()
                 self._last_tick = before
                 await asyncio.sleep(self.interval)
-                self.lags.append(max(0.0, time.monotonic() - before - self.interval))
+                lag = max(0.0, time.monotonic() - before - self.interval)
+                self.lags.append(lag)
+                if self.on_lag is not None:
+                    self.on_lag(lag)
         finally:
             self._stop.set()
 

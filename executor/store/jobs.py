@@ -17,6 +17,7 @@ from ..outcomes import Kind, Outcome
 from ..statemachine import evaluate, transition
 from ..states import State
 from .db import Database, Row
+from .inspecting import InspectOps
 from .triggering import TriggerOps
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
-class Store(TriggerOps):
+class Store(TriggerOps, InspectOps):
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self.db = db
         self.clock = clock
@@ -278,7 +279,9 @@ async def _record(tx: Any, outcomes: list[Outcome], now: float) -> None:
 async def _defer(tx: Any, o: Outcome, now: float) -> None:
     d = o.deferral
     assert d is not None
-    row = await tx.fetchone("insert_trigger", d.classpath, d.kwargs_json, d.poke_hash, d.shard, now)
+    row = await tx.fetchone(
+        "insert_trigger", d.classpath, d.kwargs_json, d.poke_hash, d.shard, now, d.description
+    )
     owned = await tx.execute(
         "set_deferral",
         row["id"],

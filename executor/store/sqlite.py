@@ -66,11 +66,11 @@ class SqliteDatabase:
     async def open(cls, url: str, path: str) -> SqliteDatabase:
         conn = await aiosqlite.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
         conn.row_factory = sqlite3.Row
-        await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        await conn.execute("PRAGMA journal_mode = WAL")
-        await conn.execute("PRAGMA synchronous = NORMAL")
         db = cls(url, path, conn)
-        try:
+        try:  # a file that is not a database fails here: close, or its thread keeps us alive
+            await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            await conn.execute("PRAGMA journal_mode = WAL")
+            await conn.execute("PRAGMA synchronous = NORMAL")
             await db._migrate()
         except BaseException:
             await conn.close()

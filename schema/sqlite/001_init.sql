@@ -98,7 +98,8 @@ CREATE TABLE trigger (
     kwargs      TEXT NOT NULL,                -- JSON
     poke_hash   TEXT NOT NULL,
     shard       INTEGER NOT NULL,
-    created_at  REAL NOT NULL
+    created_at  REAL NOT NULL,
+    description TEXT                          -- the trigger's describe(): what the task waits for
 );
 CREATE INDEX trigger_by_shard ON trigger (shard);
 

@@ -159,8 +159,9 @@ WHERE run_id = ?1 AND map_index >= 0
 GROUP BY task_id, state;
 
 -- name: insert_trigger
-INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at)
-VALUES (?1, ?2, ?3, ?4, ?5)
+-- ?6 the trigger's readable description (shown by `slotless status` and the web page)
+INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)
 RETURNING id;
 
 -- name: set_deferral
@@ -240,3 +241,119 @@ WHERE shard IN (SELECT value FROM json_each(?1))
 -- name: list_triggerers
 SELECT r.*, (SELECT count(*) FROM shard_lease s WHERE s.owner = r.id) AS shards
 FROM triggerer r ORDER BY r.id;
+
+-- ---------------------------------------------------------------- operating (read-only)
+-- `slotless status`, the metrics endpoints and the web page. Waiting tasks are read
+-- through the partial indexes: task_deferred (DEFERRED), task_claimable (SENSING and
+-- RETRYING, whose ready_at is set) and task_running (RUNNING).
+
+-- name: ops_run_states
+SELECT state, count(*) AS n FROM dag_run GROUP BY state;
+
+-- name: ops_live_task_states
+-- Task instances of unfinished runs by state (an expanded mapped task counts as its instances).
+SELECT t.state, count(*) AS n
+FROM dag_run r JOIN task t ON t.run_id = r.run_id
+WHERE r.state = 'RUNNING' AND NOT (t.map_index = -1 AND t.map_total IS NOT NULL)
+GROUP BY t.state;
+
+-- name: ops_waiting_summary
+-- ?1 now. Per waiting state: how many, since when the longest has waited, and (DEFERRED,
+-- SENSING) the largest share of its own timeout any wait has used.
+SELECT 'DEFERRED' AS state, count(*) AS n, min(wait_started_at) AS oldest,
+       max((?1 - wait_started_at) / NULLIF(wait_timeout_at - wait_started_at, 0)) AS timeout_ratio
+FROM task WHERE state = 'DEFERRED'
+UNION ALL
+SELECT 'SENSING', count(*), min(wait_started_at),
+       max((?1 - wait_started_at) / NULLIF(wait_timeout_at - wait_started_at, 0))
+FROM task WHERE ready_at IS NOT NULL AND state = 'SENSING'
+UNION ALL
+SELECT 'RETRYING', count(*), min(updated_at), NULL
+FROM task WHERE ready_at IS NOT NULL AND state = 'RETRYING';
+
+-- name: ops_retrying_since
+-- When the longest retry episode still going began: tasks waiting to retry, and tasks
+-- running a retry (attempt > 1), each since its first move to RETRYING.
+SELECT min(since) AS since FROM (
+    SELECT (SELECT min(e.ts) FROM task_event e
+            WHERE e.task_row = t.id AND e.to_state = 'RETRYING') AS since
+    FROM task t WHERE t.ready_at IS NOT NULL AND t.state = 'RETRYING'
+    UNION ALL
+    SELECT (SELECT min(e.ts) FROM task_event e
+            WHERE e.task_row = t.id AND e.to_state = 'RETRYING')
+    FROM task t WHERE t.state = 'RUNNING' AND t.owner IS NOT NULL AND t.attempt > 1
+);
+
+-- name: ops_deferred
+-- ?1 limit. The longest waits first, with their trigger and the lease of its shard.
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.attempt, t.max_attempts,
+       t.updated_at, t.wait_started_at, t.wait_timeout_at, t.next_method, t.soft_fail,
+       g.id AS trigger_id, g.classpath, g.poke_hash, g.shard, g.description,
+       s.owner AS lease_owner, s.expires_at AS lease_expires_at
+FROM task t
+LEFT JOIN trigger g ON g.id = t.trigger_id
+LEFT JOIN shard_lease s ON s.shard = g.shard
+WHERE t.state = 'DEFERRED'
+ORDER BY t.wait_started_at, t.id
+LIMIT ?1;
+
+-- name: ops_sensing
+-- ?1 limit. Reschedule-mode sensors between checks; last_message is their last check.
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.attempt, t.max_attempts,
+       t.updated_at, t.ready_at, t.wait_started_at, t.wait_timeout_at,
+       (SELECT e.message FROM task_event e WHERE e.task_row = t.id AND e.kind = 'transition'
+        ORDER BY e.id DESC LIMIT 1) AS last_message
+FROM task t
+WHERE t.ready_at IS NOT NULL AND t.state = 'SENSING'
+ORDER BY t.wait_started_at, t.id
+LIMIT ?1;
+
+-- name: ops_retrying
+-- ?1 limit. Tasks waiting for their next attempt, the longest retry episode first.
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.attempt, t.max_attempts,
+       t.updated_at, t.ready_at,
+       (SELECT min(e.ts) FROM task_event e
+        WHERE e.task_row = t.id AND e.to_state = 'RETRYING') AS retrying_since,
+       (SELECT e.message FROM task_event e WHERE e.task_row = t.id AND e.to_state = 'RETRYING'
+        ORDER BY e.id DESC LIMIT 1) AS last_error
+FROM task t
+WHERE t.ready_at IS NOT NULL AND t.state = 'RETRYING'
+ORDER BY retrying_since, t.id
+LIMIT ?1;
+
+-- name: ops_shard_leases
+SELECT shard, owner, expires_at FROM shard_lease ORDER BY shard;
+
+-- name: ops_run_counts
+-- Instances by state of the newest ?1 runs (an expanded mapped task counts as its instances).
+SELECT t.run_id, t.state, count(*) AS n FROM task t
+WHERE t.run_id IN (SELECT run_id FROM dag_run ORDER BY created_at DESC LIMIT ?1)
+  AND NOT (t.map_index = -1 AND t.map_total IS NOT NULL)
+GROUP BY t.run_id, t.state;
+
+-- name: ops_run_edges
+SELECT parent, child FROM edge WHERE run_id = ?1 ORDER BY parent, child;
+
+-- name: ops_run_waits
+-- What each DEFERRED task of one run waits for.
+SELECT t.task_id, t.map_index, g.description, g.classpath
+FROM task t JOIN trigger g ON g.id = t.trigger_id
+WHERE t.run_id = ?1 AND t.state = 'DEFERRED';
+
+-- name: ops_task_instances
+-- ?3 limit: the instances of one mapped task, in index order.
+SELECT id, map_index, state, attempt, updated_at FROM task
+WHERE run_id = ?1 AND task_id = ?2 AND map_index >= 0
+ORDER BY map_index
+LIMIT ?3;
+
+-- name: ops_trigger
+SELECT g.*, s.owner AS lease_owner, s.expires_at AS lease_expires_at
+FROM trigger g LEFT JOIN shard_lease s ON s.shard = g.shard
+WHERE g.id = ?1;
+
+-- name: ops_check_waiters
+-- How many tasks wait on one check: ?1 poke_hash, ?2 its shard (for the index).
+SELECT count(*) AS n
+FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+WHERE g.shard = ?2 AND g.poke_hash = ?1;

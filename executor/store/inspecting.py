@@ -1,0 +1,122 @@
+"""Read-only views of the store for people: `slotless status`, the metrics, the web page.
+
+Mixed into :class:`executor.store.Store`. Nothing here writes; every statement is a named
+query in ``schema/<backend>/queries.sql`` (the ``ops_*`` section).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .db import Database, Row
+
+# A mapped task's page lists at most this many instances (the counts cover them all).
+INSTANCES_SHOWN = 500
+
+
+@dataclass(slots=True)
+class RunGraph:
+    run: Row
+    tasks: list[Row]  # one row per task (a mapped task's template row)
+    mapped: dict[str, dict[str, int]]  # mapped task -> its instances by state
+    edges: list[tuple[str, str]]  # (parent, child)
+    waits: dict[str, str] = field(default_factory=dict)  # DEFERRED task -> what it waits for
+
+
+@dataclass(slots=True)
+class TaskDetail:
+    row: Row
+    events: list[Row]
+    trigger: Row | None = None  # while DEFERRED
+    waiters: int = 0  # tasks waiting on the same check, this one included
+    instances: list[Row] = field(default_factory=list)  # a mapped task's instances
+    instance_counts: dict[str, int] = field(default_factory=dict)
+
+
+class InspectOps:
+    db: Database
+    clock: Callable[[], float]
+
+    async def run_states(self) -> dict[str, int]:
+        """Every run by state."""
+        async with self.db.read() as tx:
+            return {r["state"]: r["n"] for r in await tx.fetch("ops_run_states")}
+
+    async def live_task_states(self) -> dict[str, int]:
+        """Task instances of unfinished runs by state."""
+        async with self.db.read() as tx:
+            return {r["state"]: r["n"] for r in await tx.fetch("ops_live_task_states")}
+
+    async def waiting_summary(self, now: float) -> dict[str, Row]:
+        """DEFERRED / SENSING / RETRYING: count, oldest start, largest timeout share used."""
+        async with self.db.read() as tx:
+            return {r["state"]: r for r in await tx.fetch("ops_waiting_summary", now)}
+
+    async def retrying_since(self) -> float | None:
+        """When the longest retry episode still going began (None: nothing retries)."""
+        async with self.db.read() as tx:
+            row = await tx.fetchone("ops_retrying_since")
+        return None if row is None else row["since"]
+
+    async def waiting_tasks(self, state: str, limit: int) -> list[Row]:
+        """Tasks in one waiting state, the longest wait first (with what they wait for)."""
+        query = {"DEFERRED": "ops_deferred", "SENSING": "ops_sensing", "RETRYING": "ops_retrying"}
+        async with self.db.read() as tx:
+            return await tx.fetch(query[state], limit)
+
+    async def shard_leases(self) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.fetch("ops_shard_leases")
+
+    async def recent_runs(self, limit: int) -> list[tuple[Row, dict[str, int]]]:
+        """The newest runs, each with its task instances by state."""
+        async with self.db.read() as tx:
+            runs = await tx.fetch("list_runs", limit)
+            counts: dict[str, dict[str, int]] = defaultdict(dict)
+            for r in await tx.fetch("ops_run_counts", limit):
+                counts[r["run_id"]][r["state"]] = r["n"]
+        return [(run, counts[run["run_id"]]) for run in runs]
+
+    async def run_graph(self, run_id: str) -> RunGraph | None:
+        async with self.db.read() as tx:
+            run = await tx.fetchone("run_info", run_id)
+            if run is None:
+                return None
+            tasks = await tx.fetch("run_tasks", run_id)
+            mapped: dict[str, dict[str, int]] = defaultdict(dict)
+            for r in await tx.fetch("mapped_counts", run_id):
+                mapped[r["task_id"]][r["state"]] = r["n"]
+            edges = [(r["parent"], r["child"]) for r in await tx.fetch("ops_run_edges", run_id)]
+            waits = {
+                r["task_id"] if r["map_index"] < 0 else f"{r['task_id']}[{r['map_index']}]": (
+                    r["description"] or r["classpath"]
+                )
+                for r in await tx.fetch("ops_run_waits", run_id)
+            }
+        return RunGraph(run, tasks, dict(mapped), edges, waits)
+
+    async def task_detail(
+        self, run_id: str, task_id: str, map_index: int = -1
+    ) -> TaskDetail | None:
+        async with self.db.read() as tx:
+            row = await tx.fetchone("task_row", run_id, task_id, map_index)
+            if row is None:
+                return None
+            detail = TaskDetail(row, await tx.fetch("task_events", row["id"]))
+            if row["state"] == "DEFERRED" and row["trigger_id"] is not None:
+                detail.trigger = await tx.fetchone("ops_trigger", row["trigger_id"])
+                if detail.trigger is not None:
+                    waiters = await tx.fetchone(
+                        "ops_check_waiters", detail.trigger["poke_hash"], detail.trigger["shard"]
+                    )
+                    detail.waiters = waiters["n"] if waiters else 0
+            if map_index < 0 and row["map_total"] is not None:
+                detail.instances = await tx.fetch(
+                    "ops_task_instances", run_id, task_id, INSTANCES_SHOWN
+                )
+                for r in await tx.fetch("mapped_counts", run_id):
+                    if r["task_id"] == task_id:
+                        detail.instance_counts[r["state"]] = r["n"]
+        return detail

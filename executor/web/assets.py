@@ -1,0 +1,116 @@
+"""The page's stylesheet and its little script, served as they are: no build step."""
+
+# Waiting that is healthy (DEFERRED, SENSING) is drawn in cool colours with a dashed
+# outline; trouble (RETRYING, FAILED, UPSTREAM_FAILED) in warm colours with a heavy
+# solid one. The state's name is always written too, so colour is never the only cue.
+CSS = """
+:root { --fg: #1d2330; --muted: #5f6b7a; --line: #d7dce3; --bg: #f7f8fa; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif;
+       color: var(--fg); background: var(--bg); }
+header { display: flex; gap: 1.2em; align-items: baseline; padding: .6em 1.2em;
+         background: #1d2330; color: #fff; }
+header a { color: #fff; text-decoration: none; font-weight: 600; }
+header .db { color: #aab4c3; font-size: 12px; font-family: ui-monospace, monospace; }
+header .live { margin-left: auto; font-size: 12px; color: #aab4c3; }
+header .live.on::before { content: "\\25CF "; color: #4caf50; }
+main { padding: 1em 1.2em 3em; }
+h1 { font-size: 20px; margin: .2em 0 .5em; }
+h2 { font-size: 16px; margin: 1.4em 0 .5em; }
+a { color: #1f5fbf; }
+table { border-collapse: collapse; background: #fff; border: 1px solid var(--line); }
+th, td { padding: .3em .7em; border-bottom: 1px solid var(--line); text-align: left;
+         vertical-align: top; }
+th { background: #eef1f5; font-weight: 600; font-size: 12px; color: var(--muted); }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; }
+.muted { color: var(--muted); }
+.crumbs { color: var(--muted); margin-bottom: .3em; }
+.meta { display: flex; flex-wrap: wrap; gap: .4em 1.6em; margin: .3em 0 1em; }
+.meta b { color: var(--muted); font-weight: 500; margin-right: .3em; }
+.badge { display: inline-block; padding: 0 .5em; border-radius: 3px; font-size: 12px;
+         font-weight: 600; border: 1px solid; white-space: nowrap; }
+.st-PENDING { background: #eceff1; border-color: #90a4ae; color: #37474f; }
+.st-RUNNING { background: #bbdefb; border-color: #1565c0; color: #0d3c78; }
+.st-SUCCESS { background: #c8e6c9; border-color: #2e7d32; color: #1b4d1e; }
+.st-DEFERRED { background: #e1bee7; border-color: #6a1b9a; color: #4a126b;
+               border-style: dashed; }
+.st-SENSING { background: #b2ebf2; border-color: #00838f; color: #004d55;
+              border-style: dashed; }
+.st-RETRYING { background: #ffe0b2; border-color: #e65100; color: #8a3000; border-width: 2px; }
+.st-FAILED { background: #ffcdd2; border-color: #b71c1c; color: #7f1010; border-width: 2px; }
+.st-UPSTREAM_FAILED { background: #ffccbc; border-color: #bf360c; color: #7a2408; }
+.st-SKIPPED { background: #f5f5f5; border-color: #bdbdbd; color: #757575;
+              border-style: dotted; }
+.legend { display: flex; flex-wrap: wrap; gap: .4em; margin: .4em 0 .8em; }
+.bar { display: flex; height: 10px; width: 220px; border-radius: 2px; overflow: hidden;
+       background: #eceff1; border: 1px solid var(--line); }
+.bar span { display: block; height: 100%; border: 0; border-radius: 0; }
+.graph { background: #fff; border: 1px solid var(--line); overflow: auto; max-height: 75vh; }
+.graph svg text { font: 12px system-ui, sans-serif; }
+.graph svg .tid { font-weight: 600; }
+.graph svg .sub { font-size: 11px; }
+.graph svg path.edge { fill: none; stroke: #9aa5b4; stroke-width: 1.3; }
+.graph svg a:hover rect.box { filter: brightness(.95); }
+svg rect.box.st-PENDING { fill: #eceff1; stroke: #90a4ae; }
+svg rect.box.st-RUNNING { fill: #bbdefb; stroke: #1565c0; stroke-width: 2; }
+svg rect.box.st-SUCCESS { fill: #c8e6c9; stroke: #2e7d32; }
+svg rect.box.st-DEFERRED { fill: #e1bee7; stroke: #6a1b9a; stroke-width: 2;
+                           stroke-dasharray: 6 3; }
+svg rect.box.st-SENSING { fill: #b2ebf2; stroke: #00838f; stroke-width: 2;
+                          stroke-dasharray: 2 3; }
+svg rect.box.st-RETRYING { fill: #ffe0b2; stroke: #e65100; stroke-width: 3; }
+svg rect.box.st-FAILED { fill: #ffcdd2; stroke: #b71c1c; stroke-width: 3; }
+svg rect.box.st-UPSTREAM_FAILED { fill: #ffccbc; stroke: #bf360c; stroke-width: 2; }
+svg rect.box.st-SKIPPED { fill: #f5f5f5; stroke: #bdbdbd; stroke-dasharray: 1 3; }
+svg rect.seg.st-PENDING { fill: #90a4ae; } svg rect.seg.st-RUNNING { fill: #1565c0; }
+svg rect.seg.st-SUCCESS { fill: #2e7d32; } svg rect.seg.st-DEFERRED { fill: #6a1b9a; }
+svg rect.seg.st-SENSING { fill: #00838f; } svg rect.seg.st-RETRYING { fill: #e65100; }
+svg rect.seg.st-FAILED { fill: #b71c1c; } svg rect.seg.st-UPSTREAM_FAILED { fill: #bf360c; }
+svg rect.seg.st-SKIPPED { fill: #bdbdbd; }
+.panel { background: #fff; border: 1px solid var(--line); border-left-width: 5px;
+         padding: .6em 1em; margin: .8em 0; max-width: 70em; }
+.panel.st-DEFERRED, .panel.st-SENSING { border-style: solid; border-left-style: dashed; }
+.panel h2 { margin-top: .1em; }
+.panel dl { display: grid; grid-template-columns: max-content 1fr; gap: .2em 1em; margin: 0; }
+.panel dt { color: var(--muted); }
+.panel dd { margin: 0; }
+.log td.msg { white-space: pre-wrap; word-break: break-word; max-width: 80em; }
+.log tr.k-error td { background: #fff3f3; }
+.log tr.k-check td.msg { color: #4a126b; }
+.log tr.k-log td.msg { color: #1d2330; }
+pre.tb { margin: 0; white-space: pre-wrap; font-size: 12px; color: #7f1010; }
+.warn { color: #b71c1c; font-weight: 600; }
+.empty { color: var(--muted); font-style: italic; }
+"""
+
+# Refresh a live page in place (no flicker, scroll kept) until it is no longer live.
+JS = """
+(function () {
+  var body = document.body;
+  var every = Math.max(500, Number(body.dataset.refresh || 2) * 1000);
+  function schedule() {
+    if (body.dataset.live === "1") { setTimeout(tick, every); }
+    var badge = document.getElementById("live");
+    if (badge) {
+      badge.className = body.dataset.live === "1" ? "live on" : "live";
+      badge.textContent = body.dataset.live === "1" ? "live, refreshing" : "not live";
+    }
+  }
+  function tick() {
+    fetch(location.href, { headers: { "Accept": "text/html" }, cache: "no-store" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (html) {
+          var doc = new DOMParser().parseFromString(html, "text/html");
+          var fresh = doc.getElementById("main");
+          if (fresh) { document.getElementById("main").innerHTML = fresh.innerHTML; }
+          body.dataset.live = doc.body.dataset.live;
+        }
+      })
+      .catch(function () {})
+      .then(schedule);
+  }
+  schedule();
+})();
+"""

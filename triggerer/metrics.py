@@ -1,0 +1,129 @@
+"""A triggerer's Prometheus metrics, served on ``slotless triggerer --metrics-port``.
+
+Read from the running :class:`~triggerer.service.Triggerer` at scrape time (its check
+table, counters, shards and loop watch), plus two histograms fed as things happen: the
+duration of each check call (one call may check a batch) and each loop-lag sample. The
+store-wide gauges of :mod:`executor.metrics` are served beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from executor.metrics import MetricsServer, store_registry
+
+if TYPE_CHECKING:
+    from .service import Triggerer
+
+CHECK_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+SUBSCRIBER_BUCKETS = (1, 2, 5, 10, 100, 1000, 10000)
+
+
+class TriggererCollector(Collector):
+    """What the triggerer holds and has done, read from it at scrape time."""
+
+    def __init__(self, triggerer: Triggerer) -> None:
+        self.t = triggerer
+
+    def collect(self) -> Iterator[Metric]:
+        t = self.t
+        table = t.table
+        yield GaugeMetricFamily(
+            "slotless_triggerer_triggers",
+            "Waits (deferred tasks) this triggerer holds",
+            table.subscriptions,
+        )
+        yield GaugeMetricFamily(
+            "slotless_triggerer_distinct_checks",
+            "Distinct checks (poke hashes) this triggerer runs for them",
+            len(table),
+        )
+        counts = [len(c.subscribers) for c in list(table.by_hash.values())]
+        buckets = [(str(b), float(sum(1 for n in counts if n <= b))) for b in SUBSCRIBER_BUCKETS]
+        buckets.append(("+Inf", float(len(counts))))
+        yield GaugeHistogramMetricFamily(
+            "slotless_triggerer_subscribers_per_check",
+            "Distinct checks by how many waiting tasks share each",
+            buckets=buckets,
+            gsum_value=float(sum(counts)),
+        )
+        yield GaugeMetricFamily(
+            "slotless_triggerer_shards", "Trigger shards this triggerer holds", len(t.shards)
+        )
+        yield CounterMetricFamily(
+            "slotless_triggerer_checks", "Checks run (one per trigger checked)", t.checks_done
+        )
+        yield CounterMetricFamily(
+            "slotless_triggerer_checks_failed",
+            "Checks that raised (transient ones are retried with backoff)",
+            t.checks_failed,
+        )
+        yield CounterMetricFamily(
+            "slotless_triggerer_events_fired",
+            "Checks whose condition held (each fires every task waiting on it)",
+            t.events_fired,
+        )
+        blocked = CounterMetricFamily(
+            "slotless_triggerer_blocked",
+            "Times the event loop was blocked, by the trigger class running at the time",
+            labels=["trigger_class"],
+        )
+        for cls, n in sorted(dict(t.watch.blocked).items()):
+            blocked.add_metric([cls], n)
+        yield blocked
+        info = GaugeMetricFamily(
+            "slotless_triggerer_info", "This triggerer's id", labels=["triggerer_id"]
+        )
+        info.add_metric([t.id], 1)
+        yield info
+
+
+def triggerer_registry(triggerer: Triggerer) -> tuple[CollectorRegistry, list]:
+    """A registry with the triggerer's metrics and the store-wide gauges; its refreshers."""
+    registry, store_collector = store_registry(triggerer.store)
+    registry.register(TriggererCollector(triggerer))
+    check_duration = Histogram(
+        "slotless_triggerer_check_duration_seconds",
+        "Duration of one check call (a batched call checks many triggers), by trigger class",
+        ["trigger_class"],
+        buckets=CHECK_BUCKETS,
+        registry=registry,
+    )
+    loop_lag = Histogram(
+        "slotless_triggerer_loop_lag_seconds",
+        "How late the event loop ran a timer that should have fired at once",
+        buckets=LAG_BUCKETS,
+        registry=registry,
+    )
+    triggerer.on_check_call = lambda cls, n, seconds: check_duration.labels(cls).observe(seconds)
+    triggerer.watch.on_lag = loop_lag.observe
+    return registry, [store_collector.refresh]
+
+
+@asynccontextmanager
+async def triggerer_metrics(
+    triggerer: Triggerer, host: str, port: int | None
+) -> AsyncIterator[MetricsServer | None]:
+    """Serve ``triggerer``'s metrics while the block runs (nothing if ``port`` is None)."""
+    if port is None:
+        yield None
+        return
+    registry, refreshers = triggerer_registry(triggerer)
+    server = MetricsServer(registry, host, port, refreshers)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
