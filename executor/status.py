@@ -262,7 +262,7 @@ def render(data: dict[str, Any], console: Console) -> None:
             if state == "RETRYING":
                 due = t["next_attempt_at"]
                 cells.append(f"{t['waits_for']} in {human_seconds((due or now) - now)}")
-                cells.append(_failure(t["last_error"]))
+                cells.append(failure_cause(t["last_error"]))
             else:
                 cells.append(t["waits_for"])
                 used = t["timeout_used"]
@@ -314,7 +314,7 @@ def render(data: dict[str, Any], console: Console) -> None:
 _FAILED = re.compile(r"^attempt \d+ of \d+ failed: (.*?)(; retrying in [\d.]+ s)?$", re.DOTALL)
 
 
-def _failure(message: str | None, width: int = 300) -> str:
+def failure_cause(message: str | None, width: int = 300) -> str:
     """The cause out of a retry transition's message, on one line."""
     if not message:
         return ""

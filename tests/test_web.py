@@ -315,6 +315,12 @@ def test_up_runs_the_stack_and_stops_it_together(tmp_path: Path, db_path: Path, 
             ),
             what="the sensor to defer",
         )
+        poll(
+            lambda: sql(db_path, "SELECT count(*) AS n FROM task_event WHERE kind = 'check'")[0][
+                "n"
+            ],
+            what="the triggerer to check the missing file once",
+        )
         flag.write_text("go")
         poll(
             lambda: sql(db_path, "SELECT state FROM dag_run")[0]["state"] == "SUCCESS",
@@ -322,6 +328,12 @@ def test_up_runs_the_stack_and_stops_it_together(tmp_path: Path, db_path: Path, 
         )
         status, html = http_get(f"http://127.0.0.1:{port}/")
         assert status == 200 and "up_demo" in html
+        # The sensor's log has the triggerer's checks and the event that ended the wait.
+        (run_id,) = [r["run_id"] for r in sql(db_path, "SELECT run_id FROM dag_run")]
+        status, html = http_get(f"http://127.0.0.1:{port}/runs/{quote(run_id, safe='')}/tasks/wait")
+        assert status == 200
+        assert re.search(r'<tr class="k-check">.*?checked file://\S*go\.flag: not yet', html)
+        assert "trigger fired: file://" in html
         assert http_get(f"http://127.0.0.1:{wport}/metrics")[0] == 200
     finally:
         code = stop_process(up, signal.SIGINT)

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..states import TERMINAL
-from ..status import human_seconds, shard_ranges
+from ..status import failure_cause, human_seconds, shard_ranges
 from ..store import Row
 from ..store.inspecting import INSTANCES_SHOWN, RunGraph, TaskDetail
 from . import graph
@@ -179,7 +179,7 @@ def _waiting_section(waiting: dict[str, Any], now: float) -> str:
                         link,
                         human_seconds(t["for_seconds"]),
                         f"{escape(t['waits_for'])} in {human_seconds(due - now)}",
-                        f'<span class="mono">{escape((t["last_error"] or "")[:300])}</span>',
+                        f'<span class="mono">{escape(failure_cause(t["last_error"]))}</span>',
                     ]
                 )
             else:
