@@ -189,6 +189,9 @@ class DAG:
                         f"task {tid!r}: a mapped task cannot use trigger rule "
                         f"{rule.value} (it must wait for all parents)"
                     )
+                if branch:
+                    # Each instance would skip what it did not choose, even what another chose.
+                    raise DagError(f"task {tid!r}: a mapped task cannot be a branch")
             if map_cap is not None and map_cap < 0:
                 raise DagError(f"task {tid!r}: map_cap must be >= 0")
             spec = TaskSpec(

@@ -86,6 +86,8 @@ class Store(TriggerOps, InspectOps):
                 "insert_edge", [(run_id, parent, s.task_id) for s in specs for parent in s.parents]
             )
             await evaluate(tx, await tx.fetch("run_tasks", run_id), now)
+            if not specs:  # no task will ever end to finish it
+                await tx.execute("finish_run", "SUCCESS", now, run_id)
         return run_id
 
     async def run_info(self, run_id: str) -> Row | None:

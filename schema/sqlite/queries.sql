@@ -147,10 +147,10 @@ SELECT q.value ->> 'q' AS q,
                             AND t.map_index = -1) END
         FROM dag_run r
         WHERE r.dag_id = q.value ->> 'dag_id' AND r.logical_date = q.value ->> 'logical_date'
-        ORDER BY r.created_at DESC LIMIT 1) AS state,
+        ORDER BY r.created_at DESC, r.rowid DESC LIMIT 1) AS state,
        (SELECT r.run_id FROM dag_run r
         WHERE r.dag_id = q.value ->> 'dag_id' AND r.logical_date = q.value ->> 'logical_date'
-        ORDER BY r.created_at DESC LIMIT 1) AS run_id
+        ORDER BY r.created_at DESC, r.rowid DESC LIMIT 1) AS run_id
 FROM json_each(?1) AS q;
 
 -- name: mapped_counts
