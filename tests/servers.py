@@ -78,6 +78,7 @@ class Request:
     method: str
     path: str
     query: dict[str, list[str]]
+    at: float = field(default_factory=time.time)
 
     @property
     def operation(self) -> str:
@@ -533,10 +534,10 @@ class OpenSSHServer:
     @property
     def readdirs(self) -> int:
         try:
-            text = self.sftp_log.read_text(errors="replace")
+            data = self.sftp_log.read_bytes()
         except FileNotFoundError:
             return 0
-        return text[self._sftp_base :].count("opendir ")
+        return data[self._sftp_base :].count(b"opendir ")
 
     @property
     def connections(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -329,6 +330,69 @@ async def test_e2e_sensor_fires_when_the_key_lands(s3, store):
     assert s3.count("HeadObject") == 0
 
 
+async def test_e2e_reschedule_mode_runs_the_same_check_in_a_worker(s3, store):
+    bucket = bucket_name()
+    s3.make_bucket(bucket, [])
+    dag = DAG("s3_resched_" + secrets.token_hex(3))
+    dag.sensor(
+        "wait",
+        S3KeyTrigger(bucket=bucket, key="in/*.csv", conn_id="s3t", poke_interval=0.2),
+        mode="reschedule",
+        timeout=30,
+    )
+
+    async def land(run_id: str) -> None:
+        await async_wait_for(lambda: s3.count("ListObjectsV2") >= 2, what="two checks")
+        s3.put(bucket, "in/x.csv")
+
+    run_id, info = await run_dag(store, dag, during=land)
+    assert info["state"] == "SUCCESS", await all_events_text(store, run_id)
+    assert "SENSING" in await task_log(store, run_id, "wait")
+
+
+async def test_e2e_300_sensors_make_one_listing_per_prefix_per_cycle(s3, store):
+    """Through the real triggerer: sensors deferred at different moments are checked on a
+    grid of their interval, so each cycle is one listing per prefix, not one per sensor."""
+    bucket, interval = bucket_name(), 0.5
+    s3.make_bucket(bucket, [])
+    dag = DAG("s3_many_" + secrets.token_hex(3))
+    for p in range(3):
+        for k in range(100):
+            dag.sensor(
+                f"wait_p{p}_k{k:03d}",
+                S3KeyTrigger(
+                    bucket=bucket, key=f"p{p}/k{k:03d}.csv", conn_id="s3t", poke_interval=interval
+                ),
+                mode="deferrable",
+                timeout=60,
+            )
+    cycles: dict[int, int] = {}
+
+    async def measure_then_land(run_id: str) -> None:
+        async def all_deferred() -> bool:
+            return (await store.run_counts(run_id)).get("DEFERRED", 0) == 300
+
+        await async_wait_for(all_deferred, what="300 sensors to defer")
+        start = (int(time.time() / interval) + 2) * interval  # a whole cycle from now on
+
+        def listings_by_cycle() -> dict[int, int]:
+            out: dict[int, int] = {}
+            for r in list(s3.requests):
+                if r.operation == "ListObjectsV2" and r.at >= start:
+                    out[int(r.at / interval)] = out.get(int(r.at / interval), 0) + 1
+            return out
+
+        await async_wait_for(lambda: len(listings_by_cycle()) >= 5, what="five check cycles")
+        cycles.update(listings_by_cycle())
+        s3.seed(bucket, [f"p{p}/k{k:03d}.csv" for p in range(3) for k in range(100)])
+
+    run_id, info = await run_dag(store, dag, during=measure_then_land, timeout=60, slots=8)
+    assert info["state"] == "SUCCESS", await all_events_text(store, run_id)
+    full = sorted(cycles)[:-1]  # the last one may still be under way
+    assert [cycles[c] for c in full] == [3] * len(full), cycles
+    assert s3.count("HeadObject") == 0
+
+
 async def test_e2e_server_down_retried_logged_until_the_sensor_times_out(store, monkeypatch):
     down = MotoS3Server().start()  # its own server: stopping it disturbs no other test
     down.make_bucket(bucket := bucket_name(), [])
@@ -358,6 +422,17 @@ async def test_e2e_missing_bucket_fails_at_once_with_a_clear_message(s3, store):
     log = await task_log(store, run_id, "wait")
     assert "does not exist" in log and "S3CheckError" in log
     assert "sensor timeout" not in log
+
+
+async def test_e2e_malformed_glob_after_rendering_fails_the_sensor(s3, store):
+    bucket = bucket_name()
+    s3.make_bucket(bucket, [])
+    dag = sensor_dag(S3KeyTrigger(bucket=bucket, key="in/{{ run_id }}*.csv", conn_id="s3t"))
+    run_id, info = await run_dag(store, dag, run_id="batch[7", timeout=30)
+    assert info["state"] == "FAILED"
+    log = await task_log(store, run_id, "wait")
+    assert "cannot render the sensor's trigger" in log and "malformed glob" in log, log
+    assert s3.count() == 0  # never checked
 
 
 async def test_e2e_unknown_connection_and_refused_credentials_fail(s3, store):

@@ -315,6 +315,23 @@ async def test_e2e_sensor_fires_when_the_file_lands(server, store):
     assert server.connections == 1
 
 
+async def test_e2e_poke_mode_checks_in_the_worker_slot(server, store):
+    dag = DAG("sftp_poke_" + secrets.token_hex(3))
+    dag.sensor(
+        "wait",
+        SFTPFileTrigger(path=server.path("in/ready.flag"), conn_id="sf", poke_interval=0.2),
+        mode="poke",
+        timeout=30,
+    )
+
+    async def land(run_id: str) -> None:
+        await async_wait_for(lambda: server.connections >= 2, what="two checks")
+        touch(server, "in/ready.flag")
+
+    run_id, info = await run_dag(store, dag, during=land)
+    assert info["state"] == "SUCCESS", await all_events_text(store, run_id)
+
+
 async def test_e2e_server_down_retried_logged_until_timeout(server, store):
     await stop(server)
     dag = sensor_dag(

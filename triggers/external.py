@@ -15,6 +15,7 @@ from pydantic import field_validator, model_validator
 
 from .base import BaseTrigger, TriggerEvent
 from .context import TriggerContext
+from .listing import on_grid
 
 _TEMPLATE = re.compile(r"\{\{.*\}\}")
 
@@ -78,6 +79,9 @@ class ExternalDagRunTrigger(BaseTrigger):
             )
         day = date.fromisoformat(self.logical_date) + timedelta(days=self.offset_days)
         return day.isoformat()
+
+    def next_check_at(self, now: float, interval: float) -> float:
+        return on_grid(now, interval)  # checks of one cycle fall due together: one request
 
     def describe(self) -> str:
         what = self.dag_id + (f".{self.task_id}" if self.task_id else "")

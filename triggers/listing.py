@@ -5,11 +5,14 @@
 * :class:`SingleFlight` - concurrent callers asking for the same listing share one request.
   The triggerer hands a batched class at most ``batch_size`` checks per call, so 10,000
   keys under one prefix arrive as ten concurrent calls; they still make one listing.
+* :func:`on_grid` - the next check on a grid of the interval, so that checks deferred at
+  different moments fall due together and share their listings from the second check on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Awaitable, Callable, Hashable
 from functools import lru_cache
@@ -69,6 +72,16 @@ def compile_glob(pattern: str) -> re.Pattern[str]:
             out.append(re.escape(c))
         i += 1
     return re.compile("".join(out) + r"\Z", re.DOTALL)
+
+
+def on_grid(now: float, interval: float) -> float:
+    """The first multiple of ``interval`` (since the epoch) after ``now``.
+
+    A batched trigger returns this from ``next_check_at``: ten thousand sensors that
+    deferred over a minute are checked at the same instants, so one listing per prefix
+    answers all of them instead of one listing per moment someone happened to defer.
+    """
+    return (math.floor(now / interval) + 1) * interval
 
 
 class SingleFlight:

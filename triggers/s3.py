@@ -26,7 +26,7 @@ from pydantic import field_validator
 
 from .base import BaseTrigger, TransientError, TriggerEvent
 from .context import TriggerContext
-from .listing import SingleFlight, compile_glob, has_magic, literal_prefix
+from .listing import SingleFlight, compile_glob, has_magic, literal_prefix, on_grid
 
 # Error codes S3 (and S3-compatible servers) use for a passing condition: retried.
 TRANSIENT_CODES = frozenset(
@@ -107,6 +107,9 @@ class S3KeyTrigger(BaseTrigger):
         if value < 0:
             raise ValueError("min_size must be >= 0")
         return value
+
+    def next_check_at(self, now: float, interval: float) -> float:
+        return on_grid(now, interval)  # checks of one cycle fall due together: one request
 
     def describe(self) -> str:
         return f"s3://{self.bucket}/{self.key}"

@@ -30,7 +30,7 @@ from pydantic import field_validator, model_validator
 
 from .base import BaseTrigger, TransientError, TriggerEvent
 from .context import TriggerContext
-from .listing import SingleFlight, compile_glob, has_magic
+from .listing import SingleFlight, compile_glob, has_magic, on_grid
 
 MAX_PAYLOAD_PATHS = 1000
 
@@ -71,6 +71,9 @@ class SFTPFileTrigger(BaseTrigger):
         if self.newer_than is not None and self.newer_than.tzinfo is None:
             object.__setattr__(self, "newer_than", self.newer_than.replace(tzinfo=UTC))
         return self
+
+    def next_check_at(self, now: float, interval: float) -> float:
+        return on_grid(now, interval)  # checks of one cycle fall due together: one request
 
     def describe(self) -> str:
         sep = "" if self.path.startswith("/") else "/~/"
