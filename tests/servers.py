@@ -619,9 +619,31 @@ async def run_dag(
             side.cancel()
             await asyncio.gather(side, return_exceptions=True)
         triggerer.stop()
-        await sidecar
+        await _stopped(sidecar)
     info = await store.run_info(run_id)
     return run_id, dict(info)
+
+
+async def _stopped(sidecar: asyncio.Task[None], grace: float = 15.0) -> None:
+    """Wait for the triggerer to stop; cancel it if one of its loops missed the stop.
+
+    (On Python 3.11 ``asyncio.wait_for`` can swallow a cancellation that races its inner
+    wait completing, which left a stopped triggerer waiting on that loop for ever.)
+    """
+    try:
+        await asyncio.wait_for(asyncio.shield(sidecar), grace)
+        return
+    except TimeoutError:
+        sidecar.cancel()
+    try:
+        await asyncio.wait_for(sidecar, grace)
+    except asyncio.CancelledError:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"the triggerer did not stop, even cancelled: {sidecar}") from None
+    import warnings
+
+    warnings.warn("the triggerer missed stop() and had to be cancelled", stacklevel=2)
 
 
 async def task_log(store: Any, run_id: str, task_id: str) -> str:

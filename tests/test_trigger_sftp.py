@@ -269,6 +269,32 @@ async def test_server_down_is_transient_then_one_reconnect(server):
         await ctx.aclose()
 
 
+async def test_a_server_that_never_answers_is_transient(monkeypatch):
+    """Accepts TCP but never speaks SSH (hung sshd, a black-holing proxy): a timeout."""
+    import asyncio
+
+    async def silent(reader, writer):
+        await reader.read()  # until the client gives up
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv(
+        "SLOTLESS_CONN_SFSLOW", f"sftp://u:p@127.0.0.1:{port}?known_hosts=none&connect_timeout=0.5"
+    )
+    ctx = TriggererContext(None)
+    try:
+        started = time.monotonic()
+        (result,) = await SFTPFileTrigger.poke_many(
+            [SFTPFileTrigger(path="/x", conn_id="sfslow")], ctx
+        )
+        assert time.monotonic() - started < 5
+    finally:
+        await ctx.aclose()
+        server.close()
+    assert isinstance(result, TransientError), result
+    assert "p@" not in str(result)  # the password is redacted
+
+
 async def test_unknown_connection_is_not_transient():
     ctx = TriggererContext(None)
     try:

@@ -120,8 +120,7 @@ class HttpTrigger(BaseTrigger):
         return frozenset(s) if isinstance(s, list) else frozenset({s})
 
     def describe(self) -> str:
-        parts = urlsplit(self.url)  # the query may hold tokens: left out of logs
-        shown = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        shown = _without_query(self.url)  # the query may hold tokens: left out of logs
         return f"GET {shown}" + (f" (connection {self.conn_id})" if self.conn_id else "")
 
     async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
@@ -165,7 +164,7 @@ class HttpTrigger(BaseTrigger):
             doc is _MISSING or not self.json_predicate.holds(doc)
         ):
             return None
-        payload: dict[str, Any] = {"url": self.describe()[4:], "status": status}
+        payload: dict[str, Any] = {"url": _without_query(url), "status": status}
         if doc is not _MISSING and len(body) <= MAX_JSON_PAYLOAD:
             payload["json"] = doc
         return TriggerEvent(payload=payload)
@@ -189,6 +188,11 @@ class HttpTrigger(BaseTrigger):
         if conn.extra.get("token"):
             headers["Authorization"] = f"Bearer {conn.extra['token']}"
         return url, headers
+
+
+def _without_query(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 
 async def _new_session() -> Any:
