@@ -1,10 +1,10 @@
 """The sync worker: claim runnable tasks, run each in a slot, report back in batches.
 
 One loop, read top to bottom in :meth:`Worker.run`: claim as many tasks as there are free
-slots, start each in a slot, sleep until a slot frees or the poll interval passes. Beside
-it, a flusher commits finished attempts in batches (one transaction for everything that
-finished meanwhile), and a housekeeper heartbeats in-flight rows and takes back the rows
-of workers that died.
+slots, start each in a slot, sleep until a slot frees, the database signals new work
+(PostgreSQL LISTEN/NOTIFY) or the poll interval passes. Beside it, a flusher commits
+finished attempts in batches (one transaction for everything that finished meanwhile),
+and a housekeeper heartbeats in-flight rows and takes back the rows of workers that died.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .outcomes import Kind, Outcome, SlotInterval
 from .slots import ProcessSlots, Result, ThreadSlots
 from .statemachine import expansion_problem
 from .store import Row, Store
+from .store.db import TASKS_CHANNEL
 
 log = logging.getLogger("slotless.worker")
 
@@ -99,6 +100,7 @@ class Worker:
         """Serve until :meth:`stop` is called (or ``until()`` returns true)."""
         tasks: set[asyncio.Task[Any]] = set()
         housekeeper = asyncio.create_task(self._housekeeper())
+        listener = asyncio.create_task(self._listen())
         try:
             while True:
                 if until is not None and not self._stopping and await until():
@@ -117,7 +119,8 @@ class Worker:
                     await asyncio.wait_for(self._wake.wait(), self._poll)
         finally:
             housekeeper.cancel()
-            await asyncio.gather(housekeeper, return_exceptions=True)
+            listener.cancel()
+            await asyncio.gather(housekeeper, listener, return_exceptions=True)
             for runner in {self._runner, self._runner_for_sensors}:
                 runner.shutdown()
 
@@ -416,6 +419,21 @@ class Worker:
             info = _RunInfo(dag, run["dag_id"], logical, problem)
         self._runs[run_id] = info
         return info
+
+    async def _listen(self) -> None:
+        """Cut the idle wait short when the database signals claimable tasks.
+
+        PostgreSQL NOTIFYs ``slotless_tasks``; on SQLite ``wait`` only sleeps and the poll
+        interval does the work.
+        """
+        wait = getattr(self.store.db, "wait", None)
+        while wait is not None:
+            try:
+                if await wait(TASKS_CHANNEL, 60.0):
+                    self._wake.set()
+            except Exception:
+                log.exception("waiting for notifications failed; polling meanwhile")
+                await asyncio.sleep(self._poll)
 
     async def _housekeeper(self) -> None:
         last_reap = 0.0

@@ -1,9 +1,10 @@
 """The triggerer: one asyncio process that holds every wait and checks each condition once.
 
-:meth:`Triggerer.run` starts six small loops over shared state:
+:meth:`Triggerer.run` starts seven small loops over shared state:
 
 * leases   - renew this triggerer's shards, take its fair share, give back the excess;
 * loading  - read new DEFERRED waits of its shards (a full reload when shards change);
+* listening- wake the loader when the database signals new trigger rows (PostgreSQL NOTIFY);
 * checking - pop due checks off the heap, run them with bounded concurrency, batched by
              trigger class where the class can check many at once;
 * writing  - flush fired events, failures and sampled check logs, one transaction a batch;
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from executor.store import Store
+from executor.store.db import TRIGGERS_CHANNEL
 from executor.store.triggering import Fire, TriggererBatch
 from triggers.base import BaseTrigger, TransientError, TriggerEvent, shard_of
 from triggers.registry import TriggerLoadError, load_trigger
@@ -100,6 +102,7 @@ class Triggerer:
             self._checking,
             self._writing,
             self._timeouts,
+            self._listening,
             self.watch.run,
         ]
         tasks = [asyncio.create_task(loop(), name=loop.__name__) for loop in loops]
@@ -172,6 +175,16 @@ class Triggerer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake_loader.wait(), self.config.sync_every)
             self._wake_loader.clear()
+
+    async def _listening(self) -> None:
+        # On SQLite `wait` only sleeps: the loader's sync tick does the work there.
+        while True:
+            try:
+                if await self.store.db.wait(TRIGGERS_CHANNEL, 60.0):
+                    self._wake_loader.set()
+            except Exception:
+                log.exception("waiting for notifications failed; polling meanwhile")
+                await asyncio.sleep(self.config.sync_every)
 
     async def _load(self, *, full: bool) -> None:
         shards = set(self.shards)

@@ -43,10 +43,20 @@ async def open_database(url: str | None = None) -> Database:
         # sqlite:///rel.db is relative, sqlite:////abs.db absolute, sqlite:///:memory: in memory
         path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else parsed.path
         return await SqliteDatabase.open(url, path or ":memory:")
+    if parsed.scheme in ("postgresql", "postgres"):
+        from .postgres import PostgresDatabase
+
+        return await PostgresDatabase.open(url)
     raise UnknownBackend(
-        f"unknown database URL scheme {parsed.scheme!r} in {url!r}; use sqlite:///PATH"
+        f"unknown database URL scheme {parsed.scheme!r} in {url!r}; "
+        "use sqlite:///PATH or postgresql://USER@HOST/DB"
     )
 
 
 async def open_store(url: str | None = None, **kwargs: object) -> Store:
-    return Store(await open_database(url), **kwargs)  # type: ignore[arg-type]
+    db = await open_database(url)
+    # A backend with its own clock (PostgreSQL: the server's) times everything the store
+    # writes, so that leases and heartbeats are judged on one timeline across hosts.
+    if "clock" not in kwargs and hasattr(db, "clock"):
+        kwargs["clock"] = db.clock
+    return Store(db, **kwargs)  # type: ignore[arg-type]

@@ -45,4 +45,17 @@ class Database(Protocol):
 
     def read(self) -> AbstractAsyncContextManager[Tx]: ...
 
+    async def wait(self, channel: str, timeout: float) -> bool:
+        """Sleep until the database signals ``channel`` (True) or ``timeout`` passes (False).
+
+        Channels: ``slotless_tasks`` (tasks became claimable) and ``slotless_triggers``
+        (trigger rows were inserted). PostgreSQL wakes on LISTEN/NOTIFY; SQLite has no
+        signal and simply sleeps, so callers keep polling there.
+        """
+        ...
+
     async def close(self) -> None: ...
+
+
+TASKS_CHANNEL = "slotless_tasks"
+TRIGGERS_CHANNEL = "slotless_triggers"

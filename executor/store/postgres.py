@@ -1,0 +1,300 @@
+"""The distributed backend: PostgreSQL through an asyncpg pool.
+
+Workers and triggerers on any number of hosts coordinate only through this database:
+
+* ``write()`` is one READ COMMITTED transaction on a pooled connection. Claims take rows
+  with ``FOR UPDATE SKIP LOCKED``; every state change is a compare-and-set re-checked
+  under the row lock, so two processes racing for a row change it once.
+* ``wait(channel, timeout)`` returns as soon as a NOTIFY arrives on ``channel`` (tasks
+  became claimable, a trigger row was inserted; see schema/postgres/001_init.sql), or
+  after ``timeout``: idle processes wake at once instead of at their next poll, and
+  polling stays as a slow fallback. One extra connection per process LISTENs.
+* ``clock()`` is the server's clock: its offset from this host's monotonic clock is
+  measured at open (best of a few round trips) and again every ``CLOCK_RESYNC`` seconds.
+  The store stamps every time it writes (shard leases, heartbeats, ready_at) with it, so
+  a lease's expiry is judged on the database's timeline by every triggerer, whatever the
+  hosts' clocks say (error: half a round trip plus drift between syncs, far below a
+  lease's TTL). Queries keep taking ``now`` as a parameter, the same on both backends.
+* Migrations run under an advisory lock, so many processes may start at once.
+
+URL: ``postgresql://user@host:port/db?search_path=myschema&pool_max_size=5``. Query
+parameters other than the few below are sent to the server as settings (asyncpg).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+import schema
+
+from .db import Row, SchemaTooNew
+
+log = logging.getLogger("slotless.store.postgres")
+
+CLOCK_RESYNC = 60.0  # seconds between two measurements of the server clock
+LISTEN_CHECK = 30.0  # seconds between two checks that the LISTEN connection is alive
+RECONNECT_EVERY = 2.0  # at most one attempt to re-open the LISTEN connection this often
+
+# Our own URL parameters (taken out before asyncpg sees the URL), with their defaults.
+_OPTIONS = {
+    "pool_min_size": 1,
+    "pool_max_size": 5,
+    "statement_cache_size": 100,  # 0 behind PgBouncer in transaction mode
+    "listen": 1,  # 0: never LISTEN (poll only; for comparisons and poolers without it)
+}
+
+
+class PostgresTx:
+    def __init__(self, conn: asyncpg.Connection, sql: dict[str, str]) -> None:
+        self._conn = conn
+        self._sql = sql
+
+    async def fetch(self, name: str, *args: Any) -> list[Row]:
+        return await self._conn.fetch(self._sql[name], *args)
+
+    async def fetchone(self, name: str, *args: Any) -> Row | None:
+        return await self._conn.fetchrow(self._sql[name], *args)
+
+    async def execute(self, name: str, *args: Any) -> int:
+        status = await self._conn.execute(self._sql[name], *args)
+        last = status.rsplit(" ", 1)[-1]  # "UPDATE 3", "INSERT 0 1", "DELETE 0"
+        return int(last) if last.isdigit() else 0
+
+    async def executemany(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
+        rows = list(rows)
+        if rows:
+            await self._conn.executemany(self._sql[name], rows)
+
+    def ids(self, values: Sequence[int]) -> list[int]:
+        return list(values)
+
+
+class PostgresDatabase:
+    backend = "postgresql"
+
+    def __init__(self, url: str, dsn: str, options: dict[str, int]) -> None:
+        self.url = url
+        self._dsn = dsn
+        self._options = options
+        self._sql = schema.queries("postgres")
+        self._pool: asyncpg.Pool | None = None
+        self._offset = 0.0  # server epoch seconds - time.monotonic()
+        self._synced_at = -float("inf")
+        self._listen_conn: asyncpg.Connection | None = None
+        self._listen_lock = asyncio.Lock()
+        self._listen_checked = 0.0
+        self._listen_failed_at = -float("inf")
+        self._channels: dict[str, asyncio.Event] = {}
+        self._listened: set[str] = set()  # channels the current LISTEN connection follows
+
+    @classmethod
+    async def open(cls, url: str) -> PostgresDatabase:
+        dsn, options = split_url(url)
+        db = cls(url, dsn, options)
+        db._pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min(options["pool_min_size"], options["pool_max_size"]),
+            max_size=options["pool_max_size"],
+            statement_cache_size=options["statement_cache_size"],
+        )
+        try:
+            await db._migrate()
+            await db._sync_clock(samples=5)
+        except BaseException:
+            await db._pool.close()
+            raise
+        return db
+
+    # -- schema ---------------------------------------------------------------------------
+
+    async def _migrate(self) -> None:
+        known = schema.migrations("postgres")
+        latest = known[-1].version
+        assert self._pool is not None
+        async with self._pool.acquire() as conn, conn.transaction():
+            # One migrator at a time per schema; the others wait here, then find it done.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('slotless.migrate:' || current_schema()))"
+            )
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
+                " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+            if current > latest:
+                where = await conn.fetchval("SELECT current_database() || '.' || current_schema()")
+                raise SchemaTooNew(
+                    f"database {where} has schema version {current}, newer than the "
+                    f"{latest} this slotless knows; upgrade slotless to use it"
+                )
+            for mig in known:
+                if mig.version > current:
+                    await conn.execute(mig.sql)  # a script: the simple protocol runs it whole
+                    await conn.execute(
+                        "INSERT INTO schema_version VALUES ($1, $2,"
+                        " extract(epoch FROM clock_timestamp())::double precision)",
+                        mig.version,
+                        mig.name,
+                    )
+
+    # -- the server's clock -----------------------------------------------------------------
+
+    def clock(self) -> float:
+        """Now, in epoch seconds, on the database server's clock."""
+        return time.monotonic() + self._offset
+
+    async def _sync_clock(self, samples: int = 1) -> None:
+        assert self._pool is not None
+        best: tuple[float, float] | None = None  # (round trip, offset)
+        async with self._pool.acquire() as conn:
+            for _ in range(samples):
+                t0 = time.monotonic()
+                server = await conn.fetchval(
+                    "SELECT extract(epoch FROM clock_timestamp())::double precision"
+                )
+                t1 = time.monotonic()
+                candidate = (t1 - t0, server - (t0 + t1) / 2)
+                if best is None or candidate[0] < best[0]:
+                    best = candidate
+        assert best is not None
+        self._offset = best[1]
+        self._synced_at = time.monotonic()
+
+    # -- transactions -----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[PostgresTx]:
+        assert self._pool is not None
+        if time.monotonic() - self._synced_at > CLOCK_RESYNC:
+            self._synced_at = time.monotonic()  # one resync at a time, even if it fails
+            try:
+                await self._sync_clock()
+            except Exception:  # the transaction below will say what is wrong, if anything
+                log.warning("could not read the database clock; keeping the last offset")
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield PostgresTx(conn, self._sql)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[PostgresTx]:
+        # Autocommit statements, as on SQLite: each sees one consistent snapshot.
+        assert self._pool is not None
+        async with self._pool.acquire() as conn:
+            yield PostgresTx(conn, self._sql)
+
+    # -- wake-ups -----------------------------------------------------------------------------
+
+    async def wait(self, channel: str, timeout: float) -> bool:
+        """Until a NOTIFY on ``channel`` (True) or ``timeout`` seconds (False).
+
+        A notification that arrived since the last call counts: none is lost between two
+        waits. If the LISTEN connection is down, this is a plain sleep (polling).
+        """
+        event = self._channels.get(channel)
+        if event is None:
+            event = self._channels[channel] = asyncio.Event()
+        if self._options["listen"]:
+            await self._listening(channel)
+            if self._listen_conn is None:  # down: come back soon to listen again
+                timeout = min(timeout, RECONNECT_EVERY)
+        if not event.is_set():
+            # asyncio.timeout, not wait_for: on 3.11 wait_for may swallow a cancel that races
+            # the event, and the worker or triggerer stopping would wait for this forever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await event.wait()
+        notified = event.is_set()
+        event.clear()
+        return notified
+
+    async def _listening(self, channel: str) -> None:
+        async with self._listen_lock:
+            conn = self._listen_conn
+            now = time.monotonic()
+            if (
+                conn is not None
+                and not conn.is_closed()
+                and now - self._listen_checked > LISTEN_CHECK
+            ):
+                self._listen_checked = now
+                try:  # a silent network failure shows only when we speak
+                    async with asyncio.timeout(5.0):
+                        await conn.execute("SELECT 1")
+                except Exception:
+                    self._lost(conn)
+                    conn = None
+            if conn is None or conn.is_closed():
+                if now - self._listen_failed_at < RECONNECT_EVERY:
+                    return
+                conn = None
+                try:
+                    conn = await asyncpg.connect(self._dsn)
+                    conn.add_termination_listener(self._lost)
+                    for name in self._channels:
+                        await conn.add_listener(name, self._notified)
+                    self._listened = set(self._channels)
+                except Exception as exc:
+                    if conn is not None:
+                        conn.terminate()
+                    self._listen_failed_at = now
+                    log.warning("cannot LISTEN (%s); polling until it works again", exc)
+                    return
+                self._listen_conn = conn
+                self._listen_checked = now
+                for event in self._channels.values():
+                    event.set()  # anything may have happened while nobody listened
+            elif channel not in self._listened:
+                await conn.add_listener(channel, self._notified)
+                self._listened.add(channel)
+                self._channels[channel].set()
+
+    def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        event = self._channels.get(channel)
+        if event is not None:
+            event.set()
+
+    def _lost(self, conn: Any) -> None:
+        if conn is self._listen_conn:
+            self._listen_conn = None
+            for event in self._channels.values():
+                event.set()  # wake the waiters: they poll once and listen again
+        if not conn.is_closed():
+            conn.terminate()
+
+    async def close(self) -> None:
+        conn, self._listen_conn = self._listen_conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5.0):
+                    await conn.close()
+            if not conn.is_closed():
+                conn.terminate()
+        if self._pool is not None:
+            await self._pool.close()
+
+
+def split_url(url: str) -> tuple[str, dict[str, int]]:
+    """Take slotless's own options out of a URL; the rest is asyncpg's DSN."""
+    parts = urlsplit(url)
+    options = dict(_OPTIONS)
+    rest = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in options:
+            try:
+                options[key] = int(value)
+            except ValueError:
+                raise ValueError(f"{key} must be an integer in {url!r}") from None
+        else:
+            rest.append((key, value))
+    if options["pool_max_size"] < 1:
+        raise ValueError(f"pool_max_size must be at least 1 in {url!r}")
+    scheme = "postgresql" if parts.scheme == "postgres" else parts.scheme
+    return urlunsplit((scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment)), options
