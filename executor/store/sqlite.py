@@ -126,6 +126,10 @@ class SqliteDatabase:
         async with self._lock:
             yield SqliteTx(self._conn, self._sql)
 
+    async def wait(self, channel: str, timeout: float) -> bool:
+        await asyncio.sleep(timeout)  # no notifications on SQLite: the caller polls
+        return False
+
     async def close(self) -> None:
         await self._conn.close()
 
