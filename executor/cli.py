@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sqlite3
 import sys
+import threading
 import time
 from datetime import date, datetime
 from pathlib import Path
@@ -43,12 +45,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
-        return asyncio.run(args.func(args))
+        code: int = asyncio.run(args.func(args))
+        _leave_stuck_task_threads(code)
+        return code
     except USER_ERRORS as exc:
         print(f"slotless: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _leave_stuck_task_threads(code: int) -> None:
+    """A task thread past its execution timeout cannot be stopped, and Python joins every
+    thread at exit: once the command is done, exit without waiting for such a thread."""
+    stuck = [t for t in threading.enumerate() if t.name.startswith("slot")]
+    for t in stuck:
+        t.join(0.2)
+    if any(t.is_alive() for t in stuck):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("file")
     db_opt(run)
     run.add_argument("--dag", help="the DAG id, if the file defines several")
-    run.add_argument("--slots", type=int, default=8)
+    run.add_argument("--slots", type=_slots, default=8)
     run.add_argument("--isolation", choices=["thread", "process"], default="thread")
     run.add_argument("--logical-date", type=_date, default=None, help="YYYY-MM-DD (default today)")
     run.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
@@ -72,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="serve as a worker: claim and run tasks of any run")
     db_opt(worker)
-    worker.add_argument("--slots", type=int, default=8)
+    worker.add_argument("--slots", type=_slots, default=8)
     worker.add_argument("--isolation", choices=["thread", "process"], default="thread")
     worker.add_argument("--poll-interval", type=float, default=0.5)
     worker.add_argument("--heartbeat-interval", type=float, default=5.0)
@@ -118,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("files", nargs="*", metavar="DAG_FILE", help="start one run of each")
     db_opt(up)
-    up.add_argument("--slots", type=int, default=8)
+    up.add_argument("--slots", type=_slots, default=8)
     up.add_argument("--host", default="127.0.0.1", help="the web page's address")
     up.add_argument("--port", type=int, default=8765, help="the web page's port")
     up.add_argument("--worker-metrics-port", type=int, default=None)
@@ -132,6 +148,17 @@ def _metrics_opts(sp: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
     )
     sp.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+
+
+def _slots(text: str) -> int:
+    # Checked here, before a run is created: zero slots would leave it RUNNING forever.
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
+    return n
 
 
 def _date(text: str) -> date:

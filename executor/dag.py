@@ -179,7 +179,8 @@ class DAG:
                 ) from None
             if retries < 0:
                 raise DagError(f"task {tid!r}: retries must be >= 0")
-            parent_ids = [_ref(p) for p in parents]
+            # A parent named twice is one edge (else n_parents counts an edge never bumped).
+            parent_ids = list(dict.fromkeys(_ref(p) for p in parents))
             source = _ref(expand) if expand is not None else None
             if source is not None:
                 if source not in parent_ids:

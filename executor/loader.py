@@ -36,10 +36,11 @@ def load_dag(path: str | Path, dag_id: str | None = None) -> DAG:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
-        raise DagImportError(
-            f"cannot import {path}: {type(exc).__name__}: {exc} (line {frame.lineno})"
-        ) from exc
+        # The line in the DAG file itself: the last frame may be importlib's (a SyntaxError,
+        # whose message already names the line) or a helper module's.
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+        where = f" (line {frames[-1].lineno})" if frames else ""
+        raise DagImportError(f"cannot import {path}: {type(exc).__name__}: {exc}{where}") from exc
     dags = {v.dag_id: v for v in vars(module).values() if isinstance(v, DAG)}
     if dag_id is not None:
         if dag_id not in dags:

@@ -124,7 +124,7 @@ def _child_main(job: Job, ctx: TaskContext, writer: Any) -> None:
     payload: Any = None
     if result.ok:
         try:
-            payload = json.dumps(result.value)
+            payload = json.dumps(result.value, allow_nan=False)  # NaN is not JSON
         except (TypeError, ValueError) as exc:
             result = Result(ok=False, message=f"output cannot be stored as JSON: {exc}")
     writer.send((result.ok, payload, result.message, result.traceback, ctx._logs, result.deferred))

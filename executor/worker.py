@@ -113,7 +113,9 @@ class Worker:
                         task = asyncio.create_task(self._run_one(row, self._free.pop()))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
-                if self._stopping and not tasks and not self._done:
+                # Every attempt claimed is reported (a thread past its execution timeout may
+                # still hold its slot: it cannot be stopped, so do not wait for it).
+                if self._stopping and not self._in_flight and not self._done:
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._poll)
@@ -331,7 +333,7 @@ class Worker:
             return o
         try:
             value = json.loads(r.value) if r.value_is_json else r.value
-            output_json = r.value if r.value_is_json else json.dumps(value)
+            output_json = r.value if r.value_is_json else json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
             o = self._outcome(
                 row, owner, Kind.ERROR, spec=spec, message=f"output cannot be stored as JSON: {exc}"

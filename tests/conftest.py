@@ -7,9 +7,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import FakeClock  # noqa: E402
+from helpers import FakeClock
 
-from executor.store import Store, open_store  # noqa: E402
+from executor.store import Store, open_store
 
 
 @pytest.fixture

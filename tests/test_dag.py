@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from datetime import date, timedelta
 
@@ -38,7 +39,7 @@ def assert_real_cycle(message: str, dag: DAG) -> list[str]:
 
 
 def itertools_pairwise(seq: list[str]):
-    return zip(seq, seq[1:], strict=False)
+    return itertools.pairwise(seq)
 
 
 def test_cycle_error_names_the_cycle() -> None:
@@ -81,7 +82,7 @@ def test_duplicate_task_id() -> None:
     with pytest.raises(DagError, match="duplicate task id 'b'"):
 
         @dag.task
-        def b(ctx):  # noqa: F811 - the point of the test
+        def b(ctx):
             return 2
 
 

@@ -90,7 +90,7 @@ def counts(parents: list[str]) -> Counts:
 MIXES = [
     list(mix)
     for n in range(5)
-    for mix in itertools.combinations_with_replacement(ENDED + ("PENDING",), n)
+    for mix in itertools.combinations_with_replacement((*ENDED, "PENDING"), n)
 ]
 
 

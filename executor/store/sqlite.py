@@ -69,7 +69,7 @@ class SqliteDatabase:
         db = cls(url, path, conn)
         try:  # a file that is not a database fails here: close, or its thread keeps us alive
             await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            await conn.execute("PRAGMA journal_mode = WAL")
+            await _wal(conn)
             await conn.execute("PRAGMA synchronous = NORMAL")
             await db._migrate()
         except BaseException:
@@ -132,6 +132,20 @@ class SqliteDatabase:
 
     async def close(self) -> None:
         await self._conn.close()
+
+
+async def _wal(conn: aiosqlite.Connection) -> None:
+    """Switch to WAL. Two processes opening a new file at once may get "database is locked"
+    here at once (SQLite does not wait on the busy timeout for it): retry until it passes."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            await conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.01)
 
 
 def _statements(script: str) -> list[str]:
