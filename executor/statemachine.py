@@ -48,6 +48,9 @@ async def transition(
         expect_owner=expect_owner,
         attempt_delta=attempt_delta,
     )
+    if changed and new is State.RETRYING:
+        # A retry starts the task over, not at the method a deferral named (with no event).
+        await tx.execute("clear_resume", tx.ids([row["id"] for row in changed]))
     if changed and new in TERMINAL:
         await _settle(tx, [(row, new) for row in changed], now)
     return changed

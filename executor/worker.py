@@ -215,6 +215,12 @@ class Worker:
     ) -> Outcome:
         now = time.time()
         try:
+            if d.method != "__call__" and d.method not in spec.methods:
+                # Say so now, not after a wait of hours ends in "cannot resume".
+                raise ValueError(
+                    f"{spec.task_id} has no method {d.method!r} to resume at "
+                    "(register it with @task.method)"
+                )
             deferral = sensing.deferral(
                 d.trigger,
                 method=d.method,

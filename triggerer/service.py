@@ -173,7 +173,10 @@ class Triggerer:
             except Exception:
                 log.exception("loading waits failed; retrying")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_loader.wait(), self.config.sync_every)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that races
+                # the event being set, and stop() then waits for this loop forever.
+                async with asyncio.timeout(self.config.sync_every):
+                    await self._wake_loader.wait()
             self._wake_loader.clear()
 
     async def _listening(self) -> None:
@@ -237,7 +240,8 @@ class Triggerer:
             wait = self.config.sync_every if nxt is None else max(0.0, nxt - self.clock())
             self._wake_checker.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_checker.wait(), min(wait, 1.0))
+                async with asyncio.timeout(min(wait, 1.0)):  # not wait_for: see _loading
+                    await self._wake_checker.wait()
 
     def _dispatch(self, due: list[Check]) -> None:
         groups: dict[type[BaseTrigger], list[Check]] = defaultdict(list)

@@ -111,13 +111,28 @@ class SqliteDatabase:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[SqliteTx]:
         async with self._lock:
-            await self._conn.execute("BEGIN IMMEDIATE")
+            begin = asyncio.ensure_future(self._conn.execute("BEGIN IMMEDIATE"))
+            try:
+                await asyncio.shield(begin)
+            except asyncio.CancelledError:
+                # Cancelled while waiting for the file's write lock: the driver's thread still
+                # takes it. Give it back, or this connection would hold the lock and refuse
+                # every later BEGIN ("cannot start a transaction within a transaction").
+                await asyncio.shield(self._undo_begin(begin))
+                raise
             try:
                 yield SqliteTx(self._conn, self._sql)
             except BaseException:
                 await self._conn.execute("ROLLBACK")
                 raise
             await self._conn.execute("COMMIT")
+
+    async def _undo_begin(self, begin: asyncio.Future[Any]) -> None:
+        try:
+            await begin
+        except Exception:
+            return  # it failed (e.g. busy timeout): no transaction to undo
+        await self._conn.execute("ROLLBACK")
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:

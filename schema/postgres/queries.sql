@@ -252,6 +252,10 @@ ORDER BY g.id;
 -- name: set_event
 UPDATE task SET event = $1 WHERE id = ANY($2::bigint[]) AND (state || '') = 'DEFERRED';
 
+-- name: clear_resume
+-- A retry starts the task over: forget the resume point and event of an earlier deferral.
+UPDATE task SET next_method = NULL, next_kwargs = NULL, event = NULL WHERE id = ANY($1::bigint[]);
+
 -- name: set_sensor_output
 UPDATE task SET output = $1
 WHERE id = ANY($2::bigint[]) AND (state || '') = 'DEFERRED' AND next_method IS NULL;

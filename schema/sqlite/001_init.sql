@@ -93,7 +93,8 @@ CREATE TABLE slot_usage (
 
 -- Serialized triggers; filled by deferrals (see the triggerer).
 CREATE TABLE trigger (
-    id          INTEGER PRIMARY KEY,
+    -- AUTOINCREMENT: ids never come back after a cleanup, so triggerers can read new rows by id.
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
     classpath   TEXT NOT NULL,
     kwargs      TEXT NOT NULL,                -- JSON
     poke_hash   TEXT NOT NULL,

@@ -220,6 +220,11 @@ ORDER BY g.id;
 -- name: set_event
 UPDATE task SET event = ?1 WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'DEFERRED';
 
+-- name: clear_resume
+-- A retry starts the task over: forget the resume point and event of an earlier deferral.
+UPDATE task SET next_method = NULL, next_kwargs = NULL, event = NULL
+WHERE id IN (SELECT value FROM json_each(?1));
+
 -- name: set_sensor_output
 UPDATE task SET output = ?1
 WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'DEFERRED' AND next_method IS NULL;
