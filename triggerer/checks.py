@@ -30,6 +30,7 @@ class Check:
     subscribers: dict[int, Subscriber] = field(default_factory=dict)
     interval: float = 60.0
     due: float = 0.0
+    seq: int = 0  # of its current heap entry; older entries are stale
     checks: int = 0
     failures: int = 0
     running: bool = False
@@ -47,7 +48,10 @@ class CheckTable:
     def __init__(self) -> None:
         self.by_hash: dict[str, Check] = {}
         self.by_row: dict[int, Check] = {}
-        self._heap: list[tuple[float, int, Check]] = []
+        # Entries name their check by poke_hash, not by reference: a tuple of a float, an
+        # int and a str is untracked by the garbage collector, so 100,000 entries add
+        # nothing to the full collections that would otherwise stall the loop.
+        self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -93,7 +97,8 @@ class CheckTable:
 
     def schedule(self, check: Check, at: float) -> None:
         check.due = at
-        heapq.heappush(self._heap, (at, next(self._seq), check))
+        check.seq = next(self._seq)
+        heapq.heappush(self._heap, (at, check.seq, check.poke_hash))
 
     def next_due(self) -> float | None:
         self._discard_stale()
@@ -106,14 +111,15 @@ class CheckTable:
             self._discard_stale()
             if not self._heap or self._heap[0][0] > now:
                 return
-            _, _, check = heapq.heappop(self._heap)
+            _, _, poke_hash = heapq.heappop(self._heap)
             n += 1
-            yield check
+            yield self.by_hash[poke_hash]
 
     def _discard_stale(self) -> None:
         heap = self._heap
         while heap:
-            at, _, check = heap[0]
-            if self.by_hash.get(check.poke_hash) is check and at == check.due and not check.running:
+            _, seq, poke_hash = heap[0]
+            check = self.by_hash.get(poke_hash)
+            if check is not None and check.seq == seq and not check.running:
                 return
             heapq.heappop(heap)

@@ -23,7 +23,6 @@ import secrets
 import socket
 import time
 import traceback
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +52,7 @@ class TriggererConfig:
     cleanup_every: float = 60.0
     flush_every: float = 0.05
     max_concurrency: int = 256  # checks in flight at once
+    wave: int = 32  # check calls started per round of the loop
     batch_size: int = 1000  # triggers per poke_many call
     check_timeout: float = 60.0  # a check that takes longer is cancelled and retried
     max_backoff: float = 300.0
@@ -88,6 +88,7 @@ class Triggerer:
         self._sem = asyncio.Semaphore(self.config.max_concurrency)
         self._running: set[Check] = set()
         self._check_tasks: set[asyncio.Task[None]] = set()
+        self._calls = 0  # check calls in flight (one call may check a batch)
         self._stopping = asyncio.Event()
         self._loaded_once = asyncio.Event()
 
@@ -197,7 +198,9 @@ class Triggerer:
         now = self.clock()
         seen: set[int] = set()
         parsed: dict[tuple[str, str], BaseTrigger | TriggerLoadError] = {}
-        for row in rows:
+        for i, row in enumerate(rows):
+            if i % 2000 == 1999:
+                await asyncio.sleep(0)  # 100,000 rows must not stall the loop for a second
             task_row = row["task_row"]
             seen.add(task_row)
             self._max_trigger_id = max(self._max_trigger_id, row["trigger_id"])
@@ -230,42 +233,72 @@ class Triggerer:
 
     async def _checking(self) -> None:
         while True:
-            now = self.clock()
-            due = list(self.table.pop_due(now, 10 * self.config.batch_size))
-            if due:
-                self._dispatch(due)
+            # Cleared first, so that a call ending or a load meanwhile wakes the wait below.
+            self._wake_checker.clear()
+            if self._dispatch(self.clock()):
                 await asyncio.sleep(0)  # let the dispatched checks start
                 continue
-            nxt = self.table.next_due()
-            wait = self.config.sync_every if nxt is None else max(0.0, nxt - self.clock())
-            self._wake_checker.clear()
+            if self._calls >= self.config.max_concurrency:
+                wait = 1.0  # full: the next call to end wakes us
+            else:
+                nxt = self.table.next_due()
+                wait = self.config.sync_every if nxt is None else max(0.0, nxt - self.clock())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(wait, 1.0)):  # not wait_for: see _loading
                     await self._wake_checker.wait()
 
-    def _dispatch(self, due: list[Check]) -> None:
-        groups: dict[type[BaseTrigger], list[Check]] = defaultdict(list)
-        for check in due:
+    def _dispatch(self, now: float) -> bool:
+        """Start due checks while fewer than ``max_concurrency`` calls are in flight.
+
+        The heap is the queue: a due check stays there until a call can take it, instead
+        of waiting as a Task of its own (100,000 waiting Tasks would cost memory and stall
+        the loop in garbage collection). A batched class takes up to ``batch_size`` checks
+        per call. Returns whether any check was started.
+        """
+        # At most `wave` calls per round: Tasks alive at a collection of the young
+        # generations are promoted to the old one, and the more are promoted, the
+        # sooner a full collection (a stall at 100,000 waits) comes.
+        room = min(self.config.max_concurrency - self._calls, self.config.wave)
+        if room <= 0:
+            return False
+        size = self.config.batch_size
+        groups: dict[type[BaseTrigger], list[Check]] = {}
+        started = False
+        for check in self.table.pop_due(now, 10 * size):
+            started = True
             check.running = True
             self._running.add(check)
             cls = type(check.trigger)
             if cls.is_batched() and not cls.is_push():
-                groups[cls].append(check)
+                group = groups.setdefault(cls, [])
+                if not group:
+                    room -= 1  # a new call
+                group.append(check)
+                if len(group) == size:
+                    self._start_call(cls, group)
+                    groups[cls] = []
             else:
-                self._spawn(self._run_checks(cls, [check]))
-        size = self.config.batch_size
-        for cls, checks in groups.items():
-            for i in range(0, len(checks), size):
-                self._spawn(self._run_checks(cls, checks[i : i + size]))
+                room -= 1
+                self._start_call(cls, [check])
+            if room <= 0:
+                break
+        for cls, group in groups.items():
+            if group:
+                self._start_call(cls, group)
+        return started
+
+    def _start_call(self, cls: type[BaseTrigger], checks: list[Check]) -> None:
+        self._calls += 1
+        self._spawn(self._run_checks(cls, checks))
 
     async def _run_checks(self, cls: type[BaseTrigger], checks: list[Check]) -> None:
         async with self._sem:
             results: list[Any]
             began = time.perf_counter()
             try:
-                results = list(
-                    await asyncio.wait_for(self._call(cls, checks), self.config.check_timeout)
-                )
+                # asyncio.timeout: unlike wait_for on 3.11, no extra Task per call.
+                async with asyncio.timeout(self.config.check_timeout):
+                    results = list(await self._call(cls, checks))
                 if len(results) != len(checks):
                     raise RuntimeError(
                         f"{cls.classpath()}.poke_many returned {len(results)} "
@@ -281,6 +314,7 @@ class Triggerer:
                 results = [exc] * len(checks)
             if self.on_check_call is not None:
                 self.on_check_call(cls.classpath(), len(checks), time.perf_counter() - began)
+        self._calls -= 1
         now = self.clock()
         for check, result in zip(checks, results, strict=True):
             check.running = False

@@ -234,7 +234,9 @@ SELECT id, attempt, max_attempts, soft_fail, next_method, wait_started_at FROM t
 WHERE id IN (SELECT value FROM json_each(?1)) AND state = 'DEFERRED';
 
 -- name: expired_waits
-SELECT t.id, t.soft_fail, t.wait_started_at FROM task t JOIN trigger g ON g.id = t.trigger_id
+-- CROSS JOIN keeps task first, read through task_wait_timeout: otherwise SQLite walks
+-- every trigger of the shards (190 ms a second at 100,000 waits) to find none expired.
+SELECT t.id, t.soft_fail, t.wait_started_at FROM task t CROSS JOIN trigger g ON g.id = t.trigger_id
 WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < ?1
   AND g.shard IN (SELECT value FROM json_each(?2));
 
