@@ -52,6 +52,8 @@ async def test_metrics_while_deferred_sensors_wait_and_fire(tmp_path: Path, db_u
             s, _ = scrape(turl)
             expect(s, slotless_triggerer_triggers=2, slotless_triggerer_distinct_checks=1)
             assert (sample(s, "slotless_triggerer_checks_total") or 0) >= 1, "no check yet"
+            lag = sample(s, "slotless_triggerer_loop_lag_seconds_count") or 0
+            assert lag > 0, "no loop-lag sample yet"
             return s
 
         ts = poll(triggerer_holds_both, 60, "the triggerer to hold and check both waits")
@@ -75,8 +77,10 @@ async def test_metrics_while_deferred_sensors_wait_and_fire(tmp_path: Path, db_u
         # The worker: its own counters, and the store-wide gauges.
         def worker_settled():
             s, _ = scrape(wurl)
-            for state, n in (("DEFERRED", 2), ("RETRYING", 1), ("SENSING", 1), ("FAILED", 1)):
-                got = sample(s, "slotless_tasks", state=state)
+            settled = (("DEFERRED", 2), ("RETRYING", 1), ("SENSING", 1), ("FAILED", 1),
+                       ("UPSTREAM_FAILED", 1), ("SUCCESS", 4), ("RUNNING", 0))  # fmt: skip
+            for state, n in settled:
+                got = sample(s, "slotless_tasks", state=state) or 0
                 assert got == n, f"slotless_tasks{{state={state}}} is {got}, not {n}"
             expect(s, slotless_shards_unowned=0)
             return s
