@@ -327,9 +327,7 @@ async def tasks(dsn: str, folder: Path, dag_file: Path, k: int, slots: int) -> d
                 )
                 run = await conn.fetchrow("SELECT * FROM dag_run WHERE run_id = $1", run_id)
                 per_worker = await conn.fetch(
-                    "SELECT split_part(owner, '#', 1) AS worker, count(*) AS n FROM task"
-                    " WHERE run_id = $1 AND map_index >= 0 GROUP BY 1",
-                    run_id,
+                    "SELECT worker_id, count(*) AS n FROM slot_usage GROUP BY worker_id"
                 )
             finally:
                 await conn.close()

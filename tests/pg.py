@@ -18,7 +18,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -174,7 +174,7 @@ def pg_server() -> Iterator[str]:
 
 
 @pytest.fixture
-async def pg_url(pg_server: str) -> Iterator[str]:
+async def pg_url(pg_server: str) -> AsyncIterator[str]:
     """A database URL whose ``search_path`` is a fresh schema, dropped after the test."""
     name = await create_schema(pg_server)
     try:
