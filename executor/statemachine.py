@@ -56,6 +56,31 @@ async def transition(
     return changed
 
 
+async def retry_or_fail(
+    tx: Tx,
+    row_id: int,
+    expected: State,
+    *,
+    attempt: int,
+    max_attempts: int,
+    now: float,
+    why: str,
+    delay: float | None = None,
+    expect_owner: str | None = None,
+) -> list[Row]:
+    """A failed attempt: RETRYING (claimable after ``delay``) while attempts are left, else
+    FAILED. Task errors, lost workers and broken triggers all end up here."""
+    if attempt < max_attempts:
+        suffix = "; will retry" if delay is None else f"; retrying in {delay:.1f} s"
+        return await transition(
+            tx, [row_id], expected, State.RETRYING, now=now, message=why + suffix,
+            ready_at=now + (delay or 0.0), attempt_delta=1, expect_owner=expect_owner,
+        )  # fmt: skip
+    return await transition(
+        tx, [row_id], expected, State.FAILED, now=now, message=why, expect_owner=expect_owner
+    )
+
+
 async def _cas(
     tx: Tx,
     ids: Sequence[int],

@@ -14,7 +14,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from ..outcomes import Kind, Outcome
-from ..statemachine import evaluate, transition
+from ..statemachine import evaluate, retry_or_fail, transition
 from ..states import State
 from .db import Database, Row
 from .inspecting import InspectOps
@@ -214,28 +214,11 @@ class Store(TriggerOps, InspectOps):
                     f"worker {row['owner']} lost: no heartbeat for "
                     f"{now - row['heartbeat_at']:.1f} s"
                 )
-                if row["attempt"] < row["max_attempts"]:
-                    moved = await transition(
-                        tx,
-                        [row["id"]],
-                        State.RUNNING,
-                        State.RETRYING,
-                        now=now,
-                        message=why + "; will retry",
-                        ready_at=now,
-                        attempt_delta=1,
-                        expect_owner=row["owner"],
-                    )
-                else:
-                    moved = await transition(
-                        tx,
-                        [row["id"]],
-                        State.RUNNING,
-                        State.FAILED,
-                        now=now,
-                        message=why,
-                        expect_owner=row["owner"],
-                    )
+                moved = await retry_or_fail(
+                    tx, row["id"], State.RUNNING, attempt=row["attempt"],
+                    max_attempts=row["max_attempts"], now=now, why=why,
+                    expect_owner=row["owner"],
+                )  # fmt: skip
                 taken += len(moved)
         return taken
 
@@ -365,28 +348,8 @@ async def _skip_branches(tx: Any, o: Outcome, now: float) -> None:
 
 
 async def _fail_attempt(tx: Any, o: Outcome, now: float) -> None:
-    if o.attempt < o.max_attempts:
-        await transition(
-            tx,
-            [o.row_id],
-            State.RUNNING,
-            State.RETRYING,
-            now=now,
-            message=(
-                f"attempt {o.attempt} of {o.max_attempts} failed: {o.message}; "
-                f"retrying in {o.retry_delay:.1f} s"
-            ),
-            ready_at=now + o.retry_delay,
-            attempt_delta=1,
-            expect_owner=o.owner,
-        )
-    else:
-        await transition(
-            tx,
-            [o.row_id],
-            State.RUNNING,
-            State.FAILED,
-            now=now,
-            message=f"attempt {o.attempt} of {o.max_attempts} failed: {o.message}",
-            expect_owner=o.owner,
-        )
+    await retry_or_fail(
+        tx, o.row_id, State.RUNNING, attempt=o.attempt, max_attempts=o.max_attempts, now=now,
+        why=f"attempt {o.attempt} of {o.max_attempts} failed: {o.message}",
+        delay=o.retry_delay, expect_owner=o.owner,
+    )  # fmt: skip

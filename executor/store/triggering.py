@@ -14,7 +14,7 @@ from typing import Any
 
 from triggers.base import SHARDS
 
-from ..statemachine import transition
+from ..statemachine import retry_or_fail, transition
 from ..states import State
 from .db import Database, Row
 
@@ -143,16 +143,7 @@ class TriggerOps:
 async def _fail_waits(tx: Any, task_rows: list[int], why: str, now: float) -> None:
     """A trigger that cannot fire: its tasks fail (or retry, if they have attempts left)."""
     for r in await tx.fetch("deferred_rows", tx.ids(task_rows)):
-        if r["attempt"] < r["max_attempts"]:
-            await transition(
-                tx,
-                [r["id"]],
-                State.DEFERRED,
-                State.RETRYING,
-                now=now,
-                message=f"{why}; will retry",
-                ready_at=now,
-                attempt_delta=1,
-            )
-        else:
-            await transition(tx, [r["id"]], State.DEFERRED, State.FAILED, now=now, message=why)
+        await retry_or_fail(
+            tx, r["id"], State.DEFERRED, attempt=r["attempt"], max_attempts=r["max_attempts"],
+            now=now, why=why,
+        )  # fmt: skip
