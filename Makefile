@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/slotless run examples/settlements.py --db sqlite:///demo.db --slots 8
 
 test: $(STAMP)
+	./scripts/test-servers.sh
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
