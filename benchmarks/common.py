@@ -404,6 +404,7 @@ class CliRun:
     returncode: int
     seconds: float
     result: dict[str, Any] | None  # the --json object
+    cpu_s: float  # CPU time (user + system) the run used, all threads; less load-sensitive
 
 
 def run_cli(argv: Sequence[str]) -> CliRun:
@@ -411,11 +412,13 @@ def run_cli(argv: Sequence[str]) -> CliRun:
     from executor import cli
 
     buf = io.StringIO()
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(buf):
         rc = cli.main(list(argv))
     seconds = time.perf_counter() - t0
-    return CliRun(list(argv), rc, seconds, _json_or_none(buf.getvalue()))
+    cpu = time.process_time() - cpu0
+    return CliRun(list(argv), rc, seconds, _json_or_none(buf.getvalue()), cpu)
 
 
 def run_cli_subprocess(argv: Sequence[str]) -> CliRun:
@@ -426,12 +429,21 @@ def run_cli_subprocess(argv: Sequence[str]) -> CliRun:
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
+    cpu0 = _children_cpu_seconds()
     t0 = time.perf_counter()
     proc = subprocess.run([*cmd, *argv], capture_output=True, text=True, env=env, check=False)
     seconds = time.perf_counter() - t0
+    cpu = _children_cpu_seconds() - cpu0
     if proc.returncode not in (0, 1):
         console.print(f"[red]slotless {' '.join(argv)} failed:[/red] {proc.stderr.strip()}")
-    return CliRun([*cmd, *argv], proc.returncode, seconds, _json_or_none(proc.stdout))
+    return CliRun([*cmd, *argv], proc.returncode, seconds, _json_or_none(proc.stdout), cpu)
+
+
+def _children_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _json_or_none(text: str) -> dict[str, Any] | None:

@@ -110,6 +110,8 @@ def run(folder: Path, n: int, slots: int) -> dict[str, Any]:
         "materialize_s": round(source_tx.seconds, 4),
         "total_s": round(cli_run.seconds, 3),
         "tasks_per_s": round((n + 2) / cli_run.seconds, 1),
+        "cpu_s": round(cli_run.cpu_s, 2),
+        "cpu_us_per_task": round(cli_run.cpu_s / (n + 2) * 1e6, 1),
         "peak_rss_mb": round(rss.peak_mb, 1),
         "peak_rss_getrusage_mb": round(common.peak_rss_getrusage_mb(), 1),
         "start_rss_mb": round(rss.start_mb, 1),

@@ -111,6 +111,8 @@ def end_to_end(
             {
                 "seconds": round(run.seconds, 4),
                 "tasks_per_s": round(n / run.seconds, 1),
+                "cpu_s": round(run.cpu_s, 3),
+                "cpu_us_per_task": round(run.cpu_s / n * 1e6, 1),
                 "create_run_s": round(sum(log.create_run_s), 4),
                 **log.summary(),
             }
@@ -135,6 +137,7 @@ def end_to_end(
             "command": " ".join(run.argv),
             "seconds": round(run.seconds, 4),
             "tasks_per_s": round(n / run.seconds, 1),
+            "cpu_s": round(run.cpu_s, 3),
         }
     return out
 
@@ -335,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{last['outcomes_per_transaction']} / {last['transaction_ms_median']} ms",
             )
         )
+        cpu = statistics.median(r["cpu_us_per_task"] for r in d["runs"])
+        rows.append((f"{shape}: CPU per task, all threads (median)", f"{cpu:,.0f} µs"))
     for c in fanin:
         rows.append(
             (
