@@ -11,8 +11,9 @@
    subprocess (interpreter start-up included) unless ``--no-subprocess``.
 2. Completion cost vs fan-in: N parents into one child (N in ``--parents``). All parents are
    claimed, then completed one transaction each (``Store.complete``, the worker's
-   transaction without the claim); the figure is the mean time of one completion. The
-   child's readiness is a counter bumped in that transaction, so it must stay flat in N.
+   transaction without the claim), ``--samples`` per N, interleaved across the N; the
+   figure is the mean time of one completion. The child's readiness is a counter bumped
+   in that transaction, so it must stay flat in N.
 
 Writes benchmarks/results/throughput.json and throughput.png.
 """
@@ -21,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
@@ -78,6 +81,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--workdir", help="where DAG files and databases go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     p.add_argument("--results", type=Path, default=common.RESULTS, help="output folder")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=1000,
+        help="timed completions per fan-in width (default 1000)",
+    )
     args = p.parse_args(argv)
     args.parents = [int(x) for x in args.parents.split(",") if x.strip()]
     return args
@@ -151,7 +160,18 @@ def _check(run: common.CliRun, n: int) -> None:
 # -- completion cost vs fan-in ---------------------------------------------------------------
 
 
-async def completion_cost(folder: Path, n: int, bar: Any) -> dict[str, Any]:
+async def completion_costs(
+    folder: Path, widths: Sequence[int], samples: int, bar: Any
+) -> list[dict[str, Any]]:
+    """Time one completion (``Store.complete`` of one parent) for each fan-in width.
+
+    Every width has its runs in one store (enough runs of a narrow fan-in to give
+    ``samples`` parents), all parents are claimed, then single completions are timed
+    round-robin across the widths in shuffled order. Interleaving matters here: how long
+    a hand-off to the SQLite thread takes depends on whether the two threads share a CPU,
+    which changes every few hundred milliseconds, so timing the widths one after the
+    other would compare scheduler moods rather than widths.
+    """
     from executor import DAG
     from executor.outcomes import Kind, Outcome
     from executor.store import open_store
@@ -159,47 +179,86 @@ async def completion_cost(folder: Path, n: int, bar: Any) -> dict[str, Any]:
     def noop(ctx: Any) -> None:
         return None
 
-    dag = DAG(f"fanin_{n}")
-    parents = [dag.task(noop, task_id=f"p{i:05d}") for i in range(n)]
-    dag.task(noop, task_id="child", parents=parents)
-    store = await open_store(common.fresh_db(folder, f"fanin_{n}"))
-    task = bar.add_task(f"fan-in of {n}: completions", total=n)
+    store = await open_store(common.fresh_db(folder, "fanin"))
+    pending: dict[int, deque[tuple[Outcome, bool]]] = {}
+    runs: dict[int, list[str]] = {}
     try:
-        run_id = await store.create_run(dag, date(2026, 1, 1))
-        rows = await store.claim("bench", n)
-        assert len(rows) == n, f"claimed {len(rows)} of {n} parents"
-        times: list[float] = []
-        for i, row in enumerate(rows):
-            outcome = Outcome(
-                row_id=row["id"],
-                owner="bench",
-                attempt=row["attempt"],
-                max_attempts=row["max_attempts"],
-                kind=Kind.SUCCESS,
-                output_json="null",
-                run_id=run_id,
-            )
+        for n in widths:
+            dag = DAG(f"fanin_{n}")
+            parents = [dag.task(noop, task_id=f"p{i:05d}") for i in range(n)]
+            dag.task(noop, task_id="child", parents=parents)
+            pending[n], runs[n] = deque(), []
+            for r in range(-(-samples // n)):
+                run_id = await store.create_run(dag, date(2026, 1, 1), run_id=f"fanin_{n}_{r}")
+                runs[n].append(run_id)
+                rows = await store.claim("bench", n)  # exactly this run's parents
+                assert len(rows) == n and {row["run_id"] for row in rows} == {run_id}
+                for i, row in enumerate(rows):
+                    outcome = Outcome(
+                        row_id=row["id"],
+                        owner="bench",
+                        attempt=row["attempt"],
+                        max_attempts=row["max_attempts"],
+                        kind=Kind.SUCCESS,
+                        output_json="null",
+                        run_id=run_id,
+                    )
+                    pending[n].append((outcome, i == n - 1))  # the last one readies the child
+        total = sum(len(q) for q in pending.values())
+        task = bar.add_task(f"fan-in {'/'.join(map(str, widths))}: completions", total=total)
+        times: dict[int, list[float]] = {n: [] for n in widths}
+        ready: dict[int, list[float]] = {n: [] for n in widths}
+        order, rng, done = list(widths), random.Random(0), 0
+
+        async def complete(n: int, sample: bool = True) -> None:
+            outcome, readies_child = pending[n].popleft()
             t0 = time.perf_counter()
             await store.complete([outcome])
-            times.append(time.perf_counter() - t0)
-            if i % 64 == 0:
-                bar.update(task, completed=i + 1)
-        bar.update(task, completed=n)
-        child = next(t for t in await store.run_tasks(run_id) if t["task_id"] == "child")
-        assert child["n_done"] == n and child["ready_at"] is not None, dict(child)
+            elapsed = time.perf_counter() - t0
+            if sample:
+                times[n].append(elapsed)
+            if readies_child:
+                ready[n].append(elapsed)
+
+        for _ in range(samples):
+            rng.shuffle(order)
+            for n in order:
+                await complete(n)
+            done += len(order)
+            bar.update(task, completed=done)
+        for n in widths:  # the rest of the wide fan-ins: in batches, untimed, but the last
+            q = pending[n]
+            while len(q) > 1:
+                batch = [q.popleft()[0] for _ in range(min(1000, len(q) - 1))]
+                await store.complete(batch)
+                done += len(batch)
+                bar.update(task, completed=done)
+            if q:
+                await complete(n, sample=False)
+                done += 1
+        bar.update(task, completed=total)
+        for n in widths:
+            for run_id in runs[n]:
+                child = next(t for t in await store.run_tasks(run_id) if t["task_id"] == "child")
+                assert child["n_done"] == n and child["ready_at"] is not None, dict(child)
     finally:
         await store.close()
-    ordered = sorted(times)
-    tenth = max(1, n // 10)
-    return {
-        "parents": n,
-        "mean_us": round(statistics.fmean(times) * 1e6, 1),
-        "median_us": round(common.percentile(ordered, 50) * 1e6, 1),
-        "p99_us": round(common.percentile(ordered, 99) * 1e6, 1),
-        "first_tenth_mean_us": round(statistics.fmean(times[:tenth]) * 1e6, 1),
-        "last_tenth_mean_us": round(statistics.fmean(times[-tenth:]) * 1e6, 1),
-        "last_completion_us": round(times[-1] * 1e6, 1),  # the one that makes the child ready
-    }
+    out = []
+    for n in widths:
+        ordered = sorted(times[n])
+        out.append(
+            {
+                "parents": n,
+                "runs": len(runs[n]),
+                "samples": len(ordered),
+                "mean_us": round(statistics.fmean(ordered) * 1e6, 1),
+                "median_us": round(common.percentile(ordered, 50) * 1e6, 1),
+                "p99_us": round(common.percentile(ordered, 99) * 1e6, 1),
+                # the completions that made a child ready (the counter reached n)
+                "child_ready_us": round(statistics.fmean(ready[n]) * 1e6, 1),
+            }
+        )
+    return out
 
 
 # -- report --------------------------------------------------------------------------------
@@ -255,9 +314,9 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
         ("mean_us", "mean"),
         ("median_us", "median"),
         ("p99_us", "p99"),
-        ("last_completion_us", "last parent (child becomes ready)"),
+        ("child_ready_us", "the completion that readies the child"),
     ):
-        style = ":" if key == "last_completion_us" else "-"
+        style = ":" if key == "child_ready_us" else "-"
         ax2.plot(ns, [c[key] for c in fanin], style, marker="o", label=label)
     ax2.set_xscale("log")
     ax2.set_ylim(bottom=0)
@@ -283,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpus": args.cpus,
         "repeat": args.repeat,
         "parents": args.parents,
+        "samples": args.samples,
         "subprocess": args.subprocess,
         "store": "sqlite",
         "task": "no-op (returns None)",
@@ -297,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flat = end_to_end(
                 folder, "flat", args.flat, args.slots, args.repeat, args.subprocess, bar
             )
-            fanin = [asyncio.run(completion_cost(folder, n, bar)) for n in args.parents]
+            fanin = asyncio.run(completion_costs(folder, args.parents, args.samples, bar))
     doc.update(
         {
             "tasks_per_s_flat": flat["tasks_per_s_median"],
