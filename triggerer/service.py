@@ -54,6 +54,7 @@ class TriggererConfig:
     max_concurrency: int = 256  # checks in flight at once
     wave: int = 32  # check calls started per round of the loop
     batch_size: int = 1000  # triggers per poke_many call
+    load_shards_per_query: int = 4  # a full reload reads this many shards at a time
     check_timeout: float = 60.0  # a check that takes longer is cancelled and retried
     max_backoff: float = 300.0
 
@@ -82,6 +83,7 @@ class Triggerer:
         self.on_check_call: Callable[[str, int, float], None] | None = None
         self._batch = TriggererBatch()
         self._max_trigger_id = 0
+        self._loaded_beyond: set[int] = set()  # trigger ids above a full reload's `newest`
         self._wake_checker = asyncio.Event()
         self._wake_loader = asyncio.Event()
         self._reload = True
@@ -191,40 +193,62 @@ class Triggerer:
                 await asyncio.sleep(self.config.sync_every)
 
     async def _load(self, *, full: bool) -> None:
-        shards = set(self.shards)
+        shards = sorted(self.shards)
         if not shards:
             return
-        rows = await self.store.load_triggers(shards, 0 if full else self._max_trigger_id)
-        now = self.clock()
-        seen: set[int] = set()
-        parsed: dict[tuple[str, str], BaseTrigger | TriggerLoadError] = {}
-        for i, row in enumerate(rows):
-            if i % 2000 == 1999:
-                await asyncio.sleep(0)  # 100,000 rows must not stall the loop for a second
-            task_row = row["task_row"]
-            seen.add(task_row)
-            self._max_trigger_id = max(self._max_trigger_id, row["trigger_id"])
-            held = self.table.by_row.get(task_row)
-            if held is not None:
-                sub_held = held.subscribers.get(task_row)
-                if sub_held is not None and sub_held.trigger_id == row["trigger_id"]:
-                    continue
-                self.table.unsubscribe(task_row)  # it deferred again, on a new trigger
-            key = (row["classpath"], row["kwargs"])
-            if key not in parsed:
-                try:
-                    parsed[key] = load_trigger(row["classpath"], row["kwargs"])
-                except TriggerLoadError as exc:
-                    parsed[key] = exc
-            trigger = parsed[key]
-            if isinstance(trigger, TriggerLoadError):
-                self._batch.failures.append(([task_row], f"cannot load trigger: {trigger}"))
-                continue
-            sub = Subscriber(
-                task_row, row["trigger_id"], trigger.poke_interval, row["next_method"] is not None
-            )
-            self.table.subscribe(row["poke_hash"], trigger, shard_of(row["poke_hash"]), sub, now)
+        # A full reload reads a few shards per query, so that 100,000 rows never sit in
+        # memory at once (their pages would stay in the RSS) nor hold the connection for
+        # half a second. Rows written meanwhile get ids above `newest`, where the next
+        # incremental load starts; it skips those the reload already took.
+        newest = await self.store.max_trigger_id() if full else 0
         if full:
+            self._loaded_beyond.clear()
+        step = self.config.load_shards_per_query if full else len(shards)
+        seen: set[int] = set()
+        for first in range(0, len(shards), step):
+            after = 0 if full else self._max_trigger_id
+            rows = await self.store.load_triggers(shards[first : first + step], after)
+            now = self.clock()
+            parsed: dict[tuple[str, str], BaseTrigger | TriggerLoadError] = {}
+            for i, row in enumerate(rows):
+                if i % 2000 == 1999:
+                    await asyncio.sleep(0)  # 100,000 rows must not stall the loop for a second
+                task_row = row["task_row"]
+                seen.add(task_row)
+                if full:
+                    if row["trigger_id"] > newest:
+                        self._loaded_beyond.add(row["trigger_id"])
+                else:
+                    self._max_trigger_id = max(self._max_trigger_id, row["trigger_id"])
+                    if row["trigger_id"] in self._loaded_beyond:
+                        continue  # this full reload's, held or already fired: not again
+                held = self.table.by_row.get(task_row)
+                if held is not None:
+                    sub_held = held.subscribers.get(task_row)
+                    if sub_held is not None and sub_held.trigger_id == row["trigger_id"]:
+                        continue
+                    self.table.unsubscribe(task_row)  # it deferred again, on a new trigger
+                key = (row["classpath"], row["kwargs"])
+                if key not in parsed:
+                    try:
+                        parsed[key] = load_trigger(row["classpath"], row["kwargs"])
+                    except TriggerLoadError as exc:
+                        parsed[key] = exc
+                trigger = parsed[key]
+                if isinstance(trigger, TriggerLoadError):
+                    self._batch.failures.append(([task_row], f"cannot load trigger: {trigger}"))
+                    continue
+                sub = Subscriber(
+                    task_row,
+                    row["trigger_id"],
+                    trigger.poke_interval,
+                    row["next_method"] is not None,
+                )
+                self.table.subscribe(
+                    row["poke_hash"], trigger, shard_of(row["poke_hash"]), sub, now
+                )
+        if full:
+            self._max_trigger_id = max(self._max_trigger_id, newest)
             for task_row in [r for r in self.table.by_row if r not in seen]:
                 self.table.unsubscribe(task_row)  # resumed, timed out or failed elsewhere
         self._wake_checker.set()

@@ -85,6 +85,11 @@ class TriggerOps:
         async with self.db.read() as tx:
             return await tx.fetch("load_triggers", tx.ids(sorted(shards)), after_id)
 
+    async def max_trigger_id(self) -> int:
+        async with self.db.read() as tx:
+            row = await tx.fetchone("max_trigger_id")
+        return int(row["id"]) if row is not None else 0
+
     async def triggerer_commit(self, batch: TriggererBatch) -> None:
         """Fire events, fail broken waits and write check logs, in one transaction."""
         now = self.clock()

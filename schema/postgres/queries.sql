@@ -280,6 +280,10 @@ DELETE FROM trigger
 WHERE shard = ANY($1::integer[])
   AND NOT EXISTS (SELECT 1 FROM task t WHERE t.trigger_id = trigger.id AND t.state = 'DEFERRED');
 
+-- name: max_trigger_id
+-- Where the next incremental load starts after a full reload read shard by shard.
+SELECT COALESCE(max(id), 0) AS id FROM trigger;
+
 -- name: list_triggerers
 SELECT r.*, (SELECT count(*) FROM shard_lease s WHERE s.owner = r.id) AS shards
 FROM triggerer r ORDER BY r.id;
