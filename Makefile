@@ -28,6 +28,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.throughput && $(BIN)/python -m benchmarks.fanout
+	$(BIN)/python -m benchmarks.slots && $(BIN)/python -m benchmarks.capacity
+	$(BIN)/python -m benchmarks.dedup
 
 clean:
 	rm -rf $(VENV) *.db *.db-wal *.db-shm .pytest_cache .ruff_cache
