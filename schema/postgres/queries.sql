@@ -25,7 +25,10 @@ SET state = $1, ready_at = $2, owner = $3, heartbeat_at = $4, attempt = attempt 
     ended_at = CASE WHEN $7 = 1 THEN $6 ELSE ended_at END
 WHERE id = ANY($9::bigint[]) AND (state || '') = $8
   AND ($10::text IS NULL OR owner = $10::text)
-RETURNING *;
+-- What callers read: settling a transition, and running a claimed task.
+RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
+          n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
+          wait_started_at, owner, started_at;
 
 -- name: insert_event
 INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
