@@ -171,9 +171,8 @@ class Worker:
         info = await self._run_info(row["run_id"])
         spec = info.dag.tasks.get(row["task_id"]) if info.dag else None
         if spec is None:
-            release.set()
             why = info.problem or f"task {row['task_id']!r} is not in DAG {info.dag_id!r}"
-            return self._outcome(row, owner, Kind.ERROR, message=why, retry=False)
+            return self._refuse(row, owner, release, why)
         ctx = TaskContext(
             run_id=row["run_id"],
             dag_id=info.dag_id,
@@ -194,16 +193,10 @@ class Worker:
         if method and method != "__call__":
             fn = spec.methods.get(method)
             if fn is None:
-                release.set()
-                return self._outcome(
-                    row,
-                    owner,
-                    Kind.ERROR,
-                    spec=spec,
-                    retry=False,
-                    message=f"cannot resume: {spec.task_id} has no method "
+                return self._refuse(
+                    row, owner, release, f"cannot resume: {spec.task_id} has no method "
                     f"{method!r} (register it with @task.method)",
-                )
+                )  # fmt: skip
             job = partial(fn, ctx, **json.loads(row["next_kwargs"] or "{}"))
         result = await self._runner.run(job, ctx, spec.execution_timeout, release)
         if result.deferred is not None:
@@ -243,6 +236,11 @@ class Worker:
         o.logs = ctx._logs
         return o
 
+    def _refuse(self, row: Row, owner: str, release: asyncio.Event, why: str) -> Outcome:
+        """Fail the attempt before it ran, without retrying: retrying cannot change ``why``."""
+        release.set()
+        return self._outcome(row, owner, Kind.ERROR, message=why, retry=False)
+
     async def _sense(
         self,
         row: Row,
@@ -259,15 +257,7 @@ class Worker:
         try:
             trigger = sensor.trigger.render(sensing.template_values(ctx))
         except Exception as exc:
-            release.set()
-            return self._outcome(
-                row,
-                owner,
-                Kind.ERROR,
-                spec=spec,
-                retry=False,
-                message=f"cannot render the sensor's trigger: {exc}",
-            )
+            return self._refuse(row, owner, release, f"cannot render the sensor's trigger: {exc}")
         mode = sensor.mode
         if mode == "deferrable":
             try:
