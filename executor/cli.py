@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
-        code: int = asyncio.run(args.func(args))
+        code: int = _loop_runner()(args.func(args))
         _leave_stuck_task_threads(code)
         return code
     except USER_ERRORS as exc:
@@ -65,6 +65,15 @@ def _leave_stuck_task_threads(code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _loop_runner() -> Any:
+    """uvloop where installed (``pip install slotless[uvloop]``), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 def _parser() -> argparse.ArgumentParser:
