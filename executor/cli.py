@@ -390,7 +390,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
     if task_id.endswith("]") and "[" in task_id:
         task_id, _, idx = task_id[:-1].partition("[")
         map_index = int(idx)
-    store = await open_store(args.db)
+    store = await open_store(args.db, create=False)
     try:
         events = await store.task_log(args.run_id, task_id, map_index)
     finally:

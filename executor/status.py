@@ -43,7 +43,7 @@ _CHECKED = re.compile(r"^checked (.*): not yet; next in .*$", re.DOTALL)
 
 
 async def status_command(args: argparse.Namespace) -> int:
-    store = await open_store(args.db)
+    store = await open_store(args.db, create=False)
     try:
         data = await collect(store, args.limit)
     finally:

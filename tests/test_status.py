@@ -10,7 +10,7 @@ import pytest
 from helpers import cli, cli_env, sql
 from ops_helpers import settle_ops_run, write_ops_dag
 
-from executor.store import Store
+from executor.store import Store, open_store
 
 
 @pytest.fixture
@@ -143,7 +143,8 @@ async def test_the_view_for_people_tells_waiting_from_sick(store: Store, db_url:
     assert "nobody (shard not leased)" in text
 
 
-def test_an_empty_database(db_url: str) -> None:
+async def test_an_empty_database(db_url: str) -> None:
+    await (await open_store(db_url)).close()  # a database with the schema and no run
     data = status_json(db_url)
     assert data["runs"] == [] and data["runs_by_state"] == {} and data["triggerers"] == []
     assert all(
@@ -152,3 +153,12 @@ def test_an_empty_database(db_url: str) -> None:
     done = cli("status", "--db", db_url)
     assert done.returncode == 0, done.stderr
     assert "runs: none" in done.stdout
+
+
+def test_a_missing_database_is_an_error_and_is_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "typo.db"
+    for args in (("status",), ("logs", "some-run", "some-task")):
+        done = cli(*args, "--db", f"sqlite:///{missing}")
+        assert done.returncode == 2
+        assert f"no database at {missing}" in done.stderr
+        assert not missing.exists()

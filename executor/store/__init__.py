@@ -30,19 +30,22 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get("SLOTLESS_DB") or DEFAULT_DB
 
 
-async def open_database(url: str | None = None) -> Database:
+async def open_database(url: str | None = None, *, create: bool = True) -> Database:
+    """Open (and migrate) the database at ``url``; ``create=False`` refuses a missing file,
+    so that a mistyped path in a read-only command does not leave an empty database."""
     url = resolve_url(url)
     parsed = urlparse(url)
-    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
-        from .sqlite import SqliteDatabase
-
-        return await SqliteDatabase.open(url, parsed.path or url)
-    if parsed.scheme == "sqlite":
+    if parsed.scheme in ("", "file", "sqlite"):
         from .sqlite import SqliteDatabase
 
         # sqlite:///rel.db is relative, sqlite:////abs.db absolute, sqlite:///:memory: in memory
-        path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else parsed.path
-        return await SqliteDatabase.open(url, path or ":memory:")
+        if url.startswith("sqlite:///"):
+            path = url[len("sqlite:///") :] or ":memory:"
+        else:
+            path = parsed.path or url
+        if not create and path != ":memory:" and not os.path.exists(path):
+            raise FileNotFoundError(f"no database at {path} (pass --db or set SLOTLESS_DB)")
+        return await SqliteDatabase.open(url, path)
     if parsed.scheme in ("postgresql", "postgres"):
         from .postgres import PostgresDatabase
 
@@ -53,8 +56,8 @@ async def open_database(url: str | None = None) -> Database:
     )
 
 
-async def open_store(url: str | None = None, **kwargs: object) -> Store:
-    db = await open_database(url)
+async def open_store(url: str | None = None, *, create: bool = True, **kwargs: object) -> Store:
+    db = await open_database(url, create=create)
     # A backend with its own clock (PostgreSQL: the server's) times everything the store
     # writes, so that leases and heartbeats are judged on one timeline across hosts.
     if "clock" not in kwargs and hasattr(db, "clock"):
