@@ -45,3 +45,13 @@ async def fake_store(db_url: str, clock: FakeClock):
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+def fresh_triggers():
+    """The test triggers' switches and records (``triggerer_helpers``) empty around a test."""
+    from triggerer_helpers import reset
+
+    reset()
+    yield
+    reset()

@@ -4,8 +4,10 @@ running the CLI in a subprocess, and driving an in-process worker until a run en
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -50,23 +52,26 @@ def wait_until(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
 
 
 async def async_wait_until(
-    predicate: Callable[[], Awaitable[Any]],
+    predicate: Callable[[], Any | Awaitable[Any]],
     timeout: float = 20.0,
     interval: float = 0.02,
     what: str = "condition",
 ) -> Any:
+    """:func:`wait_until` in an event loop; ``predicate`` may be sync or async."""
     deadline = time.monotonic() + timeout
     while True:
-        value = await predicate()
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         await asyncio.sleep(interval)
 
 
@@ -127,16 +132,28 @@ def cli(
     )
 
 
-def start_worker(db_url: str, *extra: str, log: Path | None = None) -> subprocess.Popen:
-    """A ``slotless worker`` process; its output goes to ``log`` (read it on failure)."""
+def start_cli(*args: str, log: Path | None = None) -> subprocess.Popen:
+    """``slotless ARGS`` as a process; its output goes to ``log`` (read it on failure)."""
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - kept by the child
     return subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", "worker", "--db", db_url, *extra],
+        [sys.executable, "-m", "executor.cli", *args],
         cwd=REPO,
         env=cli_env(),
         stdout=out,
         stderr=subprocess.STDOUT,
     )
+
+
+def start_worker(db_url: str, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """A ``slotless worker`` process; its output goes to ``log`` (read it on failure)."""
+    return start_cli("worker", "--db", db_url, *extra, log=log)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20) -> int:

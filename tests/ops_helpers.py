@@ -4,9 +4,7 @@ state worth seeing at once, servers started as real CLI processes, and scraping.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
-import sys
 import textwrap
 import time
 import urllib.error
@@ -16,7 +14,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from helpers import REPO, cli_env
+from helpers import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from executor.loader import load_dag
@@ -133,24 +131,6 @@ async def settle_ops_run(store: Store, dag_path: Path, timeout: float = 30.0) ->
     return run_id
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_cli(*args: str, log: Path) -> subprocess.Popen:
-    """``slotless ARGS`` as a process; its output goes to ``log`` (read it on failure)."""
-    out = open(log, "w")  # noqa: SIM115 - kept by the child
-    return subprocess.Popen(
-        [sys.executable, "-m", "executor.cli", *args],
-        cwd=REPO,
-        env=cli_env(),
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-
-
 def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -197,15 +177,19 @@ def sample(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def poll(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
+    """:func:`helpers.wait_until`, but a predicate that fails an assertion only counts as not
+    yet (the last such failure is told on time-out)."""
+    last: AssertionError | None = None
+
+    def attempt() -> Any:
+        nonlocal last
         try:
-            value = predicate()
+            return predicate()
         except AssertionError as exc:
-            value, last = None, exc
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}: {last}")
-        time.sleep(0.05)
+            last = exc
+            return None
+
+    try:
+        return wait_until(attempt, timeout, 0.05, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {last}") from None

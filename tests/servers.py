@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,43 +30,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
+from helpers import free_port, wait_until
+
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 COUNT_PATH = "/_slotless/requests"
 SEED_PATH = "/_slotless/seed"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
-async def async_wait_for(
-    predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition"
-) -> Any:
-    """Poll ``predicate`` (sync or async) with a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # -- S3: moto's server, counting ---------------------------------------------------------
@@ -497,8 +465,9 @@ class OpenSSHServer:
             [SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
-        wait_for(
+        wait_until(
             lambda: self.proc.poll() is not None or "Server listening" in self._log()[base:],
+            timeout=15.0,
             what="sshd to listen",
         )
         if self.proc.poll() is not None:

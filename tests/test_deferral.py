@@ -8,10 +8,10 @@ from datetime import date
 from pathlib import Path
 
 import pytest
+from helpers import async_wait_until
 from triggerer_helpers import (
     UnlistedTrigger,
     log_text,
-    reset,
     serving,
     slot_intervals,
     sql,
@@ -19,7 +19,6 @@ from triggerer_helpers import (
     task_row,
     transition_events,
     transitions,
-    wait_until,
 )
 
 from executor import DAG
@@ -30,12 +29,7 @@ from triggers.files import FileTrigger
 
 DAY = date(2026, 4, 25)
 
-
-@pytest.fixture(autouse=True)
-def _fresh_triggers():
-    reset()
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("fresh_triggers")
 
 
 def file_trigger(path: Path, interval: float = 0.1) -> FileTrigger:
@@ -63,7 +57,9 @@ async def test_defer_writes_deferred_and_the_trigger_row(store, db_path, tmp_pat
     dag = submit_and_wait_dag(tmp_path)
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED"
+        )
     row = task_row(db_path, run_id, "job")
     expected = file_trigger(tmp_path / "job-7.done")
     (trig,) = sql(db_path, "SELECT * FROM trigger")
@@ -136,9 +132,13 @@ async def test_resume_at_the_named_method_with_the_event(store, db_path, tmp_pat
     dag = submit_and_wait_dag(tmp_path)
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED"
+        )
         (tmp_path / "job-7.done").write_text("ok")
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS"
+        )
     row = task_row(db_path, run_id, "job")
     assert json.loads(row["output"]) == {
         "job_id": 7,
@@ -170,7 +170,9 @@ async def test_default_resume_calls_the_task_again_with_the_event(store, db_path
     run_id = await store.create_run(dag, DAY)
     flag.write_text("")  # already there: fires at the first check
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS"
+        )
     assert json.loads(task_row(db_path, run_id, "job")["output"]) == {
         "woken_by": {"paths": [str(flag)]}
     }
@@ -194,10 +196,14 @@ async def test_the_slot_is_free_while_deferred(store, db_path, tmp_path) -> None
 
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, slots=1):
-        await wait_until(lambda: state_of(db_path, run_id, "other") == "SUCCESS", what="other")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "other") == "SUCCESS", what="other"
+        )
         assert state_of(db_path, run_id, "waiter") == "DEFERRED"
         flag.write_text("")
-        await wait_until(lambda: state_of(db_path, run_id, "waiter") == "SUCCESS", what="resume")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "waiter") == "SUCCESS", what="resume"
+        )
 
     waiter_row = task_row(db_path, run_id, "waiter")
     ev = {
@@ -238,7 +244,7 @@ async def test_a_task_defers_several_times(store, db_path, tmp_path) -> None:
     trigger_ids = []
     async with serving(store, dag):
         for n in (1, 2, 3):
-            await wait_until(
+            await async_wait_until(
                 lambda n=n: (
                     (r := task_row(db_path, run_id, "poll"))["state"] == "DEFERRED"
                     and json.loads(r["next_kwargs"])["n"] == n
@@ -247,9 +253,11 @@ async def test_a_task_defers_several_times(store, db_path, tmp_path) -> None:
             )
             trigger_ids.append(task_row(db_path, run_id, "poll")["trigger_id"])
             (tmp_path / f"step{n}").write_text("")
-        await wait_until(lambda: state_of(db_path, run_id, "poll") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "poll") == "SUCCESS", what="SUCCESS"
+        )
         # Trigger rows nobody waits on any more are deleted.
-        await wait_until(lambda: not sql(db_path, "SELECT id FROM trigger"), what="cleanup")
+        await async_wait_until(lambda: not sql(db_path, "SELECT id FROM trigger"), what="cleanup")
 
     row = task_row(db_path, run_id, "poll")
     assert json.loads(row["output"]) == {
@@ -274,7 +282,9 @@ async def test_defer_from_a_process_isolated_slot(store, db_path, tmp_path) -> N
     (tmp_path / "job-7.done").write_text("")
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, isolation="process"):
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS"
+        )
     out = json.loads(task_row(db_path, run_id, "job")["output"])
     assert out["job_id"] == 7 and out["event"] == {"paths": [str(tmp_path / "job-7.done")]}
 
@@ -294,7 +304,7 @@ async def test_a_missing_method_fails_at_once_with_a_clear_message(
 
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", what="FAILED")
+        await async_wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", what="FAILED")
     row = task_row(db_path, run_id, "job")
     # It never waited: a typo must not cost a 14-hour wait before it is reported.
     assert ("RUNNING", "DEFERRED") not in transitions(db_path, row["id"])
@@ -309,11 +319,13 @@ async def test_a_method_gone_at_resume_time_fails_with_a_clear_message(
     dag = submit_and_wait_dag(tmp_path, "gone")
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED"
+        )
         # The DAG changed while the task waited: its resume point no longer exists.
         del dag.tasks["job"].methods["finish"]
         (tmp_path / "job-7.done").write_text("")
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", what="FAILED")
+        await async_wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", what="FAILED")
     text = await log_text(store, run_id, "job")
     assert "cannot resume: job has no method 'finish'" in text
 
@@ -338,7 +350,7 @@ async def test_a_deferral_that_cannot_be_stored_fails_the_task(
 
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", what="FAILED")
+        await async_wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", what="FAILED")
     text = await log_text(store, run_id, "job")
     assert f"cannot defer on {trigger.describe()}" in text and why in text
     assert sql(db_path, "SELECT * FROM trigger") == []
@@ -364,7 +376,9 @@ async def test_a_retry_after_a_resume_starts_the_task_over(store, db_path, tmp_p
 
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS"
+        )
     event = {"paths": [str(flag)]}
     assert calls == [
         ("start", 1, None),

@@ -7,14 +7,12 @@ import socket
 from pathlib import Path
 
 import pytest
-from helpers import cli, stop_process
+from helpers import cli, free_port, start_cli, stop_process
 from ops_helpers import (
     create_ops_run,
-    free_port,
     poll,
     sample,
     scrape,
-    start_cli,
     wait_for_http,
     write_ops_dag,
 )

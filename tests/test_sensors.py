@@ -11,11 +11,11 @@ from datetime import date
 from pathlib import Path
 
 import pytest
+from helpers import async_wait_until
 from triggerer_helpers import (
     FLAGS,
     UnlistedTrigger,
     log_text,
-    reset,
     serving,
     slot_intervals,
     sql,
@@ -23,7 +23,6 @@ from triggerer_helpers import (
     task_row,
     transition_events,
     transitions,
-    wait_until,
 )
 
 from executor import DAG
@@ -33,12 +32,7 @@ from triggers.files import FileTrigger
 DAY = date(2026, 4, 25)
 INTERVAL = 0.1
 
-
-@pytest.fixture(autouse=True)
-def _fresh_triggers():
-    reset()
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("fresh_triggers")
 
 
 class Listings:
@@ -102,11 +96,11 @@ async def test_poke_mode_holds_its_slot_for_the_whole_wait(store, db_path, inbox
     dag = sensor_dag(inbox, "poke")
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
-        await wait_until(lambda: absent_checks(listings, inbox) >= 2, what="two checks")
+        await async_wait_until(lambda: absent_checks(listings, inbox) >= 2, what="two checks")
         assert state_of(db_path, run_id, "wait_for_file") == "RUNNING"
         created = time.time()
         (inbox / "2026-04-25.csv").write_text("x")
-        await wait_until(lambda: state_of(db_path, run_id, "load") == "SUCCESS", what="load")
+        await async_wait_until(lambda: state_of(db_path, run_id, "load") == "SUCCESS", what="load")
     row = task_row(db_path, run_id, "wait_for_file")
     assert transitions(db_path, row["id"]) == [("PENDING", "RUNNING"), ("RUNNING", "SUCCESS")]
     (held,) = slot_intervals(db_path, row["id"])
@@ -132,9 +126,9 @@ async def test_reschedule_mode_frees_the_slot_between_checks(
         return transitions(db_path, row_id).count(("RUNNING", "SENSING"))
 
     async with serving(store, dag, triggerer=False):
-        await wait_until(lambda: sensing_turns() >= 3, what="three SENSING turns")
+        await async_wait_until(lambda: sensing_turns() >= 3, what="three SENSING turns")
         (inbox / "2026-04-25.csv").write_text("x")
-        await wait_until(lambda: state_of(db_path, run_id, "load") == "SUCCESS", what="load")
+        await async_wait_until(lambda: state_of(db_path, run_id, "load") == "SUCCESS", what="load")
 
     events = transition_events(db_path, row_id)
     moves = [(e["from_state"], e["to_state"]) for e in events]
@@ -166,13 +160,13 @@ async def test_deferrable_mode_is_finished_by_the_triggerer(
     run_id = await store.create_run(dag, DAY)
     row_id = task_row(db_path, run_id, "wait_for_file")["id"]
     async with serving(store, dag):
-        await wait_until(lambda: absent_checks(listings, inbox) >= 2, what="two checks")
+        await async_wait_until(lambda: absent_checks(listings, inbox) >= 2, what="two checks")
         assert state_of(db_path, run_id, "wait_for_file") == "DEFERRED"
         (trig,) = sql(db_path, "SELECT * FROM trigger")
         # The template was rendered before the trigger was stored.
         assert json.loads(trig["kwargs"])["path"] == f"{inbox}/2026-04-25.csv"
         (inbox / "2026-04-25.csv").write_text("x")
-        await wait_until(lambda: state_of(db_path, run_id, "load") == "SUCCESS", what="load")
+        await async_wait_until(lambda: state_of(db_path, run_id, "load") == "SUCCESS", what="load")
     # No worker round trip: RUNNING once, then the triggerer itself ends it.
     assert transitions(db_path, row_id) == [
         ("PENDING", "RUNNING"),
@@ -195,12 +189,12 @@ async def test_a_deferrable_sensor_needs_no_worker_to_finish(store, db_path, inb
     dag = sensor_dag(inbox, "deferrable")
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
-        await wait_until(
+        await async_wait_until(
             lambda: state_of(db_path, run_id, "wait_for_file") == "DEFERRED", what="DEFERRED"
         )
     async with serving(store, dag, worker=False):
         (inbox / "2026-04-25.csv").write_text("x")
-        await wait_until(
+        await async_wait_until(
             lambda: state_of(db_path, run_id, "wait_for_file") == "SUCCESS", what="SUCCESS"
         )
     sensor, child = task_row(db_path, run_id, "wait_for_file"), task_row(db_path, run_id, "load")
@@ -216,8 +210,12 @@ async def test_sensor_timeout(store, db_path, inbox, mode, soft_fail) -> None:
     run_id = await store.create_run(dag, DAY)
     ended = {"SKIPPED", "FAILED"}
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "wait_for_file") in ended, what="end")
-        await wait_until(lambda: state_of(db_path, run_id, "load") in ended | {"UPSTREAM_FAILED"})
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "wait_for_file") in ended, what="end"
+        )
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "load") in ended | {"UPSTREAM_FAILED"}
+        )
     sensor = task_row(db_path, run_id, "wait_for_file")
     assert sensor["state"] == ("SKIPPED" if soft_fail else "FAILED")
     assert state_of(db_path, run_id, "load") == ("SKIPPED" if soft_fail else "UPSTREAM_FAILED")
@@ -233,12 +231,14 @@ async def test_a_sensor_that_cannot_defer_falls_back_to_reschedule(store, db_pat
     run_id = await store.create_run(dag, DAY)
     row_id = task_row(db_path, run_id, "wait")["id"]
     async with serving(store, dag):
-        await wait_until(
+        await async_wait_until(
             lambda: transitions(db_path, row_id).count(("RUNNING", "SENSING")) >= 2,
             what="SENSING turns",
         )
         FLAGS.add("unlisted")
-        await wait_until(lambda: state_of(db_path, run_id, "wait") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "wait") == "SUCCESS", what="SUCCESS"
+        )
     moves = transitions(db_path, row_id)
     assert ("RUNNING", "DEFERRED") not in moves
     assert sql(db_path, "SELECT * FROM trigger") == []

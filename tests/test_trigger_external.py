@@ -6,9 +6,9 @@ import secrets
 from datetime import date
 
 import pytest
-from helpers import run_to_end
+from helpers import async_wait_until, run_to_end
 from pydantic import ValidationError
-from servers import all_events_text, async_wait_for, run_dag, task_log
+from servers import all_events_text, run_dag, task_log
 
 from executor import DAG
 from triggerer.context import TriggererContext
@@ -134,7 +134,7 @@ async def test_e2e_waits_for_yesterdays_run_then_fires(store):
             rows = await store.run_tasks(run_id)
             return any(r["task_id"] == "wait_for_up" and r["state"] == "DEFERRED" for r in rows)
 
-        await async_wait_for(deferred, what="the sensor to defer")
+        await async_wait_until(deferred, what="the sensor to defer")
         await store.create_run(up, date(2024, 1, 3))  # yesterday of 2024-01-04
 
     run_id, info = await run_dag(

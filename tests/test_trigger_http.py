@@ -8,8 +8,9 @@ import secrets
 
 import pytest
 from aiohttp import web
+from helpers import async_wait_until
 from pydantic import ValidationError
-from servers import all_events_text, async_wait_for, run_dag, task_log
+from servers import all_events_text, run_dag, task_log
 
 from executor import DAG
 from triggerer.context import TriggererContext
@@ -210,7 +211,7 @@ async def test_e2e_sensor_fires_when_the_job_is_done(api, store):
     )
 
     async def finish(run_id: str) -> None:
-        await async_wait_for(lambda: api.requests >= 2, what="two checks")
+        await async_wait_until(lambda: api.requests >= 2, what="two checks")
         api.state = "done"
 
     run_id, info = await run_dag(store, dag, during=finish)

@@ -7,8 +7,9 @@ import secrets
 import time
 
 import pytest
+from helpers import async_wait_until
 from pydantic import ValidationError
-from servers import MotoS3Server, all_events_text, async_wait_for, run_dag, s3_conn_uri, task_log
+from servers import MotoS3Server, all_events_text, run_dag, s3_conn_uri, task_log
 
 from executor import DAG
 from triggerer.context import TriggererContext
@@ -317,8 +318,8 @@ async def test_e2e_sensor_fires_when_the_key_lands(s3, store):
     )
 
     async def land(run_id: str) -> None:
-        await async_wait_for(lambda: deferred(store, run_id), what="the sensor to defer")
-        await async_wait_for(lambda: s3.count("ListObjectsV2") >= 2, what="two checks")
+        await async_wait_until(lambda: deferred(store, run_id), what="the sensor to defer")
+        await async_wait_until(lambda: s3.count("ListObjectsV2") >= 2, what="two checks")
         s3.put(bucket, "in/2024-01-02.csv")
 
     run_id, info = await run_dag(store, dag, during=land, timeout=30)
@@ -342,7 +343,7 @@ async def test_e2e_reschedule_mode_runs_the_same_check_in_a_worker(s3, store):
     )
 
     async def land(run_id: str) -> None:
-        await async_wait_for(lambda: s3.count("ListObjectsV2") >= 2, what="two checks")
+        await async_wait_until(lambda: s3.count("ListObjectsV2") >= 2, what="two checks")
         s3.put(bucket, "in/x.csv")
 
     run_id, info = await run_dag(store, dag, during=land)
@@ -372,7 +373,7 @@ async def test_e2e_300_sensors_make_one_listing_per_prefix_per_cycle(s3, store):
         async def all_deferred() -> bool:
             return (await store.run_counts(run_id)).get("DEFERRED", 0) == 300
 
-        await async_wait_for(all_deferred, what="300 sensors to defer")
+        await async_wait_until(all_deferred, what="300 sensors to defer")
         start = (int(time.time() / interval) + 2) * interval  # a whole cycle from now on
 
         def listings_by_cycle() -> dict[int, int]:
@@ -382,7 +383,7 @@ async def test_e2e_300_sensors_make_one_listing_per_prefix_per_cycle(s3, store):
                     out[int(r.at / interval)] = out.get(int(r.at / interval), 0) + 1
             return out
 
-        await async_wait_for(lambda: len(listings_by_cycle()) >= 5, what="five check cycles")
+        await async_wait_until(lambda: len(listings_by_cycle()) >= 5, what="five check cycles")
         cycles.update(listings_by_cycle())
         s3.seed(bucket, [f"p{p}/k{k:03d}.csv" for p in range(3) for k in range(100)])
 

@@ -13,13 +13,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from helpers import async_wait_until
 from pydantic import ValidationError
 from servers import (
     AsyncSFTPServer,
     OpenSSHServer,
     SSHKeys,
     all_events_text,
-    async_wait_for,
     run_dag,
     sshd_available,
     task_log,
@@ -330,8 +330,8 @@ async def test_e2e_sensor_fires_when_the_file_lands(server, store):
             rows = await store.run_tasks(run_id)
             return any(t["task_id"] == "wait" and t["state"] == "DEFERRED" for t in rows)
 
-        await async_wait_for(deferred, what="the sensor to defer")
-        await async_wait_for(lambda: server.connections >= 1, what="the first check")
+        await async_wait_until(deferred, what="the sensor to defer")
+        await async_wait_until(lambda: server.connections >= 1, what="the first check")
         touch(server, "bank/2024-01-02-final.csv")
 
     run_id, info = await run_dag(store, dag, during=land, timeout=30)
@@ -351,7 +351,7 @@ async def test_e2e_poke_mode_checks_in_the_worker_slot(server, store):
     )
 
     async def land(run_id: str) -> None:
-        await async_wait_for(lambda: server.connections >= 2, what="two checks")
+        await async_wait_until(lambda: server.connections >= 2, what="two checks")
         touch(server, "in/ready.flag")
 
     run_id, info = await run_dag(store, dag, during=land)

@@ -10,6 +10,7 @@ from datetime import date
 from pathlib import Path
 
 import pytest
+from helpers import async_wait_until
 from triggerer_helpers import (
     BATCHES,
     FLAGS,
@@ -18,14 +19,12 @@ from triggerer_helpers import (
     PushFlagTrigger,
     log_text,
     pokes_of,
-    reset,
     serving,
     sql,
     state_of,
     task_row,
     task_rows,
     transition_events,
-    wait_until,
 )
 
 from executor import DAG
@@ -36,12 +35,7 @@ from triggers.temporal import TimeDeltaTrigger
 
 DAY = date(2026, 4, 25)
 
-
-@pytest.fixture(autouse=True)
-def _fresh_triggers():
-    reset()
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("fresh_triggers")
 
 
 def fan_out_dag(dag_id: str, n: int, make_trigger, *, timeout_for=lambda item: None) -> DAG:
@@ -86,14 +80,14 @@ async def test_many_waits_on_one_condition_are_one_check(store, db_path) -> None
     )
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
-        await wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
         assert len({r["poke_hash"] for r in sql(db_path, "SELECT poke_hash FROM trigger")}) == 1
         trig = await h.start_triggerer()
-        await wait_until(lambda: len(pokes_of("shared")) >= 5, what="five checks")
+        await async_wait_until(lambda: len(pokes_of("shared")) >= 5, what="five checks")
         (check,) = trig.table.by_hash.values()
         assert len(check.subscribers) == n and check.interval == 0.1
         FLAGS.add("shared")
-        await wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all resumed")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all resumed")
         checks_done = trig.checks_done
     pokes = pokes_of("shared")
     assert checks_done == len(pokes)  # every check the triggerer made was this one
@@ -126,14 +120,14 @@ async def test_a_newcomer_with_a_shorter_interval_speeds_up_the_shared_check(sto
     slow, fast = one_waiter("slow", 3600), one_waiter("fast", 0.1)
     slow_run = await store.create_run(slow, DAY)
     async with serving(store, slow, fast) as h:
-        await wait_until(lambda: len(pokes_of("shared")) == 1, what="the first check")
+        await async_wait_until(lambda: len(pokes_of("shared")) == 1, what="the first check")
         # The next check of the hourly wait is an hour away ... until someone is in a hurry.
         await store.create_run(fast, DAY)
-        await wait_until(lambda: len(pokes_of("shared")) >= 4, timeout=10, what="fast checks")
+        await async_wait_until(lambda: len(pokes_of("shared")) >= 4, timeout=10, what="fast checks")
         (check,) = h.triggerer.table.by_hash.values()
         assert len(check.subscribers) == 2 and check.interval == 0.1
         FLAGS.add("shared")
-        await wait_until(
+        await async_wait_until(
             lambda: state_of(store.db.path, slow_run, "wait") == "SUCCESS", what="slow resumed"
         )
     assert_sequential(pokes_of("shared")[1:], 0.1)
@@ -145,22 +139,22 @@ async def test_a_batching_class_gets_one_call_for_many_checks(store, db_path) ->
     run_id = await store.create_run(dag, DAY)
     names = {f"key-{i}" for i in range(n)}
     async with serving(store, dag, triggerer=False) as h:
-        await wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
         assert len({r["poke_hash"] for r in sql(db_path, "SELECT poke_hash FROM trigger")}) == n
         await h.start_triggerer()
-        await wait_until(lambda: len(BATCHES) >= 2, what="two batched cycles")
+        await async_wait_until(lambda: len(BATCHES) >= 2, what="two batched cycles")
         assert all(sorted(b) == sorted(names) for b in BATCHES[:2]), BATCHES[:2]
         FLAGS.update(f"key-{i}" for i in range(0, n, 2))
-        await wait_until(
+        await async_wait_until(
             lambda: sum(r["state"] == "SUCCESS" for r in instances(db_path, run_id)) == n // 2
         )
         seen = len(BATCHES)
-        await wait_until(lambda: len(BATCHES) >= seen + 2, what="cycles of the rest")
+        await async_wait_until(lambda: len(BATCHES) >= seen + 2, what="cycles of the rest")
         # The rest is still checked in one call per cycle.
         odd = sorted(f"key-{i}" for i in range(1, n, 2))
         assert sorted(BATCHES[-1]) == odd
         FLAGS.update(names)
-        await wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all resumed")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all resumed")
     assert all(len(b) in (n, n // 2) for b in BATCHES)
     for i in range(n):
         assert json.loads(instances(db_path, run_id)[i]["output"]) == {"name": f"key-{i}"}
@@ -185,13 +179,13 @@ async def test_file_waits_in_one_directory_cost_one_listing_per_cycle(
     )
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
-        await wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
         trig = await h.start_triggerer()
-        await wait_until(lambda: trig.checks_done >= 3 * n, what="three cycles")
+        await async_wait_until(lambda: trig.checks_done >= 3 * n, what="three cycles")
         cycles, settled = len(listed), trig.checks_done  # read together: no await between
         for i in range(n):
             (inbox / f"{i}.csv").write_text("")
-        await wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all resumed")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all resumed")
     assert all(d == [str(inbox)] for d in listed)  # one directory per listing ...
     assert cycles <= math.ceil(settled / n) + 1  # ... and one listing per cycle (+1 in flight)
 
@@ -205,13 +199,15 @@ async def test_timeouts_stay_per_task_on_a_shared_check(store, db_path) -> None:
     )
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "wait", 0) == "FAILED", what="timeout")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "wait", 0) == "FAILED", what="timeout"
+        )
         checks_at_timeout = len(pokes_of("shared"))
         assert state_of(db_path, run_id, "wait", 1) == "DEFERRED"
         # The check goes on for the one still waiting.
-        await wait_until(lambda: len(pokes_of("shared")) >= checks_at_timeout + 3)
+        await async_wait_until(lambda: len(pokes_of("shared")) >= checks_at_timeout + 3)
         FLAGS.add("shared")
-        await wait_until(lambda: state_of(db_path, run_id, "wait", 1) == "SUCCESS")
+        await async_wait_until(lambda: state_of(db_path, run_id, "wait", 1) == "SUCCESS")
     text = await log_text(store, run_id, "wait", 0)
     assert "sensor timeout: the condition did not hold within" in text
 
@@ -220,9 +216,9 @@ async def test_a_long_wait_has_a_readable_sampled_log(store, db_path) -> None:
     dag = fan_out_dag("sampled", 1, lambda i: FlagTrigger(name="slowly", poke_interval=0.02))
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: len(pokes_of("slowly")) >= 35, what="35 checks")
+        await async_wait_until(lambda: len(pokes_of("slowly")) >= 35, what="35 checks")
         FLAGS.add("slowly")
-        await wait_until(lambda: state_of(db_path, run_id, "wait", 0) == "SUCCESS")
+        await async_wait_until(lambda: state_of(db_path, run_id, "wait", 0) == "SUCCESS")
     total = len(pokes_of("slowly"))
     events = await store.task_log(run_id, "wait", 0)
     lines = [e["message"] for e in events if e["kind"] == "check"]
@@ -237,10 +233,10 @@ async def test_a_push_style_trigger_wakes_its_task(store, db_path) -> None:
     dag = fan_out_dag("push", 3, lambda i: PushFlagTrigger(name="pushed", poke_interval=0.1))
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag) as h:
-        await wait_until(lambda: pokes_of("pushed"), what="the push trigger runs")
+        await async_wait_until(lambda: pokes_of("pushed"), what="the push trigger runs")
         assert len(h.triggerer.table) == 1
         FLAGS.add("pushed")
-        await wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 3), what="all resumed")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 3), what="all resumed")
     out = json.loads(instances(db_path, run_id)[0]["output"])
     assert out == {"name": "pushed", "style": "push"}
 
@@ -258,7 +254,9 @@ async def test_a_time_trigger_is_not_polled(store, db_path) -> None:
 
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag) as h:
-        await wait_until(lambda: state_of(db_path, run_id, "wait") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "wait") == "SUCCESS", what="SUCCESS"
+        )
         assert h.triggerer.checks_done == 1  # the scheduler slept until the moment
     row = task_row(db_path, run_id, "wait")
     claimed, _deferred, woke, *_ = transition_events(db_path, row["id"])
@@ -271,14 +269,18 @@ async def test_trigger_rows_nobody_waits_on_are_deleted(store, db_path) -> None:
     dag = fan_out_dag("cleanup", 5, lambda i: FlagTrigger(name=f"c{i}", poke_interval=0.1))
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: all_in(db_path, run_id, "DEFERRED", 5), what="all deferred")
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", 5), what="all deferred")
         assert len(sql(db_path, "SELECT id FROM trigger")) == 5
         FLAGS.update({"c0", "c1", "c2"})
-        await wait_until(lambda: len(sql(db_path, "SELECT id FROM trigger")) == 2, what="cleanup")
+        await async_wait_until(
+            lambda: len(sql(db_path, "SELECT id FROM trigger")) == 2, what="cleanup"
+        )
         left = {json.loads(r["kwargs"])["name"] for r in sql(db_path, "SELECT * FROM trigger")}
         assert left == {"c3", "c4"}
         FLAGS.update({"c3", "c4"})
-        await wait_until(lambda: not sql(db_path, "SELECT id FROM trigger"), what="all cleaned")
+        await async_wait_until(
+            lambda: not sql(db_path, "SELECT id FROM trigger"), what="all cleaned"
+        )
     assert all_in(db_path, run_id, "SUCCESS", 5)
 
 
@@ -307,13 +309,17 @@ async def test_a_wait_after_the_trigger_table_emptied_is_still_loaded(store, db_
     first, second = one_waiter("first", "first"), one_waiter("second", "second")
     async with serving(store, first, second):
         run1 = await store.create_run(first, DAY)
-        await wait_until(lambda: state_of(db_path, run1, "wait") == "DEFERRED", what="deferred")
+        await async_wait_until(
+            lambda: state_of(db_path, run1, "wait") == "DEFERRED", what="deferred"
+        )
         old_id = task_row(db_path, run1, "wait")["trigger_id"]
         FLAGS.add("first")
-        await wait_until(lambda: state_of(db_path, run1, "wait") == "SUCCESS", what="first")
-        await wait_until(lambda: not sql(db_path, "SELECT id FROM trigger"), what="cleanup")
+        await async_wait_until(lambda: state_of(db_path, run1, "wait") == "SUCCESS", what="first")
+        await async_wait_until(lambda: not sql(db_path, "SELECT id FROM trigger"), what="cleanup")
         run2 = await store.create_run(second, DAY)
-        await wait_until(lambda: state_of(db_path, run2, "wait") == "DEFERRED", what="deferred")
+        await async_wait_until(
+            lambda: state_of(db_path, run2, "wait") == "DEFERRED", what="deferred"
+        )
         assert task_row(db_path, run2, "wait")["trigger_id"] > old_id
         FLAGS.add("second")
-        await wait_until(lambda: state_of(db_path, run2, "wait") == "SUCCESS", what="second")
+        await async_wait_until(lambda: state_of(db_path, run2, "wait") == "SUCCESS", what="second")

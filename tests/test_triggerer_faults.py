@@ -11,6 +11,7 @@ from datetime import date
 from pathlib import Path
 
 import pytest
+from helpers import async_wait_until
 from triggerer_helpers import (
     FLAGS,
     BlockingTrigger,
@@ -19,13 +20,11 @@ from triggerer_helpers import (
     RaisingTrigger,
     log_text,
     pokes_of,
-    reset,
     serving,
     sql,
     state_of,
     task_row,
     transitions,
-    wait_until,
 )
 
 from executor import DAG
@@ -34,12 +33,7 @@ from triggers.files import FileTrigger
 
 DAY = date(2026, 4, 25)
 
-
-@pytest.fixture(autouse=True)
-def _fresh_triggers():
-    reset()
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("fresh_triggers")
 
 
 def victim_dag(
@@ -72,7 +66,7 @@ def victim_dag(
 async def bystander_still_served(store, db_path: Path, run_id: str, inbox: Path) -> None:
     assert state_of(db_path, run_id, "bystander") == "DEFERRED"
     (inbox / "bystander.flag").write_text("")
-    await wait_until(
+    await async_wait_until(
         lambda: state_of(db_path, run_id, "bystander") == "SUCCESS", what="the bystander"
     )
     out = json.loads(task_row(db_path, run_id, "bystander")["output"])
@@ -116,12 +110,14 @@ async def test_a_trigger_row_that_cannot_load_fails_its_task(
     dag = victim_dag(tmp_path, {"victim": FileTrigger(path=str(tmp_path / "v"), poke_interval=0.1)})
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
-        await wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
+        await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
         trigger_id = task_row(db_path, run_id, "victim")["trigger_id"]
         # A row written by something else (an old version, a hand edit, a bad migration).
         sql(db_path, f"UPDATE trigger SET {column} = ? WHERE id = ?", value, trigger_id)
         await h.start_triggerer()
-        await wait_until(lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
+        )
         await bystander_still_served(store, db_path, run_id, tmp_path)
     assert reason in await log_text(store, run_id, "victim")
 
@@ -133,7 +129,7 @@ async def test_an_allow_listed_class_that_cannot_be_imported(
     dag = victim_dag(tmp_path, {"victim": FlagTrigger(name="v", poke_interval=0.1)})
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
-        await wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
+        await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
         trigger_id = task_row(db_path, run_id, "victim")["trigger_id"]
         sql(
             db_path,
@@ -142,7 +138,9 @@ async def test_an_allow_listed_class_that_cannot_be_imported(
             trigger_id,
         )
         await h.start_triggerer()
-        await wait_until(lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
+        )
         await bystander_still_served(store, db_path, run_id, tmp_path)
     text = await log_text(store, run_id, "victim")
     assert "cannot load trigger: cannot import trigger class acme_missing.Trigger" in text
@@ -155,10 +153,10 @@ async def test_a_trigger_that_raises_fails_its_tasks_with_the_traceback(
     dag = victim_dag(tmp_path, {"victim_a": boom, "victim_b": boom})
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
-        await wait_until(lambda: all_deferred(db_path, run_id, ["victim_a", "victim_b"]))
+        await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim_a", "victim_b"]))
         await h.start_triggerer()  # both waits in its first load: one check for both
         for t in ("victim_a", "victim_b"):
-            await wait_until(lambda t=t: state_of(db_path, run_id, t) == "FAILED", what=t)
+            await async_wait_until(lambda t=t: state_of(db_path, run_id, t) == "FAILED", what=t)
         await bystander_still_served(store, db_path, run_id, tmp_path)
         assert h.triggerer.checks_failed >= 1
     assert len(pokes_of("npci")) == 1  # one check for both, and no retry of a real error
@@ -176,7 +174,9 @@ async def test_a_trigger_error_uses_the_tasks_retries(store, db_path, tmp_path) 
     )
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
+        )
         await bystander_still_served(store, db_path, run_id, tmp_path)
     row = task_row(db_path, run_id, "victim")
     assert row["attempt"] == 2
@@ -207,9 +207,11 @@ async def test_a_passing_failure_is_retried_with_backoff(
     )
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: len(pokes_of("flaky")) >= 2, what="a retry")
+        await async_wait_until(lambda: len(pokes_of("flaky")) >= 2, what="a retry")
         assert state_of(db_path, run_id, "victim") == "DEFERRED"  # still waiting, not failed
-        await wait_until(lambda: state_of(db_path, run_id, "victim") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "victim") == "SUCCESS", what="SUCCESS"
+        )
         await bystander_still_served(store, db_path, run_id, tmp_path)
     pokes = pokes_of("flaky")
     assert len(pokes) == 4
@@ -236,13 +238,15 @@ async def test_a_trigger_that_blocks_the_loop_is_named_in_the_log(store, db_path
         return culprit in await log_text(store, run_id, "victim")
 
     async with serving(store, dag) as h:
-        await wait_until(blocked_in_log, what="the block in the victim's log")
+        await async_wait_until(blocked_in_log, what="the block in the victim's log")
         assert h.triggerer.watch.blocked[culprit] >= 1
         # Detected, not punished: the task waits on; the others are served, slower.
         assert state_of(db_path, run_id, "victim") == "DEFERRED"
         await bystander_still_served(store, db_path, run_id, tmp_path)
         FLAGS.add("sleepy")
-        await wait_until(lambda: state_of(db_path, run_id, "victim") == "SUCCESS", what="SUCCESS")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "victim") == "SUCCESS", what="SUCCESS"
+        )
     text = await log_text(store, run_id, "victim")
     assert "event loop blocked for" in text and f"by trigger class {culprit}" in text
     # The bystander's log does not blame it.
@@ -257,11 +261,13 @@ async def test_a_trigger_that_never_fires_ends_at_the_task_timeout(
     )
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
-        await wait_until(lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED")
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
+        )
         checks = len(pokes_of("never"))
         await bystander_still_served(store, db_path, run_id, tmp_path)
         # Nobody waits on the check any more: it stops, and its row goes.
-        await wait_until(lambda: not sql(db_path, "SELECT id FROM trigger"), what="cleanup")
+        await async_wait_until(lambda: not sql(db_path, "SELECT id FROM trigger"), what="cleanup")
     assert len(pokes_of("never")) <= checks + 1
     row = task_row(db_path, run_id, "victim")
     assert row["ended_at"] - row["wait_started_at"] >= 0.5

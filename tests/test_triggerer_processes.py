@@ -20,7 +20,8 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-from triggerer_helpers import shard_owners, sql, wait_until
+from helpers import async_wait_until
+from triggerer_helpers import shard_owners, sql
 
 from executor import DAG
 from executor.store import Store
@@ -190,13 +191,15 @@ async def test_sigkill_with_1000_waits_another_triggerer_takes_over(
     dag = waits_dag(inbox, n)
     run_id = await store.create_run(dag, DAY)
     async with worker_serving(store, dag):
-        await wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=60)
+        await async_wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=60)
         first = triggerers.start()
-        await wait_until(lambda: holding(db_path, first) == (SHARDS, n), what="all 1,000 held")
+        await async_wait_until(
+            lambda: holding(db_path, first) == (SHARDS, n), what="all 1,000 held"
+        )
 
         # Half of the conditions hold while the first triggerer is alive ...
         touch(inbox, range(n // 2))
-        await wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n // 2, what="half")
+        await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n // 2, what="half")
         first.send_signal(signal.SIGKILL)
         assert first.wait(10) == -signal.SIGKILL
         dead = triggerer_id(db_path, first)
@@ -205,12 +208,14 @@ async def test_sigkill_with_1000_waits_another_triggerer_takes_over(
         # ... some while no triggerer holds their shards (they fire after the takeover) ...
         touch(inbox, range(n // 2, 600))
         second = triggerers.start()
-        await wait_until(lambda: states(db_path, run_id)["SUCCESS"] == 600, timeout=30)
+        await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == 600, timeout=30)
         # ... and the rest once the second one holds every shard the dead one had.
-        await wait_until(lambda: holding(db_path, second) == (SHARDS, n - 600), what="takeover")
+        await async_wait_until(
+            lambda: holding(db_path, second) == (SHARDS, n - 600), what="takeover"
+        )
         assert dead not in shard_owners(db_path)
         touch(inbox, range(600, n))
-        await wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n, timeout=60)
+        await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n, timeout=60)
     assert_each_resumed_exactly_once(db_path, run_id, n)
     for r in sql(
         db_path, "SELECT map_index, output FROM task WHERE run_id = ? AND map_index >= 0", run_id
@@ -227,11 +232,11 @@ async def test_a_restarted_triggerer_fails_no_deferred_task(
     dag = waits_dag(inbox, n)
     run_id = await store.create_run(dag, DAY)
     async with worker_serving(store, dag):
-        await wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=30)
+        await async_wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=30)
         first = triggerers.start()
-        await wait_until(lambda: holding(db_path, first) == (SHARDS, n), what="all held")
+        await async_wait_until(lambda: holding(db_path, first) == (SHARDS, n), what="all held")
         touch(inbox, range(50))
-        await wait_until(lambda: states(db_path, run_id)["SUCCESS"] == 50, what="first 50")
+        await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == 50, what="first 50")
 
         first.send_signal(signal.SIGTERM)
         assert first.wait(20) == 0
@@ -242,10 +247,10 @@ async def test_a_restarted_triggerer_fails_no_deferred_task(
         touch(inbox, range(50, 100))  # conditions that hold while no triggerer runs
 
         second = triggerers.start()
-        await wait_until(lambda: states(db_path, run_id)["SUCCESS"] == 100, what="backlog")
-        await wait_until(lambda: holding(db_path, second) == (SHARDS, n - 100), what="held")
+        await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == 100, what="backlog")
+        await async_wait_until(lambda: holding(db_path, second) == (SHARDS, n - 100), what="held")
         touch(inbox, range(100, n))
-        await wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n, timeout=30)
+        await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n, timeout=30)
     assert_each_resumed_exactly_once(db_path, run_id, n)
 
 
@@ -259,16 +264,16 @@ async def test_two_triggerers_split_the_shards_and_rebalance(
     dag = waits_dag(inbox, n, name_of=lambda i: f"{i % (n // 3)}.flag")
     run_id = await store.create_run(dag, DAY)
     async with worker_serving(store, dag):
-        await wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=30)
+        await async_wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=30)
         a = triggerers.start()
-        await wait_until(lambda: holding(db_path, a) == (SHARDS, n), what="A holds all")
+        await async_wait_until(lambda: holding(db_path, a) == (SHARDS, n), what="A holds all")
         b = triggerers.start()
 
         def split() -> bool:
             (a_shards, a_subs), (b_shards, b_subs) = holding(db_path, a), holding(db_path, b)
             return a_shards == b_shards == SHARDS // 2 and a_subs + b_subs == n
 
-        await wait_until(split, timeout=30, what="an even split")
+        await async_wait_until(split, timeout=30, what="an even split")
         (a_subs, b_subs) = holding(db_path, a)[1], holding(db_path, b)[1]
         assert a_subs > 0 and b_subs > 0
         assert a_subs % 3 == 0 and b_subs % 3 == 0  # duplicates never split across the two
@@ -278,11 +283,13 @@ async def test_two_triggerers_split_the_shards_and_rebalance(
         assert set(owners.values()) == {triggerer_id(db_path, a), triggerer_id(db_path, b)}
 
         touch(inbox, range(n // 3))  # each triggerer fires the waits of its own shards
-        await wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n, timeout=30)
+        await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n, timeout=30)
 
         b.send_signal(signal.SIGTERM)
         assert b.wait(20) == 0
-        await wait_until(lambda: holding(db_path, a)[0] == SHARDS, timeout=30, what="rebalance")
+        await async_wait_until(
+            lambda: holding(db_path, a)[0] == SHARDS, timeout=30, what="rebalance"
+        )
         assert shard_owners(db_path) == {triggerer_id(db_path, a): SHARDS}
     assert_each_resumed_exactly_once(db_path, run_id, n)
 

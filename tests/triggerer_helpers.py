@@ -1,6 +1,5 @@
 """Tools for the deferral, sensor and triggerer tests.
 
-* ``wait_until``: poll a condition (sync or async) with a deadline; never a bare sleep.
 * ``serving``: an in-process worker and triggerer with short intervals, on one store.
 * Test trigger classes, registered with :func:`triggers.registry.register`, whose behaviour
   the test controls through module-level state (``FLAGS``) and which record every check
@@ -11,12 +10,11 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import io
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,41 +27,6 @@ from triggerer.service import Triggerer, TriggererConfig
 from triggers.base import BaseTrigger, TransientError, TriggerEvent
 from triggers.context import TriggerContext
 from triggers.registry import register
-
-# --------------------------------------------------------------------------- waiting
-
-
-async def wait_until(
-    predicate: Callable[[], Any | Awaitable[Any]],
-    timeout: float = 20.0,
-    interval: float = 0.02,
-    what: str = "condition",
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-def sync_wait_until(
-    predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = ""
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
 
 # --------------------------------------------------------------------------- raw reads
 
