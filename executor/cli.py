@@ -33,7 +33,7 @@ USER_ERRORS = (
     SchemaTooNew,
     sqlite3.DatabaseError,
     ValueError,
-    FileNotFoundError,
+    OSError,  # a missing file, a database server that does not answer
 )
 
 out = Console()
