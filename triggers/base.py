@@ -134,6 +134,16 @@ class BaseTrigger(BaseModel):
         return type(self).model_validate({**self.model_dump(), **changed}) if changed else self
 
 
+def unbatched(result: TriggerEvent | BaseException | None) -> TriggerEvent | None:
+    """One result of ``poke_many`` as ``poke`` answers it: an exception is raised.
+
+    For batched classes whose ``poke`` is a batch of one.
+    """
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 def _lookup(values: Mapping[str, str], name: str) -> str:
     if name not in values:
         raise KeyError(f"unknown template variable {{{{ {name} }}}}; known: {', '.join(values)}")

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from .base import BaseTrigger, TriggerEvent
+from .base import BaseTrigger, TriggerEvent, unbatched
 from .context import TriggerContext
 from .listing import on_grid
 
@@ -115,10 +115,7 @@ class ExternalDagRunTrigger(BaseTrigger):
         return None
 
     async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
-        result = (await self.poke_many([self], ctx))[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return unbatched((await self.poke_many([self], ctx))[0])
 
     @classmethod
     async def poke_many(

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import field_validator
 
-from .base import BaseTrigger, TransientError, TriggerEvent
+from .base import BaseTrigger, TransientError, TriggerEvent, unbatched
 from .context import TriggerContext
 from .listing import SingleFlight, compile_glob, has_magic, literal_prefix, on_grid
 
@@ -157,10 +157,7 @@ class S3KeyTrigger(BaseTrigger):
 
     async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
         """One check on its own: one listing of the tightest prefix that covers the key."""
-        result = (await _answer(ctx, [self], tight=True))[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return unbatched((await _answer(ctx, [self], tight=True))[0])
 
     @classmethod
     async def poke_many(

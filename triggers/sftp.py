@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from .base import BaseTrigger, TransientError, TriggerEvent
+from .base import BaseTrigger, TransientError, TriggerEvent, unbatched
 from .context import TriggerContext
 from .listing import SingleFlight, compile_glob, has_magic, on_grid
 
@@ -104,10 +104,7 @@ class SFTPFileTrigger(BaseTrigger):
         return TriggerEvent(payload={"paths": paths, "count": len(names)})
 
     async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
-        result = (await self.poke_many([self], ctx))[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return unbatched((await self.poke_many([self], ctx))[0])
 
     @classmethod
     async def poke_many(
