@@ -69,6 +69,11 @@ def machine(workdir: Path | None = None) -> dict[str, Any]:
     return info
 
 
+def machine_caption(info: dict[str, Any]) -> str:
+    """A figure's line on the machine (``info`` from :func:`machine`)."""
+    return f"{info['cpu_count']} CPUs, Python {info['python']}, SQLite {info['sqlite_version']}"
+
+
 def pin_cpus(cpus: str | None) -> None:
     """Restrict this process (and the processes it starts) to CPUs like "0" or "0,1".
 

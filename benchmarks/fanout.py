@@ -208,10 +208,8 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
     ax2.set_xlabel("seconds since the run started")
     ax2.set_ylabel("resident memory, MB")
     ax2.set_title(f"Process memory: peak {doc['peak_rss_mb']:.0f} MB")
-    m = doc["machine"]
     fig.suptitle(
-        f"SQLite, {doc['params']['slots']} slots; {m['cpu_count']} CPUs, "
-        f"Python {m['python']}, SQLite {m['sqlite_version']}",
+        f"SQLite, {doc['params']['slots']} slots; {common.machine_caption(doc['machine'])}",
         fontsize=9,
     )
     return common.save_figure(fig, NAME, results)

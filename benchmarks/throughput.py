@@ -324,11 +324,7 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
     ax2.set_ylabel("µs per completion transaction")
     ax2.set_title("Cost of one completion vs fan-in")
     ax2.legend(fontsize=8)
-    m = doc["machine"]
-    fig.suptitle(
-        f"{m['cpu_count']} CPUs, Python {m['python']}, SQLite {m['sqlite_version']}",
-        fontsize=9,
-    )
+    fig.suptitle(common.machine_caption(doc["machine"]), fontsize=9)
     return common.save_figure(fig, NAME, results)
 
 
