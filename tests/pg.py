@@ -15,7 +15,6 @@ import asyncio
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
+from helpers import free_port
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -68,12 +68,6 @@ def _binaries() -> tuple[str, str] | None:
     return (initdb, pg_ctl) if initdb and pg_ctl else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def throwaway_cluster() -> Iterator[str]:
     """A PostgreSQL cluster in a temporary directory; yields its DSN. Raises if it cannot."""
@@ -89,7 +83,7 @@ def throwaway_cluster() -> Iterator[str]:
             raise RuntimeError("running as root and no runuser to start PostgreSQL as postgres")
         shutil.chown(directory, "postgres")
         prefix = [runuser, "-u", "postgres", "--"]
-    data, port = directory / "data", _free_port()
+    data, port = directory / "data", free_port()
     run = dict(check=True, capture_output=True, timeout=120)
     try:
         subprocess.run([*prefix, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], **run)
