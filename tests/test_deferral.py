@@ -8,13 +8,12 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-from helpers import async_wait_until
+from helpers import async_wait_until, sql
 from triggerer_helpers import (
     UnlistedTrigger,
     log_text,
     serving,
     slot_intervals,
-    sql,
     state_of,
     task_row,
     transition_events,

@@ -10,7 +10,7 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-from helpers import async_wait_until
+from helpers import async_wait_until, sql
 from triggerer_helpers import (
     BATCHES,
     FLAGS,
@@ -20,7 +20,6 @@ from triggerer_helpers import (
     log_text,
     pokes_of,
     serving,
-    sql,
     state_of,
     task_row,
     task_rows,

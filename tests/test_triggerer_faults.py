@@ -11,7 +11,7 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-from helpers import async_wait_until
+from helpers import async_wait_until, sql
 from triggerer_helpers import (
     FLAGS,
     BlockingTrigger,
@@ -21,7 +21,6 @@ from triggerer_helpers import (
     log_text,
     pokes_of,
     serving,
-    sql,
     state_of,
     task_row,
     transitions,

@@ -20,8 +20,8 @@ from datetime import date
 from pathlib import Path
 
 import pytest
-from helpers import async_wait_until
-from triggerer_helpers import shard_owners, sql
+from helpers import async_wait_until, sql
+from triggerer_helpers import shard_owners
 
 from executor import DAG
 from executor.store import Store

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -19,6 +18,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from helpers import sql
 
 from executor.dag import DAG
 from executor.store import Store
@@ -29,16 +30,6 @@ from triggers.context import TriggerContext
 from triggers.registry import register
 
 # --------------------------------------------------------------------------- raw reads
-
-
-def sql(db_path: Path | str, query: str, *args: Any) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(str(db_path), timeout=30)
-    conn.row_factory = sqlite3.Row
-    try:
-        with conn:
-            return [dict(r) for r in conn.execute(query, args).fetchall()]
-    finally:
-        conn.close()
 
 
 def task_rows(db_path: Path | str, run_id: str, task_id: str | None = None) -> list[dict]:
