@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	rm -f demo.db demo.db-wal demo.db-shm
+	rm -rf demo.db demo.db-wal demo.db-shm demo-data
 	$(BIN)/slotless run examples/settlements.py --db sqlite:///demo.db --slots 8
 
 test: $(STAMP)
