@@ -1,10 +1,10 @@
 """The sync worker: claim runnable tasks, run each in a slot, report back in batches.
 
-One loop, read top to bottom in :meth:`Worker.run`: claim as many tasks as there are free
-slots, start each in a slot, sleep until a slot frees, the database signals new work
-(PostgreSQL LISTEN/NOTIFY) or the poll interval passes. Beside it, a flusher commits
-finished attempts in batches (one transaction for everything that finished meanwhile),
-and a housekeeper heartbeats in-flight rows and takes back the rows of workers that died.
+One loop, read top to bottom in :meth:`Worker.run`: in one transaction, record every
+attempt that finished meanwhile and claim as many tasks as there are free slots; start
+each in a slot; sleep until a slot frees, the database signals new work (PostgreSQL
+LISTEN/NOTIFY) or the poll interval passes. Beside it, a housekeeper heartbeats in-flight
+rows and takes back the rows of workers that died.
 """
 
 from __future__ import annotations
@@ -117,8 +117,10 @@ class Worker:
                 # still hold its slot: it cannot be stopped, so do not wait for it).
                 if self._stopping and not self._in_flight and not self._done:
                     break
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._poll)
+                    async with asyncio.timeout(self._poll):
+                        await self._wake.wait()
         finally:
             housekeeper.cancel()
             listener.cancel()
