@@ -98,7 +98,12 @@ class BaseTrigger(BaseModel):
         return now + interval
 
     async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
-        """Check once; return an event when the condition holds, else None."""
+        """Check once; return an event when the condition holds, else None.
+
+        A class that only implements :meth:`poke_many` is checked as a batch of one.
+        """
+        if type(self).is_batched():
+            return unbatched((await type(self).poke_many([self], ctx))[0])
         raise NotImplementedError(f"{type(self).__name__} defines neither poke() nor run()")
 
     async def run(self, ctx: TriggerContext) -> AsyncIterator[TriggerEvent]:

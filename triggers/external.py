@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from .base import BaseTrigger, TriggerEvent, unbatched
+from .base import BaseTrigger, TriggerEvent
 from .context import TriggerContext
 from .listing import on_grid
 
@@ -113,9 +113,6 @@ class ExternalDagRunTrigger(BaseTrigger):
                 )
             )
         return None
-
-    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
-        return unbatched((await self.poke_many([self], ctx))[0])
 
     @classmethod
     async def poke_many(

@@ -39,9 +39,6 @@ class FileTrigger(BaseTrigger):
     def is_glob(self) -> bool:
         return glob.has_magic(self.path)
 
-    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
-        return (await self.poke_many([self], ctx))[0]  # type: ignore[return-value]
-
     @classmethod
     async def poke_many(
         cls, triggers: Sequence[BaseTrigger], ctx: TriggerContext

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from .base import BaseTrigger, TransientError, TriggerEvent, unbatched
+from .base import BaseTrigger, TransientError, TriggerEvent
 from .context import TriggerContext
 from .listing import SingleFlight, compile_glob, has_magic, on_grid
 
@@ -102,9 +102,6 @@ class SFTPFileTrigger(BaseTrigger):
         directory = posixpath.dirname(self.path)
         paths = [posixpath.join(directory, n) for n in names[:MAX_PAYLOAD_PATHS]]
         return TriggerEvent(payload={"paths": paths, "count": len(names)})
-
-    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
-        return unbatched((await self.poke_many([self], ctx))[0])
 
     @classmethod
     async def poke_many(
