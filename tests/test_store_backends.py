@@ -287,6 +287,24 @@ def sensor_dag(tmp_path: Path, *, soft_fail: bool = False) -> DAG:
     return dag
 
 
+async def test_a_late_event_does_not_wake_a_task_now_waiting_on_another_trigger(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A hand-over can deliver an event twice; by then the task may have resumed and
+    deferred again, on a new trigger. The late copy must change nothing."""
+    run_id = await store.create_run(sensor_dag(tmp_path), DAY)
+    submit = {r["task_id"]: r for r in await store.claim("w", 10)}["submit"]
+    await store.complete([deferred(submit, str(tmp_path / "one"), clock.now, method="check")])
+    (first,) = [w for w in await store.load_triggers(ALL_SHARDS) if w["task_row"] == submit["id"]]
+    old = Fire({submit["id"]: first["trigger_id"]}, json.dumps(1), "fired: one")
+    await store.triggerer_commit(TriggererBatch(fires=[old]))
+    again = {r["task_id"]: r for r in await store.claim("w2", 10)}["submit"]
+    await store.complete([deferred(again, str(tmp_path / "two"), clock.now, method="check")])
+    await store.triggerer_commit(TriggererBatch(fires=[old], failures=[(old.waits, "late")]))
+    row = await row_of(store, run_id, "submit")
+    assert row["state"] == "DEFERRED" and row["trigger_id"] != first["trigger_id"]
+
+
 async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
@@ -309,9 +327,10 @@ async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     assert await store.load_triggers(ALL_SHARDS, newest) == []
 
     clock.advance(1)
+    on = {w["task_row"]: {w["task_row"]: w["trigger_id"]} for w in waits}
     fires = [
-        Fire([rows["wait"]["id"]], json.dumps({"paths": ["in.csv"]}), "fired: in.csv"),
-        Fire([rows["submit"]["id"]], json.dumps({"flag": True}), "fired: done.flag"),
+        Fire(on[rows["wait"]["id"]], json.dumps({"paths": ["in.csv"]}), "fired: in.csv"),
+        Fire(on[rows["submit"]["id"]], json.dumps({"flag": True}), "fired: done.flag"),
     ]
     await store.triggerer_commit(TriggererBatch(fires=fires, logs=[(rows["wait"]["id"], "poked")]))
     wait = await row_of(store, run_id, "wait")

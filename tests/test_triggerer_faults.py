@@ -17,6 +17,7 @@ from triggerer_helpers import (
     BlockingTrigger,
     FlagTrigger,
     FlakyTrigger,
+    NotJsonTrigger,
     RaisingTrigger,
     log_text,
     pokes_of,
@@ -143,6 +144,43 @@ async def test_an_allow_listed_class_that_cannot_be_imported(
         await bystander_still_served(store, db_path, run_id, tmp_path)
     text = await log_text(store, run_id, "victim")
     assert "cannot load trigger: cannot import trigger class acme_missing.Trigger" in text
+
+
+async def test_a_trigger_module_that_raises_on_import_fails_only_its_task(
+    store, db_path, tmp_path, monkeypatch
+) -> None:
+    """Not an ImportError: the module raises KeyError (a setting missing on the triggerer's
+    host). It must fail its own task, not stop every load of the shard."""
+    (tmp_path / "acme_needs_env.py").write_text('import os\nTOKEN = os.environ["ACME_TOKEN"]\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SLOTLESS_ALLOWED_TRIGGERS", "acme_needs_env.Trigger")
+    dag = victim_dag(tmp_path, {"victim": FlagTrigger(name="v", poke_interval=0.1)})
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, triggerer=False) as h:
+        await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
+        trigger_id = task_row(db_path, run_id, "victim")["trigger_id"]
+        sql(db_path, "UPDATE trigger SET classpath = ? WHERE id = ?", "acme_needs_env.Trigger",
+            trigger_id)  # fmt: skip
+        await h.start_triggerer()
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
+        )
+        await bystander_still_served(store, db_path, run_id, tmp_path)
+    text = await log_text(store, run_id, "victim")
+    assert "cannot load trigger" in text and "ACME_TOKEN" in text
+
+
+async def test_an_event_payload_json_cannot_hold_fails_its_task(store, db_path, tmp_path) -> None:
+    dag = victim_dag(tmp_path, {"victim": NotJsonTrigger(name="when", poke_interval=0.1)})
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag):
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
+        )
+        await bystander_still_served(store, db_path, run_id, tmp_path)
+    text = await log_text(store, run_id, "victim")
+    assert "cannot handle the result of NotJsonTrigger(name='when')" in text
+    assert "not JSON serializable" in text
 
 
 async def test_a_trigger_that_raises_fails_its_tasks_with_the_traceback(

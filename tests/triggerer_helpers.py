@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,16 @@ _FAILURES: dict[str, int] = {}
 
 
 @register
+@register
+class NotJsonTrigger(BaseTrigger):
+    """Fires at once with a payload JSON cannot hold (a datetime)."""
+
+    name: str
+
+    async def poke(self, ctx: Any) -> TriggerEvent | None:
+        return TriggerEvent(payload={"at": datetime.now()})
+
+
 class FlakyTrigger(BaseTrigger):
     """Raises ``error`` (transient / oserror) for its first ``failures`` checks, then fires."""
 

@@ -234,9 +234,12 @@ class Triggerer:
                         parsed[key] = load_trigger(row["classpath"], row["kwargs"])
                     except TriggerLoadError as exc:
                         parsed[key] = exc
+                    except Exception as exc:  # a module that fails to import: this row only
+                        parsed[key] = TriggerLoadError(f"{type(exc).__name__}: {exc}")
                 trigger = parsed[key]
+                waits = {task_row: row["trigger_id"]}
                 if isinstance(trigger, TriggerLoadError):
-                    self._batch.failures.append(([task_row], f"cannot load trigger: {trigger}"))
+                    self._batch.failures.append((waits, f"cannot load trigger: {trigger}"))
                     continue
                 sub = Subscriber(
                     task_row,
@@ -244,9 +247,15 @@ class Triggerer:
                     trigger.poke_interval,
                     row["next_method"] is not None,
                 )
-                self.table.subscribe(
-                    row["poke_hash"], trigger, shard_of(row["poke_hash"]), sub, now
-                )
+                try:  # first_check_at is the trigger's code
+                    self.table.subscribe(
+                        row["poke_hash"], trigger, shard_of(row["poke_hash"]), sub, now
+                    )
+                except Exception as exc:
+                    self.table.unsubscribe(task_row)
+                    self._batch.failures.append(
+                        (waits, f"cannot schedule {trigger.describe()}: {exc!r}")
+                    )
         if full:
             self._max_trigger_id = max(self._max_trigger_id, newest)
             for task_row in [r for r in self.table.by_row if r not in seen]:
@@ -367,23 +376,30 @@ class Triggerer:
     def _settle(self, check: Check, result: Any, now: float) -> None:
         if self.table.by_hash.get(check.poke_hash) is not check:
             return  # dropped meanwhile (shard lost, every subscriber gone)
+        try:
+            self._settle_result(check, result, now)
+        except Exception as exc:  # the trigger's own code (payload, next_check_at) failed
+            self.checks_failed += 1
+            self.table.drop(check)
+            self._batch.failures.append(
+                (_waits(check), f"cannot handle the result of {check.trigger.describe()}: "
+                                f"{type(exc).__name__}: {exc}")
+            )  # fmt: skip
+
+    def _settle_result(self, check: Check, result: Any, now: float) -> None:
         check.checks += 1
         self.checks_done += 1
         where = check.trigger.describe()
         if isinstance(result, TriggerEvent):
-            self.table.drop(check)
-            self.events_fired += 1
             if result.error:
                 msg = f"trigger {where} reported an error: {result.error}"
             else:
                 msg = f"trigger fired: {where} (after {check.checks} checks)"
+            payload = json.dumps(result.payload)  # before anything is dropped: it may fail
+            self.table.drop(check)
+            self.events_fired += 1
             self._batch.fires.append(
-                Fire(
-                    list(check.subscribers),
-                    json.dumps(result.payload),
-                    msg,
-                    error=msg if result.error else None,
-                )
+                Fire(_waits(check), payload, msg, error=msg if result.error else None)
             )
             return
         if isinstance(result, BaseException) and not isinstance(result, TRANSIENT):
@@ -391,10 +407,7 @@ class Triggerer:
             self.table.drop(check)
             tb = "".join(traceback.format_exception(result)).rstrip()
             self._batch.failures.append(
-                (
-                    list(check.subscribers),
-                    f"trigger {where} raised {type(result).__name__}: {result}\n{tb}",
-                )
+                (_waits(check), f"trigger {where} raised {type(result).__name__}: {result}\n{tb}")
             )
             return
         if isinstance(result, BaseException):
@@ -471,3 +484,8 @@ class Triggerer:
                     await self.store.delete_orphan_triggers(self.shards)
             except Exception:
                 log.exception("timeout sweep failed; retrying")
+
+
+def _waits(check: Check) -> dict[int, int]:
+    """The tasks a check answers, each with the trigger row it waits on."""
+    return {row: sub.trigger_id for row, sub in check.subscribers.items()}

@@ -18,12 +18,16 @@ from ..statemachine import retry_or_fail, transition
 from ..states import State
 from .db import Database, Row
 
+# The waits a check answers: task row -> the trigger row it waits on. A task that resumed
+# and deferred again since waits on another trigger, and a late event must not wake it.
+Waits = dict[int, int]
+
 
 @dataclass(slots=True)
 class Fire:
     """A check's event, for the tasks that waited on it."""
 
-    task_rows: list[int]
+    waits: Waits
     payload_json: str
     message: str
     error: str | None = None
@@ -34,7 +38,7 @@ class TriggererBatch:
     """Everything a triggerer writes in one transaction."""
 
     fires: list[Fire] = field(default_factory=list)
-    failures: list[tuple[list[int], str]] = field(default_factory=list)  # rows, why
+    failures: list[tuple[Waits, str]] = field(default_factory=list)  # waits, why
     logs: list[tuple[int, str]] = field(default_factory=list)  # row, line
 
     def __bool__(self) -> bool:
@@ -101,9 +105,9 @@ class TriggerOps:
                 )
             for fire in batch.fires:
                 if fire.error is not None:
-                    await _fail_waits(tx, fire.task_rows, fire.error, now)
+                    await _fail_waits(tx, fire.waits, fire.error, now)
                     continue
-                rows = await tx.fetch("deferred_rows", tx.ids(fire.task_rows))
+                rows = await _still_waiting(tx, fire.waits)
                 sensors = [r["id"] for r in rows if r["next_method"] is None]
                 resumable = [r["id"] for r in rows if r["next_method"] is not None]
                 if sensors:
@@ -122,8 +126,8 @@ class TriggerOps:
                         message=fire.message,
                         ready_at=now,
                     )
-            for rows, why in batch.failures:
-                await _fail_waits(tx, rows, why, now)
+            for waits, why in batch.failures:
+                await _fail_waits(tx, waits, why, now)
 
     async def expire_waits(self, shards: Sequence[int]) -> list[int]:
         """End the waits in these shards whose own timeout passed; returns their rows."""
@@ -145,9 +149,15 @@ class TriggerOps:
             return await tx.execute("delete_orphan_triggers", tx.ids(sorted(shards)))
 
 
-async def _fail_waits(tx: Any, task_rows: list[int], why: str, now: float) -> None:
+async def _still_waiting(tx: Any, waits: Waits) -> list[Row]:
+    """The rows still DEFERRED on the very trigger the event or failure is about."""
+    rows = await tx.fetch("deferred_rows", tx.ids(list(waits)))
+    return [r for r in rows if r["trigger_id"] == waits[r["id"]]]
+
+
+async def _fail_waits(tx: Any, waits: Waits, why: str, now: float) -> None:
     """A trigger that cannot fire: its tasks fail (or retry, if they have attempts left)."""
-    for r in await tx.fetch("deferred_rows", tx.ids(task_rows)):
+    for r in await _still_waiting(tx, waits):
         await retry_or_fail(
             tx, r["id"], State.DEFERRED, attempt=r["attempt"], max_attempts=r["max_attempts"],
             now=now, why=why,

@@ -270,8 +270,10 @@ UPDATE task SET output = $1
 WHERE id = ANY($2::bigint[]) AND (state || '') = 'DEFERRED' AND next_method IS NULL;
 
 -- name: deferred_rows
-SELECT id, attempt, max_attempts, soft_fail, next_method, wait_started_at FROM task
-WHERE id = ANY($1::bigint[]) AND (state || '') = 'DEFERRED';
+-- Locked, so that the trigger they wait on cannot change before this transaction moves them.
+SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at FROM task
+WHERE id = ANY($1::bigint[]) AND (state || '') = 'DEFERRED'
+FOR UPDATE;
 
 -- name: expired_waits
 SELECT t.id, t.soft_fail, t.wait_started_at FROM task t JOIN trigger g ON g.id = t.trigger_id

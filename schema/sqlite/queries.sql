@@ -233,7 +233,7 @@ UPDATE task SET output = ?1
 WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'DEFERRED' AND next_method IS NULL;
 
 -- name: deferred_rows
-SELECT id, attempt, max_attempts, soft_fail, next_method, wait_started_at FROM task
+SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at FROM task
 WHERE id IN (SELECT value FROM json_each(?1)) AND state = 'DEFERRED';
 
 -- name: expired_waits
