@@ -134,21 +134,38 @@ def sense(
     main_loop: asyncio.AbstractEventLoop,
     store: Any,
     log: Callable[[str], None],
+    check_timeout: float | None = None,
 ) -> Verdict:
-    """Run in a slot's thread: one check (reschedule) or checks until done (poke)."""
+    """Run in a slot's thread: one check (reschedule) or checks until done (poke).
+
+    A check that hangs is cut off at the sensor's deadline (a sensor timeout) or after
+    ``check_timeout`` (the task's execution_timeout, per check: the attempt fails).
+    """
     checks = 0
     while True:
         if time.time() >= deadline:
             return Verdict(None, timed_out=True, checks=checks)
         tctx = WorkerTriggerContext(main_loop, store)
+        limit = deadline - time.time()
+        if check_timeout is not None:
+            limit = min(limit, check_timeout)
 
-        async def once(tctx: WorkerTriggerContext = tctx) -> TriggerEvent | None:
+        async def once(tctx: WorkerTriggerContext = tctx, limit: float = limit) -> Any:
             try:
-                return await check(trigger, tctx)
+                async with asyncio.timeout(limit):
+                    return await check(trigger, tctx)
             finally:
                 await tctx.aclose()
 
-        event = asyncio.run(once())
+        try:
+            event = asyncio.run(once())
+        except TimeoutError:
+            if time.time() >= deadline:
+                return Verdict(None, timed_out=True, checks=checks + 1)
+            raise TimeoutError(
+                f"a check of {trigger.describe()} took longer than {check_timeout:g} s "
+                "(the task's execution_timeout)"
+            ) from None
         checks += 1
         if event is not None:
             return Verdict(event, checks=checks)

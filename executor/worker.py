@@ -289,6 +289,7 @@ class Worker:
             main_loop=asyncio.get_running_loop(),
             store=self.store,
             log=ctx.log,
+            check_timeout=spec.execution_timeout,
         )
         result = await self._runner_for_sensors.run(job, ctx, None, release)
         if not result.ok:

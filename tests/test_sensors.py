@@ -14,6 +14,7 @@ import pytest
 from helpers import async_wait_until, sql
 from triggerer_helpers import (
     FLAGS,
+    HangingTrigger,
     UnlistedTrigger,
     log_text,
     serving,
@@ -222,6 +223,26 @@ async def test_sensor_timeout(store, db_path, inbox, mode, soft_fail) -> None:
     last = transition_events(db_path, sensor["id"])[-1]
     assert "sensor timeout" in last["message"]
     assert sensor["ended_at"] - sensor["started_at"] >= 0.5
+
+
+@pytest.mark.parametrize("mode", ["poke", "reschedule"])
+async def test_a_check_that_hangs_in_a_worker_is_cut_off(store, db_path, mode) -> None:
+    """The sensor's timeout (and the task's execution_timeout) hold during a check too,
+    not only between checks: a hung check must not keep the slot and the row for ever."""
+    dag = DAG("hung")
+    dag.sensor("by_timeout", HangingTrigger(name="a"), mode=mode, timeout=0.5)
+    dag.sensor("by_execution_timeout", HangingTrigger(name="b"), mode=mode, timeout=3600,
+               execution_timeout=0.5)  # fmt: skip
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag):
+        for task in ("by_timeout", "by_execution_timeout"):
+            await async_wait_until(
+                lambda t=task: state_of(db_path, run_id, t) == "FAILED", what=f"{task} FAILED"
+            )
+    by_timeout = transition_events(db_path, task_row(db_path, run_id, "by_timeout")["id"])
+    assert "sensor timeout" in by_timeout[-1]["message"]
+    by_exec = transition_events(db_path, task_row(db_path, run_id, "by_execution_timeout")["id"])
+    assert "took longer than 0.5 s (the task's execution_timeout)" in by_exec[-1]["message"]
 
 
 async def test_a_sensor_that_cannot_defer_falls_back_to_reschedule(store, db_path) -> None:

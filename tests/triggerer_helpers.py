@@ -277,6 +277,17 @@ _FAILURES: dict[str, int] = {}
 
 @register
 @register
+class HangingTrigger(BaseTrigger):
+    """A check that never returns (awaits for an hour)."""
+
+    name: str
+
+    async def poke(self, ctx: Any) -> TriggerEvent | None:
+        await asyncio.sleep(3600)
+        return None
+
+
+@register
 class NotJsonTrigger(BaseTrigger):
     """Fires at once with a payload JSON cannot hold (a datetime)."""
 
