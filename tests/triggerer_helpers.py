@@ -276,7 +276,6 @@ _FAILURES: dict[str, int] = {}
 
 
 @register
-@register
 class HangingTrigger(BaseTrigger):
     """A check that never returns (awaits for an hour)."""
 
@@ -297,6 +296,7 @@ class NotJsonTrigger(BaseTrigger):
         return TriggerEvent(payload={"at": datetime.now()})
 
 
+@register
 class FlakyTrigger(BaseTrigger):
     """Raises ``error`` (transient / oserror) for its first ``failures`` checks, then fires."""
 
