@@ -15,6 +15,7 @@ from helpers import async_wait_until, sql
 from triggerer_helpers import (
     FLAGS,
     HangingTrigger,
+    ScriptedTrigger,
     UnlistedTrigger,
     log_text,
     serving,
@@ -243,6 +244,23 @@ async def test_a_check_that_hangs_in_a_worker_is_cut_off(store, db_path, mode) -
     assert "sensor timeout" in by_timeout[-1]["message"]
     by_exec = transition_events(db_path, task_row(db_path, run_id, "by_execution_timeout")["id"])
     assert "took longer than 0.5 s (the task's execution_timeout)" in by_exec[-1]["message"]
+
+
+async def test_a_retried_sensor_gets_its_whole_timeout_again(store, db_path) -> None:
+    """The wait of a new attempt starts anew: a retry must not time out before checking."""
+    dag = DAG("retried")
+    # attempt 1 waits once (its wait starts), then fails; attempt 2 starts after the first
+    # attempt's timeout would have passed, and must still get to check.
+    scripted = ScriptedTrigger(name="once", script=["wait", "raise", "fire"], poke_interval=0.1)
+    dag.sensor("wait", scripted, mode="reschedule", timeout=1.0, retries=1, retry_delay=1.2,
+               retry_jitter=0)  # fmt: skip
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag):
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "wait") in ("SUCCESS", "FAILED"), what="the end"
+        )
+    row = task_row(db_path, run_id, "wait")
+    assert (row["state"], row["attempt"]) == ("SUCCESS", 2), transition_events(db_path, row["id"])
 
 
 async def test_a_sensor_that_cannot_defer_falls_back_to_reschedule(store, db_path) -> None:

@@ -297,6 +297,24 @@ class NotJsonTrigger(BaseTrigger):
 
 
 @register
+class ScriptedTrigger(BaseTrigger):
+    """Its n-th check does ``script[n]``: "wait" (None), "raise" (TriggerBug) or "fire"."""
+
+    name: str
+    script: list[str]
+
+    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
+        _record(self.name)
+        with _lock:
+            seen = _FAILURES.get(self.name, 0)
+            _FAILURES[self.name] = seen + 1
+        step = self.script[min(seen, len(self.script) - 1)]
+        if step == "raise":
+            raise TriggerBug(f"{self.name} failed on check {seen + 1}")
+        return TriggerEvent(payload={"checks": seen + 1}) if step == "fire" else None
+
+
+@register
 class FlakyTrigger(BaseTrigger):
     """Raises ``error`` (transient / oserror) for its first ``failures`` checks, then fires."""
 

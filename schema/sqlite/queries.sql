@@ -224,8 +224,10 @@ ORDER BY g.id;
 UPDATE task SET event = ?1 WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'DEFERRED';
 
 -- name: clear_resume
--- A retry starts the task over: forget the resume point and event of an earlier deferral.
-UPDATE task SET next_method = NULL, next_kwargs = NULL, event = NULL
+-- A retry starts the task over: forget the resume point and event of an earlier deferral,
+-- and the start of an earlier wait (a sensor's timeout is per attempt).
+UPDATE task SET next_method = NULL, next_kwargs = NULL, event = NULL,
+                wait_started_at = NULL, wait_timeout_at = NULL
 WHERE id IN (SELECT value FROM json_each(?1));
 
 -- name: set_sensor_output
