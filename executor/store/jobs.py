@@ -182,8 +182,6 @@ class Store(TriggerOps, InspectOps):
 
     async def parent_outputs(self, row: Row) -> dict[str, Any]:
         """``ctx.inputs`` for a claimed task: each parent's output, a mapped one as a list."""
-        if row["map_index"] < 0 and not _has_parents(row):
-            return {}
         inputs: dict[str, Any] = {}
         async with self.db.read() as tx:
             rows = await tx.fetch(
@@ -309,10 +307,6 @@ async def _reschedule(tx: Any, o: Outcome, now: float) -> None:
         ready_at=o.extra["ready_at"],
         expect_owner=o.owner,
     )
-
-
-def _has_parents(row: Row) -> bool:
-    return bool(row["n_parents"])
 
 
 async def _write_logs(tx: Any, outcomes: list[Outcome]) -> None:
