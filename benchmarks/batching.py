@@ -54,7 +54,7 @@ from benchmarks.common import (
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the real-server helpers live with the tests
 
-from servers import (  # noqa: E402
+from support.servers import (  # noqa: E402
     COUNT_PATH,
     SEED_PATH,
     AsyncSFTPServer,
@@ -76,14 +76,15 @@ CONCURRENCY = 256  # TriggererConfig.max_concurrency
 
 
 class MotoProcess:
-    """``python tests/servers.py moto``: moto's server, counting, in its own process."""
+    """``python -m support.servers moto`` (from tests/): moto's server, counting, in its own
+    process."""
 
     def __enter__(self) -> MotoProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "servers.py"), "moto"],
+            [sys.executable, "-m", "support.servers", "moto"],
             stdout=subprocess.PIPE,
             text=True,
-            cwd=REPO,
+            cwd=REPO / "tests",
         )
         assert self.proc.stdout is not None
         self.endpoint = self.proc.stdout.readline().strip()

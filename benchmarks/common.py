@@ -413,8 +413,8 @@ class CliRun:
 
 
 def run_cli(argv: Sequence[str]) -> CliRun:
-    """``slotless ARGV`` in this process (``executor.cli.main``), timed; stdout captured."""
-    from executor import cli
+    """``slotless ARGV`` in this process (``slotless.cli.main``), timed; stdout captured."""
+    from slotless import cli
 
     buf = io.StringIO()
     cpu0 = time.process_time()
@@ -429,7 +429,7 @@ def run_cli(argv: Sequence[str]) -> CliRun:
 def run_cli_subprocess(argv: Sequence[str]) -> CliRun:
     """``slotless ARGV`` as a new process, timed from spawn to exit (startup included)."""
     exe = Path(sys.executable).with_name("slotless")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "executor.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "slotless"]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),

@@ -4,7 +4,7 @@
 
 The DAG: ``source`` returns ``list(range(N))``; ``child`` expands over it (one instance per
 item, returning its item); ``total`` (trigger rule all_done) sums ``ctx.inputs["child"]``.
-It runs the way ``slotless run FILE --slots 8 --json`` does (``executor.cli.main`` in this
+It runs the way ``slotless run FILE --slots 8 --json`` does (``slotless.cli.main`` in this
 process, on a fresh SQLite file). Measured:
 
 - materialize_s: the worker transaction in which ``source`` succeeds, which inserts the N
@@ -73,7 +73,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def run(folder: Path, n: int, slots: int) -> dict[str, Any]:
-    import executor.cli  # noqa: F401  (imported before the baseline RSS sample)
+    import slotless.cli  # noqa: F401  (imported before the baseline RSS sample)
 
     dag_file = common.write_dag_file(folder, f"fanout_{n}", DAG_SOURCE.format(n=n))
     db = common.fresh_db(folder, f"fanout_{n}")

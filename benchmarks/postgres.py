@@ -186,7 +186,7 @@ def spawn(args: list[str], log: Path) -> subprocess.Popen:
 
 
 def slotless(*args: str, log: Path) -> subprocess.Popen:
-    return spawn([sys.executable, "-m", "executor.cli", *args], log)
+    return spawn([sys.executable, "-m", "slotless", *args], log)
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

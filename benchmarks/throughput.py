@@ -3,7 +3,7 @@
     python -m benchmarks.throughput [--chain 1000] [--flat 10000] [--slots 8] [--repeat 3]
 
 1. End to end, the way ``slotless run FILE --slots 8 --json`` does it: a generated DAG file
-   of no-op tasks is run by ``executor.cli.main`` in this process (DAG import, store open,
+   of no-op tasks is run by ``slotless.cli.main`` in this process (DAG import, store open,
    run creation, worker pool and triggerer sidecar, summary), timed from call to return;
    once as a chain of ``--chain`` tasks and once as a flat DAG of ``--flat`` independent
    tasks, each ``--repeat`` times on a fresh SQLite file; the headline is the median.

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import FakeClock
+from support.helpers import FakeClock
 
 from executor.store import Store, open_store
 
@@ -49,8 +49,8 @@ async def fake_store(db_url: str, clock: FakeClock):
 
 @pytest.fixture
 def fresh_triggers():
-    """The test triggers' switches and records (``triggerer_helpers``) empty around a test."""
-    from triggerer_helpers import reset
+    """The test triggers' switches and records (``support.triggers``) empty around a test."""
+    from support.triggers import reset
 
     reset()
     yield

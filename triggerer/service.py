@@ -29,12 +29,12 @@ from typing import Any
 
 from executor.store import Store
 from executor.store.db import TRIGGERS_CHANNEL
-from executor.store.triggering import Fire, TriggererBatch
 from triggers.base import BaseTrigger, TransientError, TriggerEvent, shard_of
 from triggers.registry import TriggerLoadError, load_trigger
 
 from .checks import Check, CheckTable, Subscriber
 from .context import TriggererContext
+from .store import Fire, TriggererBatch, TriggererStore
 from .watchdog import LoopWatch
 
 log = logging.getLogger("slotless.triggerer")
@@ -69,6 +69,7 @@ class Triggerer:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        self.ops = TriggererStore(store.db, store.clock)
         self.id = triggerer_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.config = config or TriggererConfig()
         self.clock = clock
@@ -117,7 +118,7 @@ class Triggerer:
             await asyncio.gather(*tasks, *self._check_tasks, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self._flush()
-                await self.store.triggerer_leave(self.id)
+                await self.ops.triggerer_leave(self.id)
             await self.ctx.aclose()
 
     def _spawn(self, coro: Any) -> None:
@@ -142,7 +143,7 @@ class Triggerer:
         cfg = self.config
         while True:
             try:
-                shards = await self.store.lease_shards(self.id, cfg.lease_ttl, cfg.lease_ttl)
+                shards = await self.ops.lease_shards(self.id, cfg.lease_ttl, cfg.lease_ttl)
                 if shards != self.shards:
                     lost = self.shards - shards
                     if lost:
@@ -152,7 +153,7 @@ class Triggerer:
                     self.shards = shards
                     self._reload = True
                     self._wake_loader.set()
-                await self.store.triggerer_beat(
+                await self.ops.triggerer_beat(
                     self.id, self.table.subscriptions, self.watch.percentile(0.99) * 1000
                 )
             except Exception:
@@ -200,14 +201,14 @@ class Triggerer:
         # memory at once (their pages would stay in the RSS) nor hold the connection for
         # half a second. Rows written meanwhile get ids above `newest`, where the next
         # incremental load starts; it skips those the reload already took.
-        newest = await self.store.max_trigger_id() if full else 0
+        newest = await self.ops.max_trigger_id() if full else 0
         if full:
             self._loaded_beyond.clear()
         step = self.config.load_shards_per_query if full else len(shards)
         seen: set[int] = set()
         for first in range(0, len(shards), step):
             after = 0 if full else self._max_trigger_id
-            rows = await self.store.load_triggers(shards[first : first + step], after)
+            rows = await self.ops.load_triggers(shards[first : first + step], after)
             now = self.clock()
             parsed: dict[tuple[str, str], BaseTrigger | TriggerLoadError] = {}
             for i, row in enumerate(rows):
@@ -460,7 +461,7 @@ class Triggerer:
         if not batch:
             return
         try:
-            await self.store.triggerer_commit(batch)
+            await self.ops.triggerer_commit(batch)
         except Exception:
             # Keep them: a fire written twice is harmless (compare-and-set), one lost is not.
             self._batch.fires[:0] = batch.fires
@@ -477,11 +478,11 @@ class Triggerer:
             if not self.shards:
                 continue
             try:
-                for row in await self.store.expire_waits(self.shards):
+                for row in await self.ops.expire_waits(self.shards):
                     self.table.unsubscribe(row)
                 if time.monotonic() - last_cleanup > self.config.cleanup_every:
                     last_cleanup = time.monotonic()
-                    await self.store.delete_orphan_triggers(self.shards)
+                    await self.ops.delete_orphan_triggers(self.shards)
             except Exception:
                 log.exception("timeout sweep failed; retrying")
 

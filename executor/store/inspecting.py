@@ -66,6 +66,11 @@ class InspectOps:
         async with self.db.read() as tx:
             return await tx.fetch(query[state], limit)
 
+    async def list_triggerers(self) -> list[Row]:
+        """Live and recently seen triggerers, each with the number of shards it holds."""
+        async with self.db.read() as tx:
+            return await tx.fetch("list_triggerers")
+
     async def shard_leases(self) -> list[Row]:
         async with self.db.read() as tx:
             return await tx.fetch("ops_shard_leases")

@@ -18,7 +18,6 @@ from ..statemachine import evaluate, retry_or_fail, transition
 from ..states import State
 from .db import Database, Row
 from .inspecting import InspectOps
-from .triggering import TriggerOps
 
 if TYPE_CHECKING:
     from ..dag import DAG
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
-class Store(TriggerOps, InspectOps):
+class Store(InspectOps):
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self.db = db
         self.clock = clock

@@ -251,7 +251,7 @@ WITH fresh AS (
     UNION
     SELECT id FROM fresh
 )
-SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, t.id AS task_row,
+SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
        t.next_method, t.wait_timeout_at
 FROM wanted w
 JOIN trigger g ON g.id = w.id

@@ -214,7 +214,7 @@ UPDATE shard_lease SET owner = NULL, expires_at = NULL WHERE owner = ?1;
 
 -- name: load_triggers
 -- The waits of the given shards, from trigger id ?2 on (0 for a full reload).
-SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, t.id AS task_row,
+SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
        t.next_method, t.wait_timeout_at
 FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
 WHERE g.shard IN (SELECT value FROM json_each(?1)) AND g.id > ?2

@@ -1,0 +1,412 @@
+"""The ``slotless`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sqlite3
+import sys
+import threading
+import time
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from executor.dag import DagError
+from executor.loader import DagImportError, load_dag
+from executor.states import TERMINAL
+from executor.store import SchemaTooNew, Store, open_store
+from executor.store import UnknownBackend as _UnknownBackend
+from executor.worker import Worker
+
+USER_ERRORS = (
+    DagImportError,
+    DagError,
+    _UnknownBackend,
+    SchemaTooNew,
+    sqlite3.DatabaseError,
+    ValueError,
+    OSError,  # a missing file, a database server that does not answer
+)
+
+out = Console()
+err = Console(stderr=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        code: int = _loop_runner()(args.func(args))
+        _leave_stuck_task_threads(code)
+        return code
+    except USER_ERRORS as exc:
+        print(f"slotless: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _leave_stuck_task_threads(code: int) -> None:
+    """A task thread past its execution timeout cannot be stopped, and Python joins every
+    thread at exit: once the command is done, exit without waiting for such a thread."""
+    stuck = [t for t in threading.enumerate() if t.name.startswith("slot")]
+    for t in stuck:
+        t.join(0.2)
+    if any(t.is_alive() for t in stuck):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _loop_runner() -> Any:
+    """uvloop where installed (``pip install slotless[uvloop]``), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="slotless", description=__doc__)
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+
+    def db_opt(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--db", help="database URL (default: $SLOTLESS_DB or sqlite:///slotless.db)"
+        )
+
+    run = sub.add_parser("run", help="run a DAG file once, in this process, until it ends")
+    run.add_argument("file")
+    db_opt(run)
+    run.add_argument("--dag", help="the DAG id, if the file defines several")
+    run.add_argument("--slots", type=_slots, default=8)
+    run.add_argument("--isolation", choices=["thread", "process"], default="thread")
+    run.add_argument("--logical-date", type=_date, default=None, help="YYYY-MM-DD (default today)")
+    run.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    run.set_defaults(func=cmd_run)
+
+    worker = sub.add_parser("worker", help="serve as a worker: claim and run tasks of any run")
+    db_opt(worker)
+    worker.add_argument("--slots", type=_slots, default=8)
+    worker.add_argument("--isolation", choices=["thread", "process"], default="thread")
+    worker.add_argument("--poll-interval", type=float, default=0.5)
+    worker.add_argument("--heartbeat-interval", type=float, default=5.0)
+    worker.add_argument(
+        "--stale-after",
+        type=float,
+        default=30.0,
+        help="seconds without heartbeat after which a worker counts as dead",
+    )
+    _metrics_opts(worker)
+    worker.set_defaults(func=cmd_worker)
+
+    trig = sub.add_parser("triggerer", help="serve as a triggerer: hold and check deferred waits")
+    db_opt(trig)
+    trig.add_argument("--lease-ttl", type=float, default=15.0,
+                      help="seconds after which a silent triggerer's shards are taken over")
+    _metrics_opts(trig)
+    trig.set_defaults(func=cmd_triggerer)
+
+    status = sub.add_parser(
+        "status", help="runs by state; waiting tasks (what for, how long); triggerers"
+    )
+    db_opt(status)
+    status.add_argument("--limit", type=int, default=20, help="runs, and tasks per waiting state")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    logs = sub.add_parser("logs", help="a task's log: transitions, log lines, errors")
+    logs.add_argument("run_id")
+    logs.add_argument("task_id", help="TASK or TASK[INDEX] for one instance of a mapped task")
+    db_opt(logs)
+    logs.set_defaults(func=cmd_logs)
+
+    ui = sub.add_parser("ui", help="serve a read-only web page of runs, tasks and their logs")
+    db_opt(ui)
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765)
+    ui.add_argument("--refresh", type=float, default=2.0, help="seconds between live refreshes")
+    ui.set_defaults(func=cmd_ui)
+
+    up = sub.add_parser(
+        "up", help="a worker, a triggerer and the web page on one database; Ctrl-C stops all"
+    )
+    up.add_argument("files", nargs="*", metavar="DAG_FILE", help="start one run of each")
+    db_opt(up)
+    up.add_argument("--slots", type=_slots, default=8)
+    up.add_argument("--host", default="127.0.0.1", help="the web page's address")
+    up.add_argument("--port", type=int, default=8765, help="the web page's port")
+    up.add_argument("--worker-metrics-port", type=int, default=None)
+    up.add_argument("--triggerer-metrics-port", type=int, default=None)
+    up.set_defaults(func=cmd_up)
+
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark (source checkout): JSON and PNG in benchmarks/results/",
+        description="Run benchmarks/NAME.py; options after NAME go to the benchmark "
+        "(slotless bench NAME --help lists them).",
+    )
+    bench.add_argument("name", choices=BENCHES)
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    bench.set_defaults(func=cmd_bench)
+    return p
+
+
+BENCHES = ("slots", "capacity", "dedup", "fanout", "throughput")
+
+
+async def cmd_bench(args: argparse.Namespace) -> int:
+    """``python -m benchmarks.NAME OPTIONS`` from the checkout this slotless runs from.
+
+    A process of its own: each benchmark runs its own event loops (and subprocesses), and
+    Ctrl-C reaches it directly.
+    """
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / f"{args.name}.py").is_file():
+        raise FileNotFoundError(
+            f"slotless bench needs the source checkout: {root / 'benchmarks'} has no "
+            f"{args.name}.py (benchmarks are not part of the installed package)"
+        )
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        f"benchmarks.{args.name}",
+        *args.options,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    return await proc.wait()
+
+
+def _metrics_opts(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+    )
+    sp.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+
+
+def _slots(text: str) -> int:
+    # Checked here, before a run is created: zero slots would leave it RUNNING forever.
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
+    return n
+
+
+def _date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    dag = load_dag(args.file, args.dag)
+    dag.validate()
+    store = await open_store(args.db)
+    try:
+        run_id = await store.create_run(
+            dag, args.logical_date or date.today(), dag_file=str(Path(args.file).resolve())
+        )
+        from triggerer.service import Triggerer
+
+        triggerer = Triggerer(store)
+        worker = Worker(
+            store,
+            slots=args.slots,
+            isolation=args.isolation,
+            dags={dag.dag_id: dag},
+            poll_interval=0.05,
+            on_defer=triggerer.poke,
+        )
+        show = not args.json and err.is_terminal
+        sidecar = asyncio.create_task(triggerer.run())
+        try:
+            await asyncio.gather(worker.run(), _watch(store, run_id, worker, show))
+        finally:
+            triggerer.stop()
+            await sidecar
+        info = await store.run_info(run_id)
+        assert info is not None
+        tasks = await store.run_tasks(run_id)
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "dag_id": dag.dag_id,
+                        "run_id": run_id,
+                        "state": info["state"],
+                        "tasks": {t["task_id"]: t["state"] for t in tasks},
+                    }
+                )
+            )
+        else:
+            _summary(run_id, info, tasks, await store.mapped_counts(run_id))
+        return 0 if info["state"] == "SUCCESS" else 1
+    finally:
+        await store.close()
+
+
+async def _watch(store: Store, run_id: str, worker: Worker, show: bool) -> None:
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[states]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not show,
+        transient=False,
+    )
+    with progress:
+        bar = progress.add_task(run_id, total=None, states="")
+        while True:
+            info = await store.run_info(run_id)
+            pause = 0.25
+            if show:
+                # Counting scans every row of the run while holding the store (about 40 ms
+                # at 100,000 rows): only when a bar is drawn, and never more than ~5% of
+                # the time, so the count does not slow the run it reports on.
+                started = time.perf_counter()
+                counts = await store.run_counts(run_id)
+                pause = max(pause, 20 * (time.perf_counter() - started))
+                total = sum(counts.values())
+                done = sum(n for s, n in counts.items() if s in TERMINAL)
+                progress.update(
+                    bar,
+                    total=total,
+                    completed=done,
+                    states=" ".join(f"{s.lower()}={n}" for s, n in sorted(counts.items())),
+                )
+            if info is None or info["state"] != "RUNNING":
+                worker.stop()
+                return
+            await asyncio.sleep(pause)
+
+
+def _summary(run_id: str, info: Any, tasks: list[Any], mapped: dict[str, dict[str, int]]) -> None:
+    table = Table(title=f"{run_id}: {info['state']}")
+    for col in ("task", "state", "attempts", "duration"):
+        table.add_column(col)
+    for t in tasks:
+        state = t["state"]
+        if t["task_id"] in mapped:
+            state += (
+                " ("
+                + ", ".join(f"{n} {s.lower()}" for s, n in sorted(mapped[t["task_id"]].items()))
+                + ")"
+            )
+        dur = ""
+        if t["started_at"] and t["ended_at"]:
+            dur = f"{t['ended_at'] - t['started_at']:.2f} s"
+        table.add_row(t["task_id"], state, str(t["attempt"]), dur)
+    out.print(table)
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    store = await open_store(args.db)
+    worker = Worker(
+        store,
+        slots=args.slots,
+        isolation=args.isolation,
+        poll_interval=args.poll_interval,
+        heartbeat_interval=args.heartbeat_interval,
+        stale_after=args.stale_after,
+    )
+    _on_signals(worker.stop)
+    try:
+        from executor.metrics import worker_metrics
+
+        async with worker_metrics(worker, args.metrics_host, args.metrics_port) as metrics:
+            if metrics is not None:
+                print(f"slotless worker: metrics on {metrics.url}", file=sys.stderr, flush=True)
+            await worker.run()
+    finally:
+        await store.close()
+    return 0
+
+
+async def cmd_triggerer(args: argparse.Namespace) -> int:
+    from triggerer.service import Triggerer, TriggererConfig
+
+    store = await open_store(args.db)
+    config = TriggererConfig(lease_ttl=args.lease_ttl, lease_every=max(0.2, args.lease_ttl / 5))
+    triggerer = Triggerer(store, config=config)
+    _on_signals(triggerer.stop)
+    try:
+        from triggerer.metrics import triggerer_metrics
+
+        async with triggerer_metrics(triggerer, args.metrics_host, args.metrics_port) as metrics:
+            if metrics is not None:
+                print(f"slotless triggerer: metrics on {metrics.url}", file=sys.stderr, flush=True)
+            await triggerer.run()
+    finally:
+        await store.close()
+    return 0
+
+
+def _on_signals(stop: Any) -> None:
+    import signal
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    from .status import status_command
+
+    return await status_command(args)
+
+
+async def cmd_ui(args: argparse.Namespace) -> int:
+    from .web import serve_ui
+
+    return await serve_ui(args)
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    from .up import up
+
+    return await up(args)
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    task_id, map_index = args.task_id, -1
+    if task_id.endswith("]") and "[" in task_id:
+        task_id, _, idx = task_id[:-1].partition("[")
+        map_index = int(idx)
+    store = await open_store(args.db, create=False)
+    try:
+        events = await store.task_log(args.run_id, task_id, map_index)
+    finally:
+        await store.close()
+    if events is None:
+        print(f"slotless: error: no task {args.task_id!r} in run {args.run_id!r}", file=sys.stderr)
+        return 2
+    for e in events:
+        ts = datetime.fromtimestamp(e["ts"]).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        if e["kind"] == "transition":
+            line = f"{e['from_state']} -> {e['to_state']}: {e['message']}"
+        else:
+            line = e["message"]
+        print(f"{ts} [attempt {e['attempt']}] {e['kind']:<10} {line}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,613 @@
+"""The store's operations, run unchanged against both backends (SQLite and PostgreSQL).
+
+One parametrized fixture, ``store``, opens a fresh database of each kind (PostgreSQL: a
+fresh schema per test, see tests/support/pg.py) with a fake clock; the tests call only the Store
+API and named queries, so a difference between the backends' SQL shows up here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sqlite3
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import pg
+from support.helpers import FakeClock, ops, run_to_end
+from support.pg import create_schema, drop_schema, with_params
+
+from executor import DAG
+from executor.outcomes import Kind, Outcome
+from executor.sensing import deferral
+from executor.store import SchemaTooNew, Store, open_store
+from executor.store.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
+from executor.store.jobs import _record
+from triggerer.store import Fire, TriggererBatch
+from triggers.base import SHARDS
+from triggers.files import FileTrigger
+
+pg_server = pg.pg_server  # fixture
+DAY = date(2026, 4, 25)
+ALL_SHARDS = list(range(SHARDS))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A server-level URL: a SQLite file, or the PostgreSQL server (skips where none)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("pg_server")
+
+
+@pytest.fixture
+async def url(backend: str):
+    if backend.startswith("sqlite"):
+        yield backend
+        return
+    name = await create_schema(backend)
+    try:
+        yield with_params(backend, search_path=name)
+    finally:
+        await drop_schema(backend, name)
+
+
+@pytest.fixture
+async def store(url: str, clock: FakeClock):
+    s = await open_store(url, clock=clock)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+async def row_of(store: Store, run_id: str, task_id: str, map_index: int = -1) -> Row:
+    async with store.db.read() as tx:
+        row = await tx.fetchone("task_row", run_id, task_id, map_index)
+    assert row is not None, f"no task {task_id}[{map_index}] in {run_id}"
+    return row
+
+
+async def state_of(store: Store, run_id: str, task_id: str, map_index: int = -1) -> str:
+    return (await row_of(store, run_id, task_id, map_index))["state"]
+
+
+async def transitions(store: Store, row_id: int) -> list[tuple[str, str]]:
+    async with store.db.read() as tx:
+        events = await tx.fetch("task_events", row_id)
+    return [(e["from_state"], e["to_state"]) for e in events if e["kind"] == "transition"]
+
+
+def outcome(row: Row, kind: Kind = Kind.SUCCESS, output: Any = None, **kw: Any) -> Outcome:
+    return Outcome(
+        row_id=row["id"],
+        owner=row["owner"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        kind=kind,
+        output_json=json.dumps(output),
+        run_id=row["run_id"],
+        **kw,
+    )
+
+
+def deferred(row: Row, path: str, now: float, *, method: str | None = None, **kw: Any) -> Outcome:
+    o = outcome(row, Kind.DEFER)
+    o.deferral = deferral(
+        FileTrigger(path=path),
+        method=method,
+        method_kwargs={},
+        wait_started_at=now,
+        timeout=kw.pop("timeout", 3600.0),
+        **kw,
+    )
+    return o
+
+
+def ids(rows: list[Row]) -> list[str]:
+    return sorted(r["task_id"] for r in rows)
+
+
+def noop(ctx: Any) -> None:
+    return None
+
+
+def etl_dag() -> DAG:
+    dag = DAG("etl")
+    dag.task(noop, task_id="extract")
+    dag.task(noop, task_id="transform_a", parents=["extract"])
+    dag.task(noop, task_id="transform_b", parents=["extract"])
+    dag.task(noop, task_id="load", parents=["transform_a", "transform_b"])
+    return dag
+
+
+async def raw_execute(url: str, statement: str) -> None:
+    """One statement outside the store (the test reaching under the API)."""
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url[len("sqlite:///") :])
+        with conn:
+            conn.execute(statement)
+        conn.close()
+        return
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+# ------------------------------------------------------------------------------- runs
+
+
+async def test_create_run_makes_roots_claimable_once(store: Store, clock: FakeClock) -> None:
+    run_id = await store.create_run(etl_dag(), DAY)
+    claimed = await store.claim("w1", 10)
+    assert ids(claimed) == ["extract"]
+    row = claimed[0]
+    assert (row["state"], row["owner"], row["started_at"]) == ("RUNNING", "w1", clock.now)
+    assert await store.claim("w2", 10) == []
+    assert await store.run_counts(run_id) == {"RUNNING": 1, "PENDING": 3}
+    assert await transitions(store, row["id"]) == [("PENDING", "RUNNING")]
+
+
+async def test_exchange_records_success_and_claims_the_children(store: Store) -> None:
+    run_id = await store.create_run(etl_dag(), DAY)
+    [extract] = await store.claim("w1", 10)
+    children = await store.exchange([outcome(extract, output={"n": 3})], "w1#1", 10)
+    assert ids(children) == ["transform_a", "transform_b"]
+    assert all(r["owner"] == "w1#1" for r in children)
+    assert await store.parent_outputs(children[0]) == {"extract": {"n": 3}}
+    [load] = await store.exchange([outcome(r, output=r["task_id"]) for r in children], "w2", 10)
+    assert load["task_id"] == "load"
+    assert await store.parent_outputs(load) == {
+        "transform_a": "transform_a",
+        "transform_b": "transform_b",
+    }
+    await store.complete([outcome(load)])
+    info = await store.run_info(run_id)
+    assert info is not None and info["state"] == "SUCCESS" and info["tasks_unfinished"] == 0
+    assert await store.run_counts(run_id) == {"SUCCESS": 4}
+    assert await transitions(store, load["id"]) == [
+        ("PENDING", "RUNNING"),
+        ("RUNNING", "SUCCESS"),
+    ]
+    [(run, counts)] = await store.list_runs()
+    assert run["run_id"] == run_id and counts == {"SUCCESS": 4}
+
+
+async def test_a_failure_retries_after_its_delay_then_fails_the_run(
+    store: Store, clock: FakeClock
+) -> None:
+    dag = DAG("flaky")
+    dag.task(noop, task_id="flaky", retries=1)
+    dag.task(noop, task_id="after", parents=["flaky"])
+    run_id = await store.create_run(dag, DAY)
+    [row] = await store.claim("w", 5)
+    await store.complete([outcome(row, Kind.ERROR, message="boom", retry_delay=30.0)])
+    retrying = await row_of(store, run_id, "flaky")
+    assert (retrying["state"], retrying["attempt"]) == ("RETRYING", 2)
+    assert retrying["ready_at"] == pytest.approx(clock.now + 30.0)
+    assert await store.claim("w", 5) == []  # not due yet
+    clock.advance(31)
+    [again] = await store.claim("w", 5)
+    assert (again["task_id"], again["state"], again["attempt"]) == ("flaky", "RUNNING", 2)
+    await store.complete([outcome(again, Kind.ERROR, message="boom again")])
+    assert await state_of(store, run_id, "flaky") == "FAILED"
+    assert await state_of(store, run_id, "after") == "UPSTREAM_FAILED"
+    info = await store.run_info(run_id)
+    assert info is not None and info["state"] == "FAILED"
+    assert await transitions(store, again["id"]) == [
+        ("PENDING", "RUNNING"),
+        ("RUNNING", "RETRYING"),
+        ("RETRYING", "RUNNING"),
+        ("RUNNING", "FAILED"),
+    ]
+
+
+async def test_a_stale_report_changes_nothing(store: Store) -> None:
+    run_id = await store.create_run(etl_dag(), DAY)
+    [row] = await store.claim("w1", 5)
+    stale = outcome(row)
+    stale.owner = "someone-else"
+    await store.complete([stale])
+    assert await state_of(store, run_id, "extract") == "RUNNING"
+
+
+async def test_the_branch_not_taken_is_skipped(store: Store) -> None:
+    dag = DAG("branchy")
+    dag.task(noop, task_id="choose", branch=True)
+    dag.task(noop, task_id="left", parents=["choose"])
+    dag.task(noop, task_id="right", parents=["choose"])
+    dag.task(noop, task_id="after_right", parents=["right"])
+    run_id = await store.create_run(dag, DAY)
+    [choose] = await store.claim("w", 5)
+    chosen = outcome(choose, output="left", skip_children=["right"])
+    [left] = await store.exchange([chosen], "w", 5)
+    assert left["task_id"] == "left"
+    assert await state_of(store, run_id, "right") == "SKIPPED"
+    assert await state_of(store, run_id, "after_right") == "SKIPPED"
+    await store.complete([outcome(left)])
+    info = await store.run_info(run_id)
+    assert info is not None and info["state"] == "SUCCESS"
+
+
+async def test_a_fan_out_expands_runs_and_fans_in_in_index_order(store: Store) -> None:
+    dag = DAG("fan")
+    dag.task(noop, task_id="source")
+    dag.task(noop, task_id="each", expand="source", retries=2)
+    dag.task(noop, task_id="total", parents=["each"])
+    run_id = await store.create_run(dag, DAY)
+    [source] = await store.claim("w", 10)
+    instances = await store.exchange([outcome(source, output=[10, 20, 30])], "w", 10)
+    assert sorted((r["map_index"], json.loads(r["item"])) for r in instances) == [
+        (0, 10),
+        (1, 20),
+        (2, 30),
+    ]
+    assert all(r["map_total"] == 3 and r["max_attempts"] == 3 for r in instances)
+    assert await state_of(store, run_id, "each") == "RUNNING"  # the template
+    # finish them out of order; the fan-in sees them in index order
+    done = [outcome(r, output=json.loads(r["item"]) * 2) for r in reversed(instances)]
+    [total] = await store.exchange(done, "w", 10)
+    assert total["task_id"] == "total"
+    assert await store.parent_outputs(total) == {"each": [20, 40, 60]}
+    assert await state_of(store, run_id, "each") == "SUCCESS"
+    assert await store.mapped_counts(run_id) == {"each": {"SUCCESS": 3}}
+    await store.complete([outcome(total)])
+    assert await store.run_counts(run_id) == {"SUCCESS": 5}
+
+
+async def test_an_empty_fan_out_skips_the_mapped_task(store: Store) -> None:
+    dag = DAG("empty")
+    dag.task(noop, task_id="source")
+    dag.task(noop, task_id="each", expand="source")
+    run_id = await store.create_run(dag, DAY)
+    [source] = await store.claim("w", 10)
+    assert await store.exchange([outcome(source, output=[])], "w", 10) == []
+    assert await state_of(store, run_id, "each") == "SKIPPED"
+
+
+# --------------------------------------------------------------------------- deferral
+
+
+def sensor_dag(tmp_path: Path, *, soft_fail: bool = False) -> DAG:
+    dag = DAG("waits")
+    dag.sensor("wait", FileTrigger(path=str(tmp_path / "in.csv")), soft_fail=soft_fail)
+    dag.task(noop, task_id="after", parents=["wait"])
+    dag.task(noop, task_id="submit")
+    return dag
+
+
+async def test_a_late_event_does_not_wake_a_task_now_waiting_on_another_trigger(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A hand-over can deliver an event twice; by then the task may have resumed and
+    deferred again, on a new trigger. The late copy must change nothing."""
+    run_id = await store.create_run(sensor_dag(tmp_path), DAY)
+    submit = {r["task_id"]: r for r in await store.claim("w", 10)}["submit"]
+    await store.complete([deferred(submit, str(tmp_path / "one"), clock.now, method="check")])
+    (first,) = [
+        w for w in await ops(store).load_triggers(ALL_SHARDS) if w["task_row"] == submit["id"]
+    ]
+    old = Fire({submit["id"]: first["trigger_id"]}, json.dumps(1), "fired: one")
+    await ops(store).triggerer_commit(TriggererBatch(fires=[old]))
+    again = {r["task_id"]: r for r in await store.claim("w2", 10)}["submit"]
+    await store.complete([deferred(again, str(tmp_path / "two"), clock.now, method="check")])
+    await ops(store).triggerer_commit(TriggererBatch(fires=[old], failures=[(old.waits, "late")]))
+    row = await row_of(store, run_id, "submit")
+    assert row["state"] == "DEFERRED" and row["trigger_id"] != first["trigger_id"]
+
+
+async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    run_id = await store.create_run(sensor_dag(tmp_path), DAY)
+    rows = {r["task_id"]: r for r in await store.claim("w", 10)}
+    assert sorted(rows) == ["submit", "wait"]
+    await store.complete(
+        [
+            deferred(rows["wait"], str(tmp_path / "in.csv"), clock.now),
+            deferred(rows["submit"], str(tmp_path / "done.flag"), clock.now, method="check"),
+        ]
+    )
+    assert await store.run_counts(run_id) == {"DEFERRED": 2, "PENDING": 1}
+    waits = await ops(store).load_triggers(ALL_SHARDS)
+    by_row = {w["task_row"]: w for w in waits}
+    assert set(by_row) == {rows["wait"]["id"], rows["submit"]["id"]}
+    assert by_row[rows["submit"]["id"]]["next_method"] == "check"
+    assert by_row[rows["wait"]["id"]]["next_method"] is None
+    newest = max(w["trigger_id"] for w in waits)
+    assert await ops(store).load_triggers(ALL_SHARDS, newest) == []
+
+    clock.advance(1)
+    on = {w["task_row"]: {w["task_row"]: w["trigger_id"]} for w in waits}
+    fires = [
+        Fire(on[rows["wait"]["id"]], json.dumps({"paths": ["in.csv"]}), "fired: in.csv"),
+        Fire(on[rows["submit"]["id"]], json.dumps({"flag": True}), "fired: done.flag"),
+    ]
+    await ops(store).triggerer_commit(
+        TriggererBatch(fires=fires, logs=[(rows["wait"]["id"], "poked")])
+    )
+    wait = await row_of(store, run_id, "wait")
+    assert wait["state"] == "SUCCESS" and json.loads(wait["output"]) == {"paths": ["in.csv"]}
+    # the same fire again (a hand-over's double fire) changes nothing
+    await ops(store).triggerer_commit(TriggererBatch(fires=fires))
+    assert await transitions(store, rows["wait"]["id"]) == [
+        ("PENDING", "RUNNING"),
+        ("RUNNING", "DEFERRED"),
+        ("DEFERRED", "SUCCESS"),
+    ]
+    claimed = {r["task_id"]: r for r in await store.claim("w2", 10)}
+    assert sorted(claimed) == ["after", "submit"]
+    resumed = claimed["submit"]
+    assert resumed["next_method"] == "check" and json.loads(resumed["event"]) == {"flag": True}
+    assert resumed["attempt"] == 1  # a deferral is not a new attempt
+    assert await store.parent_outputs(claimed["after"]) == {"wait": {"paths": ["in.csv"]}}
+    assert await ops(store).delete_orphan_triggers(ALL_SHARDS) == 2
+
+
+async def test_expired_waits_fail_or_skip(store: Store, clock: FakeClock, tmp_path: Path) -> None:
+    hard = await store.create_run(sensor_dag(tmp_path), DAY, run_id="hard")
+    soft = await store.create_run(sensor_dag(tmp_path, soft_fail=True), DAY, run_id="soft")
+    rows = await store.claim("w", 10)
+    sensors = [r for r in rows if r["task_id"] == "wait"]
+    path = str(tmp_path / "never")
+    await store.complete(
+        [deferred(r, path, clock.now, timeout=5.0, soft_fail=r["run_id"] == soft) for r in sensors]
+    )
+    assert await ops(store).expire_waits(ALL_SHARDS) == []
+    clock.advance(6)
+    assert sorted(await ops(store).expire_waits(ALL_SHARDS)) == sorted(r["id"] for r in sensors)
+    assert await state_of(store, hard, "wait") == "FAILED"
+    assert await state_of(store, hard, "after") == "UPSTREAM_FAILED"
+    assert await state_of(store, soft, "wait") == "SKIPPED"
+    assert await state_of(store, soft, "after") == "SKIPPED"
+    assert await ops(store).expire_waits(ALL_SHARDS) == []
+
+
+async def test_a_trigger_committed_after_a_newer_one_is_still_loaded(
+    store: Store, clock: FakeClock, tmp_path: Path, backend: str
+) -> None:
+    """Ids are handed out at INSERT and seen at COMMIT: on PostgreSQL a deferral may commit
+    after a newer one that a load already returned. The next incremental load gets it."""
+    if backend.startswith("sqlite"):
+        pytest.skip("SQLite serializes writers: ids commit in order")
+    dag = DAG("two")
+    dag.sensor("a", FileTrigger(path=str(tmp_path / "a")))
+    dag.sensor("b", FileTrigger(path=str(tmp_path / "b")))
+    await store.create_run(dag, DAY)
+    rows = {r["task_id"]: r for r in await store.claim("w", 10)}
+    async with store.db.write() as slow:
+        await _record(slow, [deferred(rows["a"], str(tmp_path / "a"), clock.now)], clock.now)
+        await store.complete([deferred(rows["b"], str(tmp_path / "b"), clock.now)])
+        first = await ops(store).load_triggers(ALL_SHARDS)
+        assert [w["task_row"] for w in first] == [rows["b"]["id"]]
+    cursor = first[0]["trigger_id"]
+    later = await ops(store).load_triggers(ALL_SHARDS, cursor)
+    assert [w["task_row"] for w in later] == [rows["a"]["id"]]
+    assert later[0]["trigger_id"] < cursor
+    assert await ops(store).load_triggers(ALL_SHARDS, cursor) == []
+
+
+# ----------------------------------------------------------------------------- leases
+
+
+async def test_lease_shards_share_fairly_and_take_over_a_dead_triggerer(
+    store: Store, clock: FakeClock
+) -> None:
+    assert len(await ops(store).lease_shards("t1", 10, 10)) == SHARDS
+    assert await ops(store).lease_shards("t2", 10, 10) == set()  # nothing free yet
+    t1 = await ops(store).lease_shards("t1", 10, 10)  # over its share now: gives half back
+    assert len(t1) == SHARDS // 2
+    t2 = await ops(store).lease_shards("t2", 10, 10)
+    assert len(t2) == SHARDS // 2 and not t1 & t2
+    assert {r["id"]: r["shards"] for r in await store.list_triggerers()} == {"t1": 32, "t2": 32}
+    clock.advance(5)
+    assert await ops(store).lease_shards("t2", 10, 10) == t2  # renewed, t1 still live
+    clock.advance(6)  # t1 silent for 11 s: its leases (10 s) expired
+    assert len(await ops(store).lease_shards("t2", 10, 10)) == SHARDS
+    await ops(store).triggerer_leave("t2")
+    assert [r["id"] for r in await store.list_triggerers()] == ["t1"]
+    assert len(await ops(store).lease_shards("t3", 10, 10)) == SHARDS  # t2 gave them back
+
+
+# ------------------------------------------------------------------------------ misc
+
+
+async def test_reap_takes_back_the_tasks_of_a_silent_worker(store: Store, clock: FakeClock) -> None:
+    dag = DAG("reap")
+    dag.task(noop, task_id="retried", retries=1)
+    dag.task(noop, task_id="failed")
+    run_id = await store.create_run(dag, DAY)
+    rows = await store.claim("dead-worker", 10)
+    assert await store.heartbeat("dead-worker", [r["id"] for r in rows]) == 2
+    clock.advance(5)
+    assert await store.reap(30) == 0
+    clock.advance(30)
+    assert await store.reap(30) == 2
+    assert await state_of(store, run_id, "retried") == "RETRYING"
+    assert await state_of(store, run_id, "failed") == "FAILED"
+
+
+async def test_external_states_answers_many_questions_at_once(store: Store) -> None:
+    run_id = await store.create_run(etl_dag(), DAY)
+    [extract] = await store.claim("w", 10)
+    await store.complete([outcome(extract)])
+    answers = await store.external_states(
+        [
+            {"dag_id": "etl", "logical_date": DAY.isoformat(), "task_id": None},
+            {"dag_id": "etl", "logical_date": DAY.isoformat(), "task_id": "extract"},
+            {"dag_id": "etl", "logical_date": DAY.isoformat(), "task_id": "load"},
+            {"dag_id": "nope", "logical_date": DAY.isoformat(), "task_id": None},
+        ]
+    )
+    assert [(a["q"], a["state"], a["run_id"]) for a in answers] == [
+        (0, "RUNNING", run_id),
+        (1, "SUCCESS", run_id),
+        (2, "PENDING", run_id),
+        (3, None, None),
+    ]
+
+
+async def test_concurrent_claimers_never_claim_a_row_twice(
+    store: Store, url: str, clock: FakeClock
+) -> None:
+    dag = DAG("wide")
+    for i in range(300):
+        dag.task(noop, task_id=f"t{i:03d}")
+    await store.create_run(dag, DAY)
+    others = [await open_store(url, clock=clock) for _ in range(3)]
+    try:
+
+        async def drain(s: Store, name: str) -> list[int]:
+            got: list[int] = []
+            while rows := await s.claim(name, 7):
+                got += [r["id"] for r in rows]
+            return got
+
+        results = await asyncio.gather(*(drain(s, f"w{i}") for i, s in enumerate([store, *others])))
+    finally:
+        for s in others:
+            await s.close()
+    claimed = [i for r in results for i in r]
+    assert len(claimed) == 300 and len(set(claimed)) == 300
+
+
+async def test_an_in_process_worker_runs_a_dag_to_the_end(url: str) -> None:
+    dag = DAG("e2e")
+
+    @dag.task
+    def items(ctx: Any) -> list[int]:
+        return list(range(25))
+
+    @dag.task(expand=items)
+    def square(ctx: Any) -> int:
+        return ctx.item * ctx.item
+
+    @dag.task(parents=[square])
+    def total(ctx: Any) -> int:
+        return sum(ctx.inputs["square"])
+
+    store = await open_store(url)
+    try:
+        run_id = await store.create_run(dag, DAY)
+        info = await run_to_end(store, run_id, dags={"e2e": dag}, slots=4)
+        assert info["state"] == "SUCCESS"
+        assert json.loads((await row_of(store, run_id, "total"))["output"]) == sum(
+            i * i for i in range(25)
+        )
+    finally:
+        await store.close()
+
+
+async def test_reopening_migrates_nothing_and_a_newer_schema_is_refused(url: str) -> None:
+    first, second = await asyncio.gather(open_store(url), open_store(url))  # racing migrators
+    await first.close()
+    await second.close()
+    await raw_execute(url, "INSERT INTO schema_version VALUES (999, 'future', 0)")
+    with pytest.raises(SchemaTooNew, match="999"):
+        await open_store(url)
+
+
+async def test_wait_wakes_on_new_work_on_postgresql_and_sleeps_on_sqlite(url: str) -> None:
+    listener, writer = await open_store(url), await open_store(url)
+    try:
+        if url.startswith("sqlite"):
+            began = time.monotonic()
+            assert await listener.db.wait(TASKS_CHANNEL, 0.2) is False
+            assert time.monotonic() - began >= 0.19
+            return
+        await listener.db.wait(TASKS_CHANNEL, 0.01)  # starts listening (may say True once)
+        await listener.db.wait(TRIGGERS_CHANNEL, 0.01)
+        assert await listener.db.wait(TASKS_CHANNEL, 0.05) is False  # nothing happened
+
+        waiting = asyncio.create_task(listener.db.wait(TASKS_CHANNEL, 10))
+        await asyncio.sleep(0.05)
+        began = time.monotonic()
+        run_id = await writer.create_run(etl_dag(), DAY)  # a root becomes claimable
+        assert await waiting is True
+        assert time.monotonic() - began < 1.0
+
+        [extract] = await writer.claim("w", 1)
+        assert await listener.db.wait(TASKS_CHANNEL, 0.05) is False  # claiming wakes nobody
+        # a notification that arrives between two waits is not lost
+        await writer.complete([deferred(extract, "/nonexistent/x", writer.clock())])
+        assert await listener.db.wait(TRIGGERS_CHANNEL, 0.0) is True
+        assert await state_of(writer, run_id, "extract") == "DEFERRED"
+    finally:
+        await listener.close()
+        await writer.close()
+
+
+async def test_postgresql_times_come_from_the_server_clock(
+    backend: str, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases, heartbeats and ready_at are stamped with the database's clock, not the
+    host's: a host whose wall clock is an hour off still agrees with the server."""
+    if backend.startswith("sqlite"):
+        pytest.skip("SQLite is one host: the store uses the host clock")
+    import asyncpg
+
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600.0)
+    store = await open_store(url)
+    conn = await asyncpg.connect(url)
+    try:
+        server = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8")
+        assert abs(store.clock() - server) < 0.05
+        assert await ops(store).lease_shards("t", 10, 10)
+        expiry = await conn.fetchval("SELECT max(expires_at) FROM shard_lease")
+        assert expiry == pytest.approx(server + 10, abs=0.5)
+    finally:
+        await conn.close()
+        await store.close()
+
+
+async def test_postgresql_recovers_when_the_server_drops_its_connections(
+    backend: str, url: str
+) -> None:
+    """A server restart or a failover drops every connection: the next statements work
+    again on new connections, and LISTEN comes back by itself (waiters woken meanwhile)."""
+    if backend.startswith("sqlite"):
+        pytest.skip("no server connection to lose")
+    import asyncpg
+
+    name = f"slotless-test-{secrets.token_hex(4)}"  # only this test's connections are cut
+    mine = with_params(url, application_name=name)
+    listener, writer = await open_store(mine), await open_store(mine)
+    admin = await asyncpg.connect(url)
+    try:
+        await listener.db.wait(TASKS_CHANNEL, 0.01)  # listening now
+        assert await listener.db.wait(TASKS_CHANNEL, 0.05) is False
+        cut = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = $1",
+            name,
+        )
+        assert cut >= 3  # two pools and the LISTEN connection
+        # The lost LISTEN connection wakes its waiters at once: they look for work.
+        assert await listener.db.wait(TASKS_CHANNEL, 5.0) is True
+        for attempt in range(3):  # the pool hands out a dead connection at most once each
+            try:
+                await writer.run_counts("none")
+                break
+            except Exception:  # the callers (worker, triggerer) retry on any error too
+                assert attempt < 2
+        await listener.db.wait(TASKS_CHANNEL, 0.01)  # listening again (may say True once)
+        waiting = asyncio.create_task(listener.db.wait(TASKS_CHANNEL, 10))
+        await asyncio.sleep(0.05)
+        await writer.create_run(etl_dag(), DAY)
+        assert await waiting is True
+    finally:
+        await admin.close()
+        await listener.close()
+        await writer.close()

@@ -1,0 +1,72 @@
+"""The benchmarks' own bookkeeping (no timings asserted): workloads, counting, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from benchmarks import capacity, dedup, slots
+from slotless import cli
+from triggers.registry import load_trigger
+
+
+def test_duplicate_waits_share_conditions() -> None:
+    waits = capacity.waits_with_duplicates(1000, 0.4, 60.0)
+    assert len(waits) == 1000
+    assert len({w.poke_hash() for w in waits}) == 600
+
+
+def test_cycles_split_on_gaps() -> None:
+    log = [(0.0, "a"), (0.1, "b"), (5.0, "a"), (5.2, "b"), (10.1, "a")]
+    assert capacity.cycles_of(log, 5.0) == [["a", "b"], ["a", "b"], ["a"]]
+
+
+def test_inserted_waits_load_as_the_triggerer_loads_them(tmp_path: Path) -> None:
+    db = tmp_path / "w.db"
+    capacity.create_schema(db)
+    waits = [capacity.NoopTrigger(key=f"k{i}") for i in range(5)]
+    rows = capacity.insert_waits(db, waits, run_id="r", prefix="w", next_method="resume")
+    conn = sqlite3.connect(db)
+    got = conn.execute(
+        "SELECT t.id, t.state, t.next_method, g.classpath, g.kwargs, g.poke_hash"
+        " FROM task t JOIN trigger g ON g.id = t.trigger_id ORDER BY t.id"
+    ).fetchall()
+    conn.close()
+    assert [r[0] for r in got] == rows
+    for (_, state, method, classpath, kwargs, poke_hash), wait in zip(got, waits, strict=True):
+        assert (state, method) == ("DEFERRED", "resume")
+        assert load_trigger(classpath, kwargs).poke_hash() == poke_hash == wait.poke_hash()
+
+
+def test_salt_makes_equal_keys_distinct_checks() -> None:
+    args = argparse.Namespace(sensors=100, duplicates=0.4, prefixes=10, seed=2)
+    keys = dedup.workload(args)
+    assert len(keys) == 100 and len(set(keys)) == 60
+    plain = {dedup.UnbatchedS3KeyTrigger(bucket="b", key=k).poke_hash() for k in keys}
+    salted = {
+        dedup.SaltedS3KeyTrigger(bucket="b", key=k, salt=str(i)).poke_hash()
+        for i, k in enumerate(keys)
+    }
+    assert (len(plain), len(salted)) == (60, 100)
+    assert not dedup.UnbatchedS3KeyTrigger.is_batched()
+    assert dedup.S3KeyTrigger.is_batched()
+
+
+def test_busy_slots_over_time() -> None:
+    usage = [("wait_1", "poke", 0.0, 1.0), ("work_1", "execute", 0.5, 1.5)]
+    ts, busy = slots.busy_over_time(usage, step=0.5)
+    assert list(zip(ts, busy, strict=True))[:4] == [(0.0, 1), (0.5, 2), (1.0, 1), (1.5, 0)]
+    assert slots.busy_over_time(usage, "wait_", step=0.5)[1][:3] == [1, 1, 0]
+
+
+def test_bench_command_refuses_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "nope"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_bench_command_passes_options_through(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "dedup", "--help"]) == 0
