@@ -173,7 +173,7 @@ async def completion_costs(
     other would compare scheduler moods rather than widths.
     """
     from executor import DAG
-    from executor.outcomes import Kind, Outcome
+    from executor.outcomes import Outcome, Succeeded
     from executor.store import open_store
 
     def noop(ctx: Any) -> None:
@@ -192,14 +192,13 @@ async def completion_costs(
                 run_id = await store.create_run(dag, date(2026, 1, 1), run_id=f"fanin_{n}_{r}")
                 runs[n].append(run_id)
                 rows = await store.claim("bench", n)  # exactly this run's parents
-                assert len(rows) == n and {row["run_id"] for row in rows} == {run_id}
+                assert len(rows) == n and {row.run_id for row in rows} == {run_id}
                 for i, row in enumerate(rows):
-                    outcome = Outcome(
-                        row_id=row["id"],
+                    outcome = Succeeded(
+                        row_id=row.id,
                         owner="bench",
-                        attempt=row["attempt"],
-                        max_attempts=row["max_attempts"],
-                        kind=Kind.SUCCESS,
+                        attempt=row.attempt,
+                        max_attempts=row.max_attempts,
                         output_json="null",
                         run_id=run_id,
                     )

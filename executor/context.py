@@ -60,6 +60,11 @@ class TaskContext:
     def index(self) -> int | None:
         return self.map_index if self.map_index >= 0 else None
 
+    @property
+    def lines(self) -> list[tuple[float, str]]:
+        """This attempt's log lines so far, as ``(epoch seconds, text)``."""
+        return self._logs
+
     def log(self, message: str) -> None:
         """Add a line to this task's log (written when the attempt ends)."""
         self._logs.append((time.time(), str(message)))

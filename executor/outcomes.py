@@ -1,18 +1,20 @@
-"""What a worker reports back after running a task in a slot."""
+"""What a worker reports back after running a task in a slot: one class per way it ended."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import ClassVar
 
 
 class Kind(StrEnum):
+    """The label of each outcome class (the ``slotless_attempts_total`` metric's ``kind``)."""
+
     SUCCESS = "success"
     ERROR = "error"
-    DEFER = "defer"  # extra: Deferral
-    RESCHEDULE = "reschedule"  # extra: ready_at, wait_started_at, timeout_at
-    SENSOR_TIMEOUT = "sensor_timeout"  # extra: soft_fail
+    DEFER = "defer"
+    RESCHEDULE = "reschedule"
+    SENSOR_TIMEOUT = "sensor_timeout"
 
 
 @dataclass(slots=True)
@@ -40,21 +42,64 @@ class SlotInterval:
     ended_at: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Outcome:
+    """What every finished attempt reports; the subclasses say how it ended."""
+
+    kind: ClassVar[Kind]
+
     row_id: int
-    owner: str
+    owner: str  # the claim token: only the attempt's owner may record it
     attempt: int
     max_attempts: int
-    kind: Kind
-    output_json: str | None = None  # already serialized by the worker
-    message: str = ""
-    traceback: str | None = None
-    retry_delay: float = 0.0
-    skip_children: list[str] = field(default_factory=list)  # a branch's children not chosen
     run_id: str = ""
-    logs: list[tuple[float, str]] = field(default_factory=list)
+    logs: list[tuple[float, str]] = field(default_factory=list)  # ctx.log lines
+    traceback: str | None = None
     slot: SlotInterval | None = None
-    deferral: Deferral | None = None
     slot_kind: str | None = None  # execute, poke, resume (default: from the row)
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class Succeeded(Outcome):
+    kind = Kind.SUCCESS
+
+    output_json: str | None = None  # already serialized by the worker
+    skip_children: list[str] = field(default_factory=list)  # a branch's children not chosen
+
+
+@dataclass(slots=True, kw_only=True)
+class Failed(Outcome):
+    """The attempt raised (or cannot run): retried after ``retry_delay`` while
+    ``attempt < max_attempts``, else FAILED."""
+
+    kind = Kind.ERROR
+
+    message: str
+    retry_delay: float = 0.0
+
+
+@dataclass(slots=True, kw_only=True)
+class Deferred(Outcome):
+    kind = Kind.DEFER
+
+    deferral: Deferral
+
+
+@dataclass(slots=True, kw_only=True)
+class Rescheduled(Outcome):
+    """A reschedule-mode sensor checked and will check again at ``ready_at``."""
+
+    kind = Kind.RESCHEDULE
+
+    message: str
+    ready_at: float
+    wait_started_at: float
+    timeout_at: float
+
+
+@dataclass(slots=True, kw_only=True)
+class SensorTimedOut(Outcome):
+    kind = Kind.SENSOR_TIMEOUT
+
+    message: str
+    soft_fail: bool = False  # SKIPPED instead of FAILED

@@ -13,13 +13,75 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
+from .rows import MovedTask, TaskRow
 from .rules import Counts, Decision, aggregate, decide
 from .states import TERMINAL, State, check_transition
-from .store.db import Row, Tx
+from .store.db import Tx
 
 Message = str | Mapping[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Carry:
+    """What a transition writes besides the state, in the same statement.
+
+    Each group is left as it is unless set: ``output`` (one output for every row moved, a
+    sensor's event) or ``outputs`` (row id -> output, finished attempts); ``event`` (the
+    payload that resumes a deferred task); a deferral (``trigger_id``, ``next_method``,
+    ``next_kwargs``, ``soft_fail``, which also clears an earlier event); a wait
+    (``wait_started_at``, kept if a wait already started, and ``wait_timeout_at``). A move
+    to RETRYING always forgets the resume point, the event and the wait: a retry starts
+    the task over, and a sensor's timeout is per attempt.
+    """
+
+    output: str | None = None
+    outputs: Mapping[int, str | None] | None = None
+    event: str | None = None
+    defer: bool = False
+    trigger_id: int | None = None
+    next_method: str | None = None
+    next_kwargs: str | None = None
+    soft_fail: bool = False
+    wait_started_at: float | None = None
+    wait_timeout_at: float | None = None
+
+    def params(self, new: State) -> dict[str, Any]:
+        output_mode = "keep"
+        if self.outputs is not None:
+            output_mode = "each"
+        elif self.output is not None:
+            output_mode = "one"
+        resume: Literal["keep", "event", "defer", "restart"] = "keep"
+        wait: Literal["keep", "start", "clear"] = "keep"
+        if new is State.RETRYING:
+            resume, wait = "restart", "clear"
+        else:
+            if self.defer:
+                resume = "defer"
+            elif self.event is not None:
+                resume = "event"
+            if self.wait_started_at is not None:
+                wait = "start"
+        return {
+            "output_mode": output_mode,
+            "output": self.output,
+            "outputs": None if self.outputs is None else json.dumps(self.outputs),
+            "resume_mode": resume,
+            "event": self.event,
+            "trigger_id": self.trigger_id,
+            "next_method": self.next_method,
+            "next_kwargs": self.next_kwargs,
+            "soft_fail": int(self.soft_fail),
+            "wait_mode": wait,
+            "wait_started_at": self.wait_started_at,
+            "wait_timeout_at": self.wait_timeout_at,
+        }
+
+
+NOTHING = Carry()
 
 
 async def transition(
@@ -34,8 +96,10 @@ async def transition(
     owner: str | None = None,
     expect_owner: str | None = None,
     attempt_delta: int = 0,
-) -> list[Row]:
-    """Move ``ids`` from ``expected`` to ``new``; returns the rows that moved."""
+    carry: Carry = NOTHING,
+) -> list[MovedTask]:
+    """Move ``ids`` from ``expected`` to ``new`` with what ``carry`` says; returns the rows
+    that moved (a row no longer in ``expected``, or not ``expect_owner``'s, stays put)."""
     changed = await _cas(
         tx,
         ids,
@@ -47,10 +111,8 @@ async def transition(
         owner=owner,
         expect_owner=expect_owner,
         attempt_delta=attempt_delta,
+        carry=carry,
     )
-    if changed and new is State.RETRYING:
-        # A retry starts the task over, not at the method a deferral named (with no event).
-        await tx.execute("clear_resume", tx.ids([row["id"] for row in changed]))
     if changed and new in TERMINAL:
         await _settle(tx, [(row, new) for row in changed], now)
     return changed
@@ -67,7 +129,7 @@ async def retry_or_fail(
     why: str,
     delay: float | None = None,
     expect_owner: str | None = None,
-) -> list[Row]:
+) -> list[MovedTask]:
     """A failed attempt: RETRYING (claimable after ``delay``) while attempts are left, else
     FAILED. Task errors, lost workers and broken triggers all end up here."""
     if attempt < max_attempts:
@@ -93,139 +155,155 @@ async def _cas(
     owner: str | None = None,
     expect_owner: str | None = None,
     attempt_delta: int = 0,
-) -> list[Row]:
+    carry: Carry = NOTHING,
+) -> list[MovedTask]:
     check_transition(expected, new)
     if not ids:
         return []
-    changed = await tx.fetch(
-        "cas",
-        new.value,
-        ready_at,
-        owner,
-        now if owner else None,
-        attempt_delta,
-        now,
-        1 if new in TERMINAL else 0,
-        expected.value,
-        tx.ids(ids),
-        expect_owner,
+    changed = MovedTask.all(
+        await tx.fetch(
+            "cas",
+            new=new.value,
+            ready_at=ready_at,
+            owner=owner,
+            heartbeat_at=now if owner else None,
+            attempt_delta=attempt_delta,
+            now=now,
+            terminal=1 if new in TERMINAL else 0,
+            expected=expected.value,
+            ids=list(ids),
+            expect_owner=expect_owner,
+            **carry.params(new),
+        )
     )
     if changed:
         await tx.executemany(
             "insert_event",
             [
-                (
-                    row["id"],
-                    now,
-                    "transition",
-                    expected.value,
-                    new.value,
-                    row["attempt"],
-                    message[row["id"]] if isinstance(message, Mapping) else message,
-                )
+                {
+                    "task_row": row.id,
+                    "ts": now,
+                    "kind": "transition",
+                    "from_state": expected.value,
+                    "to_state": new.value,
+                    "attempt": row.attempt,
+                    "message": message[row.id] if isinstance(message, Mapping) else message,
+                }
                 for row in changed
             ],
         )
     return changed
 
 
-async def evaluate(tx: Tx, rows: Sequence[Row], now: float) -> None:
+async def evaluate(tx: Tx, rows: Sequence[TaskRow], now: float) -> None:
     """Apply trigger rules to rows whose counters changed (or to a new run's tasks)."""
     ended = await _decide(tx, rows, now)
     if ended:
         await _settle(tx, ended, now)
 
 
-async def _settle(tx: Tx, ended: list[tuple[Row, State]], now: float) -> None:
+async def _settle(tx: Tx, ended: list[tuple[MovedTask, State]], now: float) -> None:
     # A worklist, not recursion: a skip can cascade down a chain of any length.
     while ended:
         ended = await _settle_batch(tx, ended, now)
 
 
 async def _settle_batch(
-    tx: Tx, ended: list[tuple[Row, State]], now: float
-) -> list[tuple[Row, State]]:
-    follow: list[tuple[Row, State]] = []
+    tx: Tx, ended: list[tuple[MovedTask, State]], now: float
+) -> list[tuple[MovedTask, State]]:
+    follow: list[tuple[MovedTask, State]] = []
 
     # 1. Run bookkeeping: a run ends when its last unmapped task does.
     per_run: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for row, state in ended:
-        if row["map_index"] < 0:
-            acc = per_run[row["run_id"]]
+        if row.map_index < 0:
+            acc = per_run[row.run_id]
             acc[0] += 1
-            if row["is_leaf"] and state in (State.FAILED, State.UPSTREAM_FAILED):
+            if row.is_leaf and state in (State.FAILED, State.UPSTREAM_FAILED):
                 acc[1] += 1
     for run_id, (done, leaves_failed) in per_run.items():
-        left = await tx.fetchone("run_tasks_done", done, leaves_failed, run_id)
+        left = await tx.fetchone(
+            "run_tasks_done", done=done, leaves_failed=leaves_failed, run_id=run_id
+        )
         if left is not None and left["tasks_unfinished"] <= 0:
             final = "FAILED" if left["leaves_failed"] else "SUCCESS"
-            await tx.execute("finish_run", final, now, run_id)
+            await tx.execute("finish_run", state=final, now=now, run_id=run_id)
 
     # 2. Mapped instances report to their template, summed per template.
     per_template: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for row, state in ended:
-        if row["map_index"] >= 0:
-            acc = per_template[(row["run_id"], row["task_id"])]
+        if row.map_index >= 0:
+            acc = per_template[(row.run_id, row.task_id)]
             acc[0] += 1
-            acc[1:] = [a + b for a, b in zip(acc[1:], _state_flags(state), strict=True)]
-    for (run_id, task_id), acc in per_template.items():
-        tpl = await tx.fetchone("bump_template", *acc, run_id, task_id)
-        if tpl is None or tpl["state"] != State.RUNNING or tpl["n_done"] < tpl["n_parents"]:
+            acc[1:] = [a + b for a, b in zip(acc[1:], _state_flags(state).values(), strict=True)]
+    for (run_id, task_id), (done, *flags) in per_template.items():
+        found = await tx.fetchone(
+            "bump_template",
+            done=done,
+            **dict(zip(_FLAGS, flags, strict=True)),
+            run_id=run_id,
+            task_id=task_id,
+        )
+        if found is None:
+            continue
+        tpl = TaskRow.of(found)
+        if tpl.state != State.RUNNING or tpl.n_done < tpl.n_parents:
             continue
         final = State(aggregate(_counts(tpl)))
         summary = _describe_counts(_counts(tpl), "instances")
         for moved in await _cas(
             tx,
-            [tpl["id"]],
+            [tpl.id],
             State.RUNNING,
             final,
             now=now,
-            message=f"all {tpl['n_parents']} instances ended: {summary}",
+            message=f"all {tpl.n_parents} instances ended: {summary}",
         ):
             follow.append((moved, final))
 
     # 3. Unmapped tasks report to their children, whose trigger rules then decide.
     # A leaf has no edge to follow: skip the statement (one database round trip each).
     for row, state in ended:
-        if row["map_index"] < 0 and not row["is_leaf"]:
+        if row.map_index < 0 and not row.is_leaf:
             children = await tx.fetch(
-                "bump_children", *_state_flags(state), row["run_id"], row["task_id"]
+                "bump_children", **_state_flags(state), run_id=row.run_id, parent=row.task_id
             )
-            follow.extend(await _decide(tx, children, now))
+            follow.extend(await _decide(tx, TaskRow.all(children), now))
     return follow
 
 
-async def _decide(tx: Tx, rows: Sequence[Row], now: float) -> list[tuple[Row, State]]:
+async def _decide(tx: Tx, rows: Sequence[TaskRow], now: float) -> list[tuple[MovedTask, State]]:
     ready: list[int] = []
-    ended: list[tuple[Row, State]] = []
+    ended: list[tuple[MovedTask, State]] = []
     for row in rows:
-        if row["state"] != State.PENDING or row["ready_at"] is not None:
+        if row.state != State.PENDING or row.ready_at is not None:
             continue  # already decided: running, ended, or queued
         counts = _counts(row)
-        decision = decide(row["trigger_rule"], counts)
+        decision = decide(row.trigger_rule, counts)
         if decision is Decision.WAIT:
             continue
         if decision is Decision.RUN:
-            if row["expand_from"]:
+            if row.expand_from:
                 ended.extend(await _expand(tx, row, now))
             else:
-                ready.append(row["id"])
+                ready.append(row.id)
             continue
         new = State(decision.value)
-        why = f"trigger rule {row['trigger_rule']}: {_describe_counts(counts, 'parents')}"
+        why = f"trigger rule {row.trigger_rule}: {_describe_counts(counts, 'parents')}"
         ended.extend(
             (moved, new)
-            for moved in await _cas(tx, [row["id"]], State.PENDING, new, now=now, message=why)
+            for moved in await _cas(tx, [row.id], State.PENDING, new, now=now, message=why)
         )
     if ready:
-        await tx.execute("mark_ready", now, tx.ids(ready))
+        await tx.execute("mark_ready", now=now, ids=ready)
     return ended
 
 
-async def _expand(tx: Tx, tpl: Row, now: float) -> list[tuple[Row, State]]:
+async def _expand(tx: Tx, tpl: TaskRow, now: float) -> list[tuple[MovedTask, State]]:
     """Create one instance per item of the upstream's output, in this transaction."""
-    source = tpl["expand_from"]
-    src = await tx.fetchone("task_result", tpl["run_id"], source)
+    source = tpl.expand_from
+    assert source is not None
+    src = await tx.fetchone("task_result", run_id=tpl.run_id, task_id=source)
     items: Any
     if src is None or src["state"] != State.SUCCESS:
         return await _end_template(
@@ -237,11 +315,12 @@ async def _expand(tx: Tx, tpl: Row, now: float) -> list[tuple[Row, State]]:
         )
     if src["map_total"] is not None:  # mapping over a mapped task: its outputs in order
         items = [
-            _loads(r["output"]) for r in await tx.fetch("mapped_outputs", tpl["run_id"], source)
+            _loads(r["output"])
+            for r in await tx.fetch("mapped_outputs", run_id=tpl.run_id, task_id=source)
         ]
     else:
         items = _loads(src["output"])
-    problem = expansion_problem(source, items, tpl["map_cap"])
+    problem = expansion_problem(source, items, tpl.map_cap)
     if problem:
         return await _end_template(tx, tpl, State.FAILED, now, problem)
     if not items:
@@ -251,24 +330,24 @@ async def _expand(tx: Tx, tpl: Row, now: float) -> list[tuple[Row, State]]:
     await tx.executemany(
         "insert_instance",
         [
-            (
-                tpl["run_id"],
-                tpl["task_id"],
-                i,
-                tpl["priority"],
-                tpl["max_attempts"],
-                json.dumps(item),
-                len(items),
-                source,
-                now,
-            )
+            {
+                "run_id": tpl.run_id,
+                "task_id": tpl.task_id,
+                "map_index": i,
+                "priority": tpl.priority,
+                "max_attempts": tpl.max_attempts,
+                "item": json.dumps(item),
+                "map_total": len(items),
+                "expand_from": source,
+                "now": now,
+            }
             for i, item in enumerate(items)
         ],
     )
-    await tx.execute("set_expanded", len(items), tpl["id"])
+    await tx.execute("set_expanded", n=len(items), id=tpl.id)
     await _cas(
         tx,
-        [tpl["id"]],
+        [tpl.id],
         State.PENDING,
         State.RUNNING,
         now=now,
@@ -290,11 +369,10 @@ def expansion_problem(source: str, items: Any, cap: int | None) -> str | None:
 
 
 async def _end_template(
-    tx: Tx, tpl: Row, new: State, now: float, why: str
-) -> list[tuple[Row, State]]:
+    tx: Tx, tpl: TaskRow, new: State, now: float, why: str
+) -> list[tuple[MovedTask, State]]:
     return [
-        (moved, new)
-        for moved in await _cas(tx, [tpl["id"]], State.PENDING, new, now=now, message=why)
+        (moved, new) for moved in await _cas(tx, [tpl.id], State.PENDING, new, now=now, message=why)
     ]
 
 
@@ -302,23 +380,27 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _state_flags(state: State) -> tuple[int, int, int, int]:
-    return (
-        int(state is State.SUCCESS),
-        int(state is State.FAILED),
-        int(state is State.UPSTREAM_FAILED),
-        int(state is State.SKIPPED),
-    )
+_FLAGS = ("success", "failed", "upstream_failed", "skipped")
 
 
-def _counts(row: Row) -> Counts:
+def _state_flags(state: State) -> dict[str, int]:
+    """How a parent ended, as the 0/1 increments of its children's counters."""
+    return {
+        "success": int(state is State.SUCCESS),
+        "failed": int(state is State.FAILED),
+        "upstream_failed": int(state is State.UPSTREAM_FAILED),
+        "skipped": int(state is State.SKIPPED),
+    }
+
+
+def _counts(row: TaskRow) -> Counts:
     return Counts(
-        total=row["n_parents"],
-        done=row["n_done"],
-        success=row["n_success"],
-        failed=row["n_failed"],
-        upstream_failed=row["n_upstream_failed"],
-        skipped=row["n_skipped"],
+        total=row.n_parents,
+        done=row.n_done,
+        success=row.n_success,
+        failed=row.n_failed,
+        upstream_failed=row.n_upstream_failed,
+        skipped=row.n_skipped,
     )
 
 

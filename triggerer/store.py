@@ -11,11 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from executor.statemachine import retry_or_fail, transition
+from executor.statemachine import Carry, retry_or_fail, transition
 from executor.states import State
-from executor.store import Database, Row
+from executor.store import Database, Row, Tx
 from triggers.base import SHARDS
 
 # The waits a check answers: task row -> the trigger row it waits on. A task that resumed
@@ -60,33 +59,43 @@ class TriggererStore:
         """
         now = self.clock()
         async with self.db.write() as tx:
-            await tx.execute("triggerer_beat", owner, now, 0, None)
-            live = [r["id"] for r in await tx.fetch("live_triggerers", now - liveness)]
+            await tx.execute("triggerer_beat", id=owner, now=now, triggers=0, loop_lag_ms=None)
+            live = [r["id"] for r in await tx.fetch("live_triggerers", since=now - liveness)]
             fair = math.ceil(SHARDS / max(1, len(live)))
-            held = sorted(r["shard"] for r in await tx.fetch("renew_shards", now + ttl, owner))
+            renewed = await tx.fetch("renew_shards", expires_at=now + ttl, owner=owner)
+            held = sorted(r["shard"] for r in renewed)
             for shard in held[fair:]:
-                await tx.execute("release_shard", shard, owner)
+                await tx.execute("release_shard", shard=shard, owner=owner)
             held = held[:fair]
             if len(held) < fair:
-                for r in await tx.fetch("free_shards", now):
+                for r in await tx.fetch("free_shards", now=now):
                     if len(held) >= fair:
                         break
-                    if await tx.execute("take_shard", owner, now + ttl, r["shard"], now):
+                    taken = await tx.execute(
+                        "take_shard", owner=owner, expires_at=now + ttl, shard=r["shard"], now=now
+                    )
+                    if taken:
                         held.append(r["shard"])
         return set(held)
 
     async def triggerer_beat(self, owner: str, triggers: int, loop_lag_ms: float | None) -> None:
         async with self.db.write() as tx:
-            await tx.execute("triggerer_beat", owner, self.clock(), triggers, loop_lag_ms)
+            await tx.execute(
+                "triggerer_beat",
+                id=owner,
+                now=self.clock(),
+                triggers=triggers,
+                loop_lag_ms=loop_lag_ms,
+            )
 
     async def triggerer_leave(self, owner: str) -> None:
         async with self.db.write() as tx:
-            await tx.execute("release_all_shards", owner)
-            await tx.execute("triggerer_leave", owner)
+            await tx.execute("release_all_shards", owner=owner)
+            await tx.execute("triggerer_leave", id=owner)
 
     async def load_triggers(self, shards: Sequence[int], after_id: int = 0) -> list[Row]:
         async with self.db.read() as tx:
-            return await tx.fetch("load_triggers", tx.ids(sorted(shards)), after_id)
+            return await tx.fetch("load_triggers", shards=sorted(shards), after=after_id)
 
     async def max_trigger_id(self) -> int:
         async with self.db.read() as tx:
@@ -100,7 +109,18 @@ class TriggererStore:
             if batch.logs:
                 await tx.executemany(
                     "insert_event",
-                    [(row, now, "check", None, None, None, line) for row, line in batch.logs],
+                    [
+                        {
+                            "task_row": row,
+                            "ts": now,
+                            "kind": "check",
+                            "from_state": None,
+                            "to_state": None,
+                            "attempt": None,
+                            "message": line,
+                        }
+                        for row, line in batch.logs
+                    ],
                 )
             for fire in batch.fires:
                 if fire.error is not None:
@@ -109,22 +129,26 @@ class TriggererStore:
                 rows = await _still_waiting(tx, fire.waits)
                 sensors = [r["id"] for r in rows if r["next_method"] is None]
                 resumable = [r["id"] for r in rows if r["next_method"] is not None]
-                if sensors:
-                    await tx.execute("set_sensor_output", fire.payload_json, tx.ids(sensors))
-                    await transition(
-                        tx, sensors, State.DEFERRED, State.SUCCESS, now=now, message=fire.message
-                    )
-                if resumable:
-                    await tx.execute("set_event", fire.payload_json, tx.ids(resumable))
-                    await transition(
-                        tx,
-                        resumable,
-                        State.DEFERRED,
-                        State.PENDING,
-                        now=now,
-                        message=fire.message,
-                        ready_at=now,
-                    )
+                # A sensor is done when its condition holds: no worker round trip.
+                await transition(
+                    tx,
+                    sensors,
+                    State.DEFERRED,
+                    State.SUCCESS,
+                    now=now,
+                    message=fire.message,
+                    carry=Carry(output=fire.payload_json),
+                )
+                await transition(
+                    tx,
+                    resumable,
+                    State.DEFERRED,
+                    State.PENDING,
+                    now=now,
+                    message=fire.message,
+                    ready_at=now,
+                    carry=Carry(event=fire.payload_json),
+                )
             for waits, why in batch.failures:
                 await _fail_waits(tx, waits, why, now)
 
@@ -133,28 +157,28 @@ class TriggererStore:
         now = self.clock()
         ended: list[int] = []
         async with self.db.write() as tx:
-            for r in await tx.fetch("expired_waits", now, tx.ids(sorted(shards))):
+            for r in await tx.fetch("expired_waits", now=now, shards=sorted(shards)):
                 waited = now - (r["wait_started_at"] or now)
                 new = State.SKIPPED if r["soft_fail"] else State.FAILED
                 why = f"sensor timeout: the condition did not hold within {waited:.0f} s"
                 if r["soft_fail"]:
                     why += " (soft_fail: skipped)"
                 moved = await transition(tx, [r["id"]], State.DEFERRED, new, now=now, message=why)
-                ended += [m["id"] for m in moved]
+                ended += [m.id for m in moved]
         return ended
 
     async def delete_orphan_triggers(self, shards: Sequence[int]) -> int:
         async with self.db.write() as tx:
-            return await tx.execute("delete_orphan_triggers", tx.ids(sorted(shards)))
+            return await tx.execute("delete_orphan_triggers", shards=sorted(shards))
 
 
-async def _still_waiting(tx: Any, waits: Waits) -> list[Row]:
+async def _still_waiting(tx: Tx, waits: Waits) -> list[Row]:
     """The rows still DEFERRED on the very trigger the event or failure is about."""
-    rows = await tx.fetch("deferred_rows", tx.ids(list(waits)))
+    rows = await tx.fetch("deferred_rows", ids=list(waits))
     return [r for r in rows if r["trigger_id"] == waits[r["id"]]]
 
 
-async def _fail_waits(tx: Any, waits: Waits, why: str, now: float) -> None:
+async def _fail_waits(tx: Tx, waits: Waits, why: str, now: float) -> None:
     """A trigger that cannot fire: its tasks fail (or retry, if they have attempts left)."""
     for r in await _still_waiting(tx, waits):
         await retry_or_fail(

@@ -1,14 +1,17 @@
 """The driver-level interface every backend implements.
 
-A backend gives transactions (:class:`Tx`) that run named queries from
-``schema/<backend>/queries.sql``. Everything above this line is backend-agnostic Python.
+A backend gives transactions (:class:`Tx`) that run named queries (``schema/common`` and
+``schema/<backend>``, compiled to the driver's placeholder style by :mod:`schema`) with
+keyword parameters. Everything above this line is backend-agnostic Python.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
+
+from schema import Query
 
 Row = Mapping[str, Any]
 
@@ -18,26 +21,31 @@ class SchemaTooNew(RuntimeError):
 
 
 class Tx(Protocol):
-    """One open transaction. Queries are called by name with positional parameters."""
+    """One open transaction. Queries are called by name with keyword parameters; a list
+    goes as a list (to a ``= ANY(:name)`` parameter), whatever the backend."""
 
-    async def fetch(self, name: str, *args: Any) -> list[Row]: ...
+    async def fetch(self, name: str, /, **params: Any) -> list[Row]: ...
 
-    async def fetchone(self, name: str, *args: Any) -> Row | None: ...
+    async def fetchone(self, name: str, /, **params: Any) -> Row | None: ...
 
-    async def execute(self, name: str, *args: Any) -> int:
+    async def execute(self, name: str, /, **params: Any) -> int:
         """Run a statement; returns the number of rows it changed."""
         ...
 
-    async def executemany(self, name: str, rows: Iterable[Sequence[Any]]) -> None: ...
+    async def executemany(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None: ...
 
-    def ids(self, values: Sequence[int]) -> Any:
-        """Encode a list of integer ids as one parameter (JSON on SQLite, an array on PG)."""
+    async def script(self, sql: str) -> None:
+        """Run a DDL script of several statements (a migration) in this transaction."""
         ...
 
 
 class Database(Protocol):
     backend: str
     url: str
+
+    def clock(self) -> float:
+        """Now, in epoch seconds: the host's clock, or the server's where there is one."""
+        ...
 
     def write(self) -> AbstractAsyncContextManager[Tx]:
         """A read-write transaction that takes the write lock at once."""
@@ -59,3 +67,15 @@ class Database(Protocol):
 
 TASKS_CHANNEL = "slotless_tasks"
 TRIGGERS_CHANNEL = "slotless_triggers"
+
+
+class BadParameters(TypeError):
+    """A statement was called with parameters it does not take, or without one it needs."""
+
+
+def check_params(query: Query, params: Mapping[str, Any]) -> None:
+    """Name every missing or unknown parameter at once (a typo fails here, not in SQL)."""
+    if params.keys() != query.names:
+        missing = sorted(query.names - params.keys())
+        unknown = sorted(params.keys() - query.names)
+        raise BadParameters(f"query {query.name}: missing {missing}, unknown {unknown}")

@@ -52,7 +52,7 @@ class InspectOps:
     async def waiting_summary(self, now: float) -> dict[str, Row]:
         """DEFERRED / SENSING / RETRYING: count, oldest start, largest timeout share used."""
         async with self.db.read() as tx:
-            return {r["state"]: r for r in await tx.fetch("ops_waiting_summary", now)}
+            return {r["state"]: r for r in await tx.fetch("ops_waiting_summary", now=now)}
 
     async def retrying_since(self) -> float | None:
         """When the longest retry episode still going began (None: nothing retries)."""
@@ -64,7 +64,7 @@ class InspectOps:
         """Tasks in one waiting state, the longest wait first (with what they wait for)."""
         query = {"DEFERRED": "ops_deferred", "SENSING": "ops_sensing", "RETRYING": "ops_retrying"}
         async with self.db.read() as tx:
-            return await tx.fetch(query[state], limit)
+            return await tx.fetch(query[state], n=limit)
 
     async def list_triggerers(self) -> list[Row]:
         """Live and recently seen triggerers, each with the number of shards it holds."""
@@ -78,27 +78,29 @@ class InspectOps:
     async def recent_runs(self, limit: int) -> list[tuple[Row, dict[str, int]]]:
         """The newest runs, each with its task instances by state."""
         async with self.db.read() as tx:
-            runs = await tx.fetch("list_runs", limit)
+            runs = await tx.fetch("list_runs", n=limit)
             counts: dict[str, dict[str, int]] = defaultdict(dict)
-            for r in await tx.fetch("ops_run_counts", limit):
+            for r in await tx.fetch("ops_run_counts", n=limit):
                 counts[r["run_id"]][r["state"]] = r["n"]
         return [(run, counts[run["run_id"]]) for run in runs]
 
     async def run_graph(self, run_id: str) -> RunGraph | None:
         async with self.db.read() as tx:
-            run = await tx.fetchone("run_info", run_id)
+            run = await tx.fetchone("run_info", run_id=run_id)
             if run is None:
                 return None
-            tasks = await tx.fetch("run_tasks", run_id)
+            tasks = await tx.fetch("run_tasks", run_id=run_id)
             mapped: dict[str, dict[str, int]] = defaultdict(dict)
-            for r in await tx.fetch("mapped_counts", run_id):
+            for r in await tx.fetch("mapped_counts", run_id=run_id):
                 mapped[r["task_id"]][r["state"]] = r["n"]
-            edges = [(r["parent"], r["child"]) for r in await tx.fetch("ops_run_edges", run_id)]
+            edges = [
+                (r["parent"], r["child"]) for r in await tx.fetch("ops_run_edges", run_id=run_id)
+            ]
             waits = {
                 r["task_id"] if r["map_index"] < 0 else f"{r['task_id']}[{r['map_index']}]": (
                     r["description"] or r["classpath"]
                 )
-                for r in await tx.fetch("ops_run_waits", run_id)
+                for r in await tx.fetch("ops_run_waits", run_id=run_id)
             }
         return RunGraph(run, tasks, dict(mapped), edges, waits)
 
@@ -106,22 +108,24 @@ class InspectOps:
         self, run_id: str, task_id: str, map_index: int = -1
     ) -> TaskDetail | None:
         async with self.db.read() as tx:
-            row = await tx.fetchone("task_row", run_id, task_id, map_index)
+            row = await tx.fetchone("task_row", run_id=run_id, task_id=task_id, map_index=map_index)
             if row is None:
                 return None
-            detail = TaskDetail(row, await tx.fetch("task_events", row["id"]))
+            detail = TaskDetail(row, await tx.fetch("task_events", task_row=row["id"]))
             if row["state"] == "DEFERRED" and row["trigger_id"] is not None:
-                detail.trigger = await tx.fetchone("ops_trigger", row["trigger_id"])
+                detail.trigger = await tx.fetchone("ops_trigger", id=row["trigger_id"])
                 if detail.trigger is not None:
                     waiters = await tx.fetchone(
-                        "ops_check_waiters", detail.trigger["poke_hash"], detail.trigger["shard"]
+                        "ops_check_waiters",
+                        poke_hash=detail.trigger["poke_hash"],
+                        shard=detail.trigger["shard"],
                     )
                     detail.waiters = waiters["n"] if waiters else 0
             if map_index < 0 and row["map_total"] is not None:
                 detail.instances = await tx.fetch(
-                    "ops_task_instances", run_id, task_id, INSTANCES_SHOWN
+                    "ops_task_instances", run_id=run_id, task_id=task_id, n=INSTANCES_SHOWN
                 )
-                for r in await tx.fetch("mapped_counts", run_id):
+                for r in await tx.fetch("mapped_counts", run_id=run_id):
                     if r["task_id"] == task_id:
                         detail.instance_counts[r["state"]] = r["n"]
         return detail

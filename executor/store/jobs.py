@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from ..outcomes import Kind, Outcome
-from ..statemachine import evaluate, retry_or_fail, transition
+from ..outcomes import Deferred, Failed, Outcome, Rescheduled, SensorTimedOut, Succeeded
+from ..rows import MovedTask, TaskRow
+from ..statemachine import Carry, evaluate, retry_or_fail, transition
 from ..states import State
-from .db import Database, Row
+from .db import Database, Row, Tx
 from .inspecting import InspectOps
 
 if TYPE_CHECKING:
@@ -56,77 +57,83 @@ class Store(InspectOps):
         async with self.db.write() as tx:
             await tx.execute(
                 "insert_run",
-                run_id,
-                dag.dag_id,
-                logical_date.isoformat(),
-                dag_file,
-                now,
-                len(specs),
+                run_id=run_id,
+                dag_id=dag.dag_id,
+                logical_date=logical_date.isoformat(),
+                dag_file=dag_file,
+                now=now,
+                tasks=len(specs),
             )
             await tx.executemany(
                 "insert_task",
                 [
-                    (
-                        run_id,
-                        s.task_id,
-                        s.trigger_rule.value,
-                        s.priority,
-                        int(s.task_id not in has_children),
-                        s.expand,
-                        s.effective_map_cap(),
-                        s.retries + 1,
-                        len(s.parents),
-                        now,
-                    )
+                    {
+                        "run_id": run_id,
+                        "task_id": s.task_id,
+                        "trigger_rule": s.trigger_rule.value,
+                        "priority": s.priority,
+                        "is_leaf": int(s.task_id not in has_children),
+                        "expand_from": s.expand,
+                        "map_cap": s.effective_map_cap(),
+                        "max_attempts": s.retries + 1,
+                        "n_parents": len(s.parents),
+                        "now": now,
+                    }
                     for s in specs
                 ],
             )
             await tx.executemany(
-                "insert_edge", [(run_id, parent, s.task_id) for s in specs for parent in s.parents]
+                "insert_edge",
+                [
+                    {"run_id": run_id, "parent": parent, "child": s.task_id}
+                    for s in specs
+                    for parent in s.parents
+                ],
             )
-            await evaluate(tx, await tx.fetch("run_tasks", run_id), now)
+            await evaluate(tx, TaskRow.all(await tx.fetch("run_tasks", run_id=run_id)), now)
             if not specs:  # no task will ever end to finish it
-                await tx.execute("finish_run", "SUCCESS", now, run_id)
+                await tx.execute("finish_run", state="SUCCESS", now=now, run_id=run_id)
         return run_id
 
     async def run_info(self, run_id: str) -> Row | None:
         async with self.db.read() as tx:
-            return await tx.fetchone("run_info", run_id)
+            return await tx.fetchone("run_info", run_id=run_id)
 
     async def run_counts(self, run_id: str) -> dict[str, int]:
         """Task instances by state (a mapped task counts as its instances)."""
         counts: dict[str, int] = defaultdict(int)
         async with self.db.read() as tx:
-            for row in await tx.fetch("run_counts", run_id):
+            for row in await tx.fetch("run_counts", run_id=run_id):
                 counts[row["state"]] += row["n"]
         return dict(counts)
 
     async def list_runs(self, limit: int = 20) -> list[tuple[Row, dict[str, int]]]:
         async with self.db.read() as tx:
-            runs = await tx.fetch("list_runs", limit)
+            runs = await tx.fetch("list_runs", n=limit)
             per_run: dict[str, dict[str, int]] = defaultdict(dict)
-            for row in await tx.fetch("run_state_counts", limit):
+            for row in await tx.fetch("run_state_counts", n=limit):
                 per_run[row["run_id"]][row["state"]] = row["n"]
         return [(run, per_run[run["run_id"]]) for run in runs]
 
     async def run_tasks(self, run_id: str) -> list[Row]:
+        """A run's task rows as stored (a mapped task's template row), for people."""
         async with self.db.read() as tx:
-            return await tx.fetch("run_tasks", run_id)
+            return await tx.fetch("run_tasks", run_id=run_id)
 
     async def mapped_counts(self, run_id: str) -> dict[str, dict[str, int]]:
         """For each mapped task of a run, its instances by state."""
         out: dict[str, dict[str, int]] = defaultdict(dict)
         async with self.db.read() as tx:
-            for row in await tx.fetch("mapped_counts", run_id):
+            for row in await tx.fetch("mapped_counts", run_id=run_id):
                 out[row["task_id"]][row["state"]] = row["n"]
         return dict(out)
 
     async def task_log(self, run_id: str, task_id: str, map_index: int = -1) -> list[Row] | None:
         async with self.db.read() as tx:
-            row = await tx.fetchone("task_row", run_id, task_id, map_index)
+            row = await tx.fetchone("task_row", run_id=run_id, task_id=task_id, map_index=map_index)
             if row is None:
                 return None
-            return await tx.fetch("task_events", row["id"])
+            return await tx.fetch("task_events", task_row=row["id"])
 
     async def external_states(self, questions: Sequence[dict[str, Any]]) -> list[Row]:
         """Answer many cross-DAG questions in one query.
@@ -136,11 +143,11 @@ class Store(InspectOps):
         """
         payload = json.dumps([{**q, "q": i} for i, q in enumerate(questions)])
         async with self.db.read() as tx:
-            return await tx.fetch("external_states", payload)
+            return await tx.fetch("external_states", questions=payload)
 
     # -- workers -------------------------------------------------------------------------
 
-    async def claim(self, owner: str, limit: int) -> list[Row]:
+    async def claim(self, owner: str, limit: int) -> list[MovedTask]:
         """Take up to ``limit`` claimable tasks for ``owner``, highest priority first."""
         return await self.exchange([], owner, limit)
 
@@ -148,7 +155,9 @@ class Store(InspectOps):
         """Record a batch of finished attempts in one transaction."""
         await self.exchange(outcomes, "", 0)
 
-    async def exchange(self, outcomes: Iterable[Outcome], owner: str, limit: int) -> list[Row]:
+    async def exchange(
+        self, outcomes: Iterable[Outcome], owner: str, limit: int
+    ) -> list[MovedTask]:
         """Record finished attempts and claim up to ``limit`` new tasks, in one transaction.
 
         A worker's steady state is one transaction per batch in each direction at once:
@@ -164,9 +173,9 @@ class Store(InspectOps):
             if limit <= 0:
                 return []
             by_state: dict[str, list[int]] = defaultdict(list)
-            for row in await tx.fetch("claim_candidates", now, limit):
+            for row in await tx.fetch("claim_candidates", now=now, n=limit):
                 by_state[row["state"]].append(row["id"])
-            claimed: list[Row] = []
+            claimed: list[MovedTask] = []
             for state, ids in by_state.items():
                 claimed += await transition(
                     tx,
@@ -179,15 +188,15 @@ class Store(InspectOps):
                 )
             return claimed
 
-    async def parent_outputs(self, row: Row) -> dict[str, Any]:
+    async def parent_outputs(self, row: MovedTask) -> dict[str, Any]:
         """``ctx.inputs`` for a claimed task: each parent's output, a mapped one as a list."""
         inputs: dict[str, Any] = {}
         async with self.db.read() as tx:
             rows = await tx.fetch(
                 "parent_outputs",
-                row["run_id"],
-                row["task_id"],
-                row["expand_from"] if row["map_index"] >= 0 else None,
+                run_id=row.run_id,
+                task_id=row.task_id,
+                leave_out=row.expand_from if row.map_index >= 0 else None,
             )
         for r in rows:
             value = None if r["output"] is None else json.loads(r["output"])
@@ -199,14 +208,14 @@ class Store(InspectOps):
 
     async def heartbeat(self, owner: str, ids: Sequence[int]) -> int:
         async with self.db.write() as tx:
-            return await tx.execute("heartbeat", self.clock(), tx.ids(ids), owner)
+            return await tx.execute("heartbeat", now=self.clock(), ids=list(ids), owner=owner)
 
     async def reap(self, stale_after: float) -> int:
         """Take back tasks whose worker stopped heartbeating; retry or fail them per policy."""
         now = self.clock()
         taken = 0
         async with self.db.write() as tx:
-            for row in await tx.fetch("stale_running", now - stale_after):
+            for row in await tx.fetch("stale_running", before=now - stale_after):
                 why = (
                     f"worker {row['owner']} lost: no heartbeat for "
                     f"{now - row['heartbeat_at']:.1f} s"
@@ -220,22 +229,16 @@ class Store(InspectOps):
         return taken
 
 
-async def _record(tx: Any, outcomes: list[Outcome], now: float) -> None:
+async def _record(tx: Tx, outcomes: list[Outcome], now: float) -> None:
     await _write_logs(tx, outcomes)
-    successes: dict[str, list[Outcome]] = defaultdict(list)
+    successes: dict[str, list[Succeeded]] = defaultdict(list)
     for o in outcomes:
-        if o.kind is Kind.SUCCESS:
+        if isinstance(o, Succeeded):
             successes[o.owner].append(o)
     for owner, group in successes.items():
-        for o in group:
-            # Only the attempt's owner may route its branch; a stale report skips nothing.
-            if o.skip_children and await tx.execute("set_output", o.output_json, o.row_id, owner):
-                await _skip_branches(tx, o, now)
-        await tx.executemany(
-            "set_output",
-            [(o.output_json, o.row_id, owner) for o in group if not o.skip_children],
-        )
-        await transition(
+        # Only the attempt's owner may record it (and route its branch): a stale report
+        # moves nothing, so it skips nothing either.
+        moved = await transition(
             tx,
             [o.row_id for o in group],
             State.RUNNING,
@@ -243,45 +246,56 @@ async def _record(tx: Any, outcomes: list[Outcome], now: float) -> None:
             now=now,
             message="succeeded",
             expect_owner=owner,
+            carry=Carry(outputs={o.row_id: o.output_json for o in group}),
         )
+        recorded = {row.id for row in moved}
+        for o in group:
+            if o.skip_children and o.row_id in recorded:
+                await _skip_branches(tx, o, now)
     for o in outcomes:
-        if o.kind is Kind.ERROR:
-            await _fail_attempt(tx, o, now)
-        elif o.kind is Kind.DEFER:
+        if isinstance(o, Failed):
+            await retry_or_fail(
+                tx, o.row_id, State.RUNNING, attempt=o.attempt, max_attempts=o.max_attempts,
+                now=now, why=f"attempt {o.attempt} of {o.max_attempts} failed: {o.message}",
+                delay=o.retry_delay, expect_owner=o.owner,
+            )  # fmt: skip
+        elif isinstance(o, Deferred):
             await _defer(tx, o, now)
-        elif o.kind is Kind.RESCHEDULE:
-            await _reschedule(tx, o, now)
-        elif o.kind is Kind.SENSOR_TIMEOUT:
-            new = State.SKIPPED if o.extra.get("soft_fail") else State.FAILED
+        elif isinstance(o, Rescheduled):
+            await transition(
+                tx,
+                [o.row_id],
+                State.RUNNING,
+                State.SENSING,
+                now=now,
+                message=o.message,
+                ready_at=o.ready_at,
+                expect_owner=o.owner,
+                carry=Carry(wait_started_at=o.wait_started_at, wait_timeout_at=o.timeout_at),
+            )
+        elif isinstance(o, SensorTimedOut):
+            new = State.SKIPPED if o.soft_fail else State.FAILED
             await transition(
                 tx, [o.row_id], State.RUNNING, new, now=now, message=o.message, expect_owner=o.owner
             )
 
 
-async def _defer(tx: Any, o: Outcome, now: float) -> None:
+async def _defer(tx: Tx, o: Deferred, now: float) -> None:
     d = o.deferral
-    assert d is not None
     row = await tx.fetchone(
-        "insert_trigger", d.classpath, d.kwargs_json, d.poke_hash, d.shard, now, d.description
+        "insert_trigger",
+        classpath=d.classpath,
+        kwargs=d.kwargs_json,
+        poke_hash=d.poke_hash,
+        shard=d.shard,
+        now=now,
+        description=d.description,
     )
-    owned = await tx.execute(
-        "set_deferral",
-        row["id"],
-        d.method,
-        d.method_kwargs_json,
-        d.wait_started_at,
-        d.timeout_at,
-        o.row_id,
-        o.owner,
-        int(d.soft_fail),
-    )
-    if not owned:  # a stale report: the attempt is no longer ours, nor is the trigger
-        await tx.execute("delete_trigger", row["id"])
-        return
+    assert row is not None
     limit = (
         "" if d.timeout_at is None else f"; gives up after {d.timeout_at - d.wait_started_at:g} s"
     )
-    await transition(
+    moved = await transition(
         tx,
         [o.row_id],
         State.RUNNING,
@@ -289,38 +303,58 @@ async def _defer(tx: Any, o: Outcome, now: float) -> None:
         now=now,
         message=f"deferred: waiting for {d.description}{limit}",
         expect_owner=o.owner,
+        carry=Carry(
+            defer=True,
+            trigger_id=row["id"],
+            next_method=d.method,
+            next_kwargs=d.method_kwargs_json,
+            soft_fail=d.soft_fail,
+            wait_started_at=d.wait_started_at,
+            wait_timeout_at=d.timeout_at,
+        ),
     )
+    if not moved:  # a stale report: the attempt is no longer ours, nor is the trigger
+        await tx.execute("delete_trigger", id=row["id"])
 
 
-async def _reschedule(tx: Any, o: Outcome, now: float) -> None:
-    await tx.execute(
-        "set_wait", o.extra["wait_started_at"], o.extra["timeout_at"], o.row_id, o.owner
-    )
-    await transition(
-        tx,
-        [o.row_id],
-        State.RUNNING,
-        State.SENSING,
-        now=now,
-        message=o.message,
-        ready_at=o.extra["ready_at"],
-        expect_owner=o.owner,
-    )
-
-
-async def _write_logs(tx: Any, outcomes: list[Outcome]) -> None:
+async def _write_logs(tx: Tx, outcomes: list[Outcome]) -> None:
     events = [
-        (o.row_id, ts, "log", None, None, o.attempt, msg) for o in outcomes for ts, msg in o.logs
+        {
+            "task_row": o.row_id,
+            "ts": ts,
+            "kind": "log",
+            "from_state": None,
+            "to_state": None,
+            "attempt": o.attempt,
+            "message": msg,
+        }
+        for o in outcomes
+        for ts, msg in o.logs
     ]
     events += [
-        (o.row_id, o.slot.ended_at if o.slot else 0.0, "error", None, None, o.attempt, o.traceback)
+        {
+            "task_row": o.row_id,
+            "ts": o.slot.ended_at if o.slot else 0.0,
+            "kind": "error",
+            "from_state": None,
+            "to_state": None,
+            "attempt": o.attempt,
+            "message": o.traceback,
+        }
         for o in outcomes
         if o.traceback
     ]
     if events:
         await tx.executemany("insert_event", events)
     slots = [
-        (o.slot.worker_id, o.slot.slot, o.row_id, o.slot.kind, o.slot.started_at, o.slot.ended_at)
+        {
+            "worker_id": o.slot.worker_id,
+            "slot": o.slot.slot,
+            "task_row": o.row_id,
+            "kind": o.slot.kind,
+            "started_at": o.slot.started_at,
+            "ended_at": o.slot.ended_at,
+        }
         for o in outcomes
         if o.slot
     ]
@@ -328,8 +362,8 @@ async def _write_logs(tx: Any, outcomes: list[Outcome]) -> None:
         await tx.executemany("insert_slot_usage", slots)
 
 
-async def _skip_branches(tx: Any, o: Outcome, now: float) -> None:
-    rows = await tx.fetch("ids_by_task_id", o.run_id, json.dumps(o.skip_children))
+async def _skip_branches(tx: Tx, o: Succeeded, now: float) -> None:
+    rows = await tx.fetch("ids_by_task_id", run_id=o.run_id, task_ids=o.skip_children)
     await transition(
         tx,
         [r["id"] for r in rows],
@@ -338,11 +372,3 @@ async def _skip_branches(tx: Any, o: Outcome, now: float) -> None:
         now=now,
         message="branch not taken",
     )
-
-
-async def _fail_attempt(tx: Any, o: Outcome, now: float) -> None:
-    await retry_or_fail(
-        tx, o.row_id, State.RUNNING, attempt=o.attempt, max_attempts=o.max_attempts, now=now,
-        why=f"attempt {o.attempt} of {o.max_attempts} failed: {o.message}",
-        delay=o.retry_delay, expect_owner=o.owner,
-    )  # fmt: skip

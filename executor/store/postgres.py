@@ -15,7 +15,8 @@ Workers and triggerers on any number of hosts coordinate only through this datab
   a lease's expiry is judged on the database's timeline by every triggerer, whatever the
   hosts' clocks say (error: half a round trip plus drift between syncs, far below a
   lease's TTL). Queries keep taking ``now`` as a parameter, the same on both backends.
-* Migrations run under an advisory lock, so many processes may start at once.
+* Migrations (executor/store/migrate.py) take an advisory lock, so many processes may
+  start at once.
 
 URL: ``postgresql://user@host:port/db?search_path=myschema&pool_max_size=5``. Query
 parameters other than the few below are sent to the server as settings (asyncpg).
@@ -27,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -35,8 +36,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 import schema
+from schema import Query
 
-from .db import Row, SchemaTooNew
+from .db import Row, check_params
+from .migrate import migrate
 
 log = logging.getLogger("slotless.store.postgres")
 
@@ -54,28 +57,36 @@ _OPTIONS = {
 
 
 class PostgresTx:
-    def __init__(self, conn: asyncpg.Connection, sql: dict[str, str]) -> None:
+    def __init__(self, conn: asyncpg.Connection, sql: dict[str, Query]) -> None:
         self._conn = conn
         self._sql = sql
 
-    async def fetch(self, name: str, *args: Any) -> list[Row]:
-        return await self._conn.fetch(self._sql[name], *args)
+    def _bind(self, name: str, /, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        query = self._sql[name]
+        check_params(query, params)
+        return query.sql, [params[key] for key in query.params]
 
-    async def fetchone(self, name: str, *args: Any) -> Row | None:
-        return await self._conn.fetchrow(self._sql[name], *args)
+    async def fetch(self, name: str, /, **params: Any) -> list[Row]:
+        sql, args = self._bind(name, params)
+        return await self._conn.fetch(sql, *args)  # type: ignore[no-any-return]
 
-    async def execute(self, name: str, *args: Any) -> int:
-        status = await self._conn.execute(self._sql[name], *args)
+    async def fetchone(self, name: str, /, **params: Any) -> Row | None:
+        sql, args = self._bind(name, params)
+        return await self._conn.fetchrow(sql, *args)  # type: ignore[no-any-return]
+
+    async def execute(self, name: str, /, **params: Any) -> int:
+        sql, args = self._bind(name, params)
+        status = await self._conn.execute(sql, *args)
         last = status.rsplit(" ", 1)[-1]  # "UPDATE 3", "INSERT 0 1", "DELETE 0"
         return int(last) if last.isdigit() else 0
 
-    async def executemany(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
-        rows = list(rows)
-        if rows:
-            await self._conn.executemany(self._sql[name], rows)
+    async def executemany(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        bound = [self._bind(name, row)[1] for row in rows]
+        if bound:
+            await self._conn.executemany(self._sql[name].sql, bound)
 
-    def ids(self, values: Sequence[int]) -> list[int]:
-        return list(values)
+    async def script(self, sql: str) -> None:
+        await self._conn.execute(sql)  # no parameters: the simple protocol runs it whole
 
 
 class PostgresDatabase:
@@ -107,44 +118,12 @@ class PostgresDatabase:
             statement_cache_size=options["statement_cache_size"],
         )
         try:
-            await db._migrate()
             await db._sync_clock(samples=5)
+            await migrate(db, "postgres")
         except BaseException:
             await db._pool.close()
             raise
         return db
-
-    # -- schema ---------------------------------------------------------------------------
-
-    async def _migrate(self) -> None:
-        known = schema.migrations("postgres")
-        latest = known[-1].version
-        assert self._pool is not None
-        async with self._pool.acquire() as conn, conn.transaction():
-            # One migrator at a time per schema; the others wait here, then find it done.
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('slotless.migrate:' || current_schema()))"
-            )
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
-                " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
-            )
-            current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
-            if current > latest:
-                where = await conn.fetchval("SELECT current_database() || '.' || current_schema()")
-                raise SchemaTooNew(
-                    f"database {where} has schema version {current}, newer than the "
-                    f"{latest} this slotless knows; upgrade slotless to use it"
-                )
-            for mig in known:
-                if mig.version > current:
-                    await conn.execute(mig.sql)  # a script: the simple protocol runs it whole
-                    await conn.execute(
-                        "INSERT INTO schema_version VALUES ($1, $2,"
-                        " extract(epoch FROM clock_timestamp())::double precision)",
-                        mig.version,
-                        mig.name,
-                    )
 
     # -- the server's clock -----------------------------------------------------------------
 

@@ -11,44 +11,57 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiosqlite
 
 import schema
+from schema import Query
 
-from .db import Row, SchemaTooNew
+from .db import Row, check_params
+from .migrate import migrate
 
 BUSY_TIMEOUT_MS = 30_000
 
 
 class SqliteTx:
-    def __init__(self, conn: aiosqlite.Connection, sql: dict[str, str]) -> None:
+    def __init__(self, conn: aiosqlite.Connection, sql: dict[str, Query]) -> None:
         self._conn = conn
         self._sql = sql
 
-    async def fetch(self, name: str, *args: Any) -> list[Row]:
-        return list(await self._conn.execute_fetchall(self._sql[name], args))
+    def _bind(self, name: str, /, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        query = self._sql[name]
+        check_params(query, params)
+        for key in query.lists:  # a list parameter arrives as one JSON array
+            params[key] = json.dumps(list(params[key]))
+        return query.sql, params
 
-    async def fetchone(self, name: str, *args: Any) -> Row | None:
-        rows = await self._conn.execute_fetchall(self._sql[name], args)
+    async def fetch(self, name: str, /, **params: Any) -> list[Row]:
+        return list(await self._conn.execute_fetchall(*self._bind(name, params)))
+
+    async def fetchone(self, name: str, /, **params: Any) -> Row | None:
+        rows = await self._conn.execute_fetchall(*self._bind(name, params))
         return rows[0] if rows else None
 
-    async def execute(self, name: str, *args: Any) -> int:
+    async def execute(self, name: str, /, **params: Any) -> int:
         # One round trip to the connection's thread, not two (execute, then close the
         # cursor): each costs 20-100 us. The transaction holds the connection alone, so
         # the change counter moves only by this statement (the schema has no SQL triggers).
         before = self._conn.total_changes
-        await self._conn.execute_fetchall(self._sql[name], args)
+        await self._conn.execute_fetchall(*self._bind(name, params))
         return self._conn.total_changes - before
 
-    async def executemany(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
-        await self._conn.executemany(self._sql[name], rows)
+    async def executemany(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        bound = [self._bind(name, dict(row))[1] for row in rows]
+        if bound:
+            await self._conn.executemany(self._sql[name].sql, bound)
 
-    def ids(self, values: Sequence[int]) -> str:
-        return json.dumps(list(values))
+    async def script(self, sql: str) -> None:
+        # executescript would COMMIT; run statement by statement inside the transaction.
+        for statement in _statements(sql):
+            await self._conn.execute(statement)
 
 
 class SqliteDatabase:
@@ -71,42 +84,11 @@ class SqliteDatabase:
             await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             await _wal(conn)
             await conn.execute("PRAGMA synchronous = NORMAL")
-            await db._migrate()
+            await migrate(db, "sqlite")
         except BaseException:
             await conn.close()
             raise
         return db
-
-    async def _migrate(self) -> None:
-        known = schema.migrations("sqlite")
-        latest = known[-1].version
-        async with self._lock:
-            await self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                await self._conn.execute(
-                    "CREATE TABLE IF NOT EXISTS schema_version"
-                    " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
-                )
-                rows = await self._conn.execute_fetchall("SELECT max(version) FROM schema_version")
-                current = rows[0][0] or 0
-                if current > latest:
-                    raise SchemaTooNew(
-                        f"database {self.path} has schema version {current}, newer than the "
-                        f"{latest} this slotless knows; upgrade slotless to use it"
-                    )
-                for mig in known:
-                    if mig.version > current:
-                        # executescript would COMMIT; run statement by statement instead.
-                        for statement in _statements(mig.sql):
-                            await self._conn.execute(statement)
-                        await self._conn.execute(
-                            "INSERT INTO schema_version VALUES (?, ?, ?)",
-                            (mig.version, mig.name, time.time()),
-                        )
-                await self._conn.execute("COMMIT")
-            except BaseException:
-                await self._conn.execute("ROLLBACK")
-                raise
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[SqliteTx]:
@@ -140,6 +122,10 @@ class SqliteDatabase:
         # save the BEGIN/COMMIT round trips on the hot path.
         async with self._lock:
             yield SqliteTx(self._conn, self._sql)
+
+    def clock(self) -> float:
+        """The host's clock: every process sharing the file runs on this host."""
+        return time.time()
 
     async def wait(self, channel: str, timeout: float) -> bool:
         await asyncio.sleep(timeout)  # no notifications on SQLite: the caller polls

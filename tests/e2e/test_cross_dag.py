@@ -114,12 +114,12 @@ async def test_the_latest_run_of_a_date_answers(db_url: str, clock: FakeClock) -
         first = await store.create_run(dag, DAY)
         clock.advance(60)
         second = await store.create_run(dag, DAY)  # a re-run of the same date
-        [fetch] = [r for r in await store.claim("w", 10) if r["run_id"] == first]
+        [fetch] = [r for r in await store.claim("w", 10) if r.run_id == first]
         (answer,) = await store.external_states([q("ingest", DAY)])
         assert (answer["run_id"], answer["state"]) == (second, "RUNNING")
         (task,) = await store.external_states([q("ingest", DAY, "fetch")])
         assert (task["run_id"], task["state"]) == (second, "RUNNING")
-        assert fetch["run_id"] == first
+        assert fetch.run_id == first
     finally:
         await store.close()
 

@@ -22,7 +22,8 @@ from support.helpers import FakeClock, ops, run_to_end
 from support.pg import create_schema, drop_schema, with_params
 
 from executor import DAG
-from executor.outcomes import Kind, Outcome
+from executor.outcomes import Deferred, Failed, Outcome, Succeeded
+from executor.rows import MovedTask
 from executor.sensing import deferral
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
@@ -70,7 +71,7 @@ async def store(url: str, clock: FakeClock):
 
 async def row_of(store: Store, run_id: str, task_id: str, map_index: int = -1) -> Row:
     async with store.db.read() as tx:
-        row = await tx.fetchone("task_row", run_id, task_id, map_index)
+        row = await tx.fetchone("task_row", run_id=run_id, task_id=task_id, map_index=map_index)
     assert row is not None, f"no task {task_id}[{map_index}] in {run_id}"
     return row
 
@@ -81,26 +82,36 @@ async def state_of(store: Store, run_id: str, task_id: str, map_index: int = -1)
 
 async def transitions(store: Store, row_id: int) -> list[tuple[str, str]]:
     async with store.db.read() as tx:
-        events = await tx.fetch("task_events", row_id)
+        events = await tx.fetch("task_events", task_row=row_id)
     return [(e["from_state"], e["to_state"]) for e in events if e["kind"] == "transition"]
 
 
-def outcome(row: Row, kind: Kind = Kind.SUCCESS, output: Any = None, **kw: Any) -> Outcome:
-    return Outcome(
-        row_id=row["id"],
-        owner=row["owner"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        kind=kind,
-        output_json=json.dumps(output),
-        run_id=row["run_id"],
-        **kw,
+def attempt_of(row: MovedTask) -> dict[str, Any]:
+    """What every outcome of ``row``'s claimed attempt carries."""
+    assert row.owner is not None
+    return {
+        "row_id": row.id,
+        "owner": row.owner,
+        "attempt": row.attempt,
+        "max_attempts": row.max_attempts,
+        "run_id": row.run_id,
+    }
+
+
+def outcome(row: MovedTask, output: Any = None, skip_children: list[str] | None = None) -> Outcome:
+    return Succeeded(
+        **attempt_of(row), output_json=json.dumps(output), skip_children=skip_children or []
     )
 
 
-def deferred(row: Row, path: str, now: float, *, method: str | None = None, **kw: Any) -> Outcome:
-    o = outcome(row, Kind.DEFER)
-    o.deferral = deferral(
+def failure(row: MovedTask, message: str, retry_delay: float = 0.0) -> Outcome:
+    return Failed(**attempt_of(row), message=message, retry_delay=retry_delay)
+
+
+def deferred(
+    row: MovedTask, path: str, now: float, *, method: str | None = None, **kw: Any
+) -> Outcome:
+    d = deferral(
         FileTrigger(path=path),
         method=method,
         method_kwargs={},
@@ -108,11 +119,11 @@ def deferred(row: Row, path: str, now: float, *, method: str | None = None, **kw
         timeout=kw.pop("timeout", 3600.0),
         **kw,
     )
-    return o
+    return Deferred(**attempt_of(row), deferral=d)
 
 
 def ids(rows: list[Row]) -> list[str]:
-    return sorted(r["task_id"] for r in rows)
+    return sorted(r.task_id for r in rows)
 
 
 def noop(ctx: Any) -> None:
@@ -153,10 +164,10 @@ async def test_create_run_makes_roots_claimable_once(store: Store, clock: FakeCl
     claimed = await store.claim("w1", 10)
     assert ids(claimed) == ["extract"]
     row = claimed[0]
-    assert (row["state"], row["owner"], row["started_at"]) == ("RUNNING", "w1", clock.now)
+    assert (row.state, row.owner, row.started_at) == ("RUNNING", "w1", clock.now)
     assert await store.claim("w2", 10) == []
     assert await store.run_counts(run_id) == {"RUNNING": 1, "PENDING": 3}
-    assert await transitions(store, row["id"]) == [("PENDING", "RUNNING")]
+    assert await transitions(store, row.id) == [("PENDING", "RUNNING")]
 
 
 async def test_exchange_records_success_and_claims_the_children(store: Store) -> None:
@@ -164,10 +175,10 @@ async def test_exchange_records_success_and_claims_the_children(store: Store) ->
     [extract] = await store.claim("w1", 10)
     children = await store.exchange([outcome(extract, output={"n": 3})], "w1#1", 10)
     assert ids(children) == ["transform_a", "transform_b"]
-    assert all(r["owner"] == "w1#1" for r in children)
+    assert all(r.owner == "w1#1" for r in children)
     assert await store.parent_outputs(children[0]) == {"extract": {"n": 3}}
-    [load] = await store.exchange([outcome(r, output=r["task_id"]) for r in children], "w2", 10)
-    assert load["task_id"] == "load"
+    [load] = await store.exchange([outcome(r, output=r.task_id) for r in children], "w2", 10)
+    assert load.task_id == "load"
     assert await store.parent_outputs(load) == {
         "transform_a": "transform_a",
         "transform_b": "transform_b",
@@ -176,7 +187,7 @@ async def test_exchange_records_success_and_claims_the_children(store: Store) ->
     info = await store.run_info(run_id)
     assert info is not None and info["state"] == "SUCCESS" and info["tasks_unfinished"] == 0
     assert await store.run_counts(run_id) == {"SUCCESS": 4}
-    assert await transitions(store, load["id"]) == [
+    assert await transitions(store, load.id) == [
         ("PENDING", "RUNNING"),
         ("RUNNING", "SUCCESS"),
     ]
@@ -192,20 +203,20 @@ async def test_a_failure_retries_after_its_delay_then_fails_the_run(
     dag.task(noop, task_id="after", parents=["flaky"])
     run_id = await store.create_run(dag, DAY)
     [row] = await store.claim("w", 5)
-    await store.complete([outcome(row, Kind.ERROR, message="boom", retry_delay=30.0)])
+    await store.complete([failure(row, "boom", retry_delay=30.0)])
     retrying = await row_of(store, run_id, "flaky")
     assert (retrying["state"], retrying["attempt"]) == ("RETRYING", 2)
     assert retrying["ready_at"] == pytest.approx(clock.now + 30.0)
     assert await store.claim("w", 5) == []  # not due yet
     clock.advance(31)
     [again] = await store.claim("w", 5)
-    assert (again["task_id"], again["state"], again["attempt"]) == ("flaky", "RUNNING", 2)
-    await store.complete([outcome(again, Kind.ERROR, message="boom again")])
+    assert (again.task_id, again.state, again.attempt) == ("flaky", "RUNNING", 2)
+    await store.complete([failure(again, "boom again")])
     assert await state_of(store, run_id, "flaky") == "FAILED"
     assert await state_of(store, run_id, "after") == "UPSTREAM_FAILED"
     info = await store.run_info(run_id)
     assert info is not None and info["state"] == "FAILED"
-    assert await transitions(store, again["id"]) == [
+    assert await transitions(store, again.id) == [
         ("PENDING", "RUNNING"),
         ("RUNNING", "RETRYING"),
         ("RETRYING", "RUNNING"),
@@ -232,7 +243,7 @@ async def test_the_branch_not_taken_is_skipped(store: Store) -> None:
     [choose] = await store.claim("w", 5)
     chosen = outcome(choose, output="left", skip_children=["right"])
     [left] = await store.exchange([chosen], "w", 5)
-    assert left["task_id"] == "left"
+    assert left.task_id == "left"
     assert await state_of(store, run_id, "right") == "SKIPPED"
     assert await state_of(store, run_id, "after_right") == "SKIPPED"
     await store.complete([outcome(left)])
@@ -248,17 +259,17 @@ async def test_a_fan_out_expands_runs_and_fans_in_in_index_order(store: Store) -
     run_id = await store.create_run(dag, DAY)
     [source] = await store.claim("w", 10)
     instances = await store.exchange([outcome(source, output=[10, 20, 30])], "w", 10)
-    assert sorted((r["map_index"], json.loads(r["item"])) for r in instances) == [
+    assert sorted((r.map_index, json.loads(r.item)) for r in instances) == [
         (0, 10),
         (1, 20),
         (2, 30),
     ]
-    assert all(r["map_total"] == 3 and r["max_attempts"] == 3 for r in instances)
+    assert all(r.map_total == 3 and r.max_attempts == 3 for r in instances)
     assert await state_of(store, run_id, "each") == "RUNNING"  # the template
     # finish them out of order; the fan-in sees them in index order
-    done = [outcome(r, output=json.loads(r["item"]) * 2) for r in reversed(instances)]
+    done = [outcome(r, output=json.loads(r.item) * 2) for r in reversed(instances)]
     [total] = await store.exchange(done, "w", 10)
-    assert total["task_id"] == "total"
+    assert total.task_id == "total"
     assert await store.parent_outputs(total) == {"each": [20, 40, 60]}
     assert await state_of(store, run_id, "each") == "SUCCESS"
     assert await store.mapped_counts(run_id) == {"each": {"SUCCESS": 3}}
@@ -293,14 +304,12 @@ async def test_a_late_event_does_not_wake_a_task_now_waiting_on_another_trigger(
     """A hand-over can deliver an event twice; by then the task may have resumed and
     deferred again, on a new trigger. The late copy must change nothing."""
     run_id = await store.create_run(sensor_dag(tmp_path), DAY)
-    submit = {r["task_id"]: r for r in await store.claim("w", 10)}["submit"]
+    submit = {r.task_id: r for r in await store.claim("w", 10)}["submit"]
     await store.complete([deferred(submit, str(tmp_path / "one"), clock.now, method="check")])
-    (first,) = [
-        w for w in await ops(store).load_triggers(ALL_SHARDS) if w["task_row"] == submit["id"]
-    ]
-    old = Fire({submit["id"]: first["trigger_id"]}, json.dumps(1), "fired: one")
+    (first,) = [w for w in await ops(store).load_triggers(ALL_SHARDS) if w["task_row"] == submit.id]
+    old = Fire({submit.id: first["trigger_id"]}, json.dumps(1), "fired: one")
     await ops(store).triggerer_commit(TriggererBatch(fires=[old]))
-    again = {r["task_id"]: r for r in await store.claim("w2", 10)}["submit"]
+    again = {r.task_id: r for r in await store.claim("w2", 10)}["submit"]
     await store.complete([deferred(again, str(tmp_path / "two"), clock.now, method="check")])
     await ops(store).triggerer_commit(TriggererBatch(fires=[old], failures=[(old.waits, "late")]))
     row = await row_of(store, run_id, "submit")
@@ -311,7 +320,7 @@ async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
     run_id = await store.create_run(sensor_dag(tmp_path), DAY)
-    rows = {r["task_id"]: r for r in await store.claim("w", 10)}
+    rows = {r.task_id: r for r in await store.claim("w", 10)}
     assert sorted(rows) == ["submit", "wait"]
     await store.complete(
         [
@@ -322,35 +331,35 @@ async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     assert await store.run_counts(run_id) == {"DEFERRED": 2, "PENDING": 1}
     waits = await ops(store).load_triggers(ALL_SHARDS)
     by_row = {w["task_row"]: w for w in waits}
-    assert set(by_row) == {rows["wait"]["id"], rows["submit"]["id"]}
-    assert by_row[rows["submit"]["id"]]["next_method"] == "check"
-    assert by_row[rows["wait"]["id"]]["next_method"] is None
+    assert set(by_row) == {rows["wait"].id, rows["submit"].id}
+    assert by_row[rows["submit"].id]["next_method"] == "check"
+    assert by_row[rows["wait"].id]["next_method"] is None
     newest = max(w["trigger_id"] for w in waits)
     assert await ops(store).load_triggers(ALL_SHARDS, newest) == []
 
     clock.advance(1)
     on = {w["task_row"]: {w["task_row"]: w["trigger_id"]} for w in waits}
     fires = [
-        Fire(on[rows["wait"]["id"]], json.dumps({"paths": ["in.csv"]}), "fired: in.csv"),
-        Fire(on[rows["submit"]["id"]], json.dumps({"flag": True}), "fired: done.flag"),
+        Fire(on[rows["wait"].id], json.dumps({"paths": ["in.csv"]}), "fired: in.csv"),
+        Fire(on[rows["submit"].id], json.dumps({"flag": True}), "fired: done.flag"),
     ]
     await ops(store).triggerer_commit(
-        TriggererBatch(fires=fires, logs=[(rows["wait"]["id"], "poked")])
+        TriggererBatch(fires=fires, logs=[(rows["wait"].id, "poked")])
     )
     wait = await row_of(store, run_id, "wait")
     assert wait["state"] == "SUCCESS" and json.loads(wait["output"]) == {"paths": ["in.csv"]}
     # the same fire again (a hand-over's double fire) changes nothing
     await ops(store).triggerer_commit(TriggererBatch(fires=fires))
-    assert await transitions(store, rows["wait"]["id"]) == [
+    assert await transitions(store, rows["wait"].id) == [
         ("PENDING", "RUNNING"),
         ("RUNNING", "DEFERRED"),
         ("DEFERRED", "SUCCESS"),
     ]
-    claimed = {r["task_id"]: r for r in await store.claim("w2", 10)}
+    claimed = {r.task_id: r for r in await store.claim("w2", 10)}
     assert sorted(claimed) == ["after", "submit"]
     resumed = claimed["submit"]
-    assert resumed["next_method"] == "check" and json.loads(resumed["event"]) == {"flag": True}
-    assert resumed["attempt"] == 1  # a deferral is not a new attempt
+    assert resumed.next_method == "check" and json.loads(resumed.event) == {"flag": True}
+    assert resumed.attempt == 1  # a deferral is not a new attempt
     assert await store.parent_outputs(claimed["after"]) == {"wait": {"paths": ["in.csv"]}}
     assert await ops(store).delete_orphan_triggers(ALL_SHARDS) == 2
 
@@ -359,14 +368,14 @@ async def test_expired_waits_fail_or_skip(store: Store, clock: FakeClock, tmp_pa
     hard = await store.create_run(sensor_dag(tmp_path), DAY, run_id="hard")
     soft = await store.create_run(sensor_dag(tmp_path, soft_fail=True), DAY, run_id="soft")
     rows = await store.claim("w", 10)
-    sensors = [r for r in rows if r["task_id"] == "wait"]
+    sensors = [r for r in rows if r.task_id == "wait"]
     path = str(tmp_path / "never")
     await store.complete(
-        [deferred(r, path, clock.now, timeout=5.0, soft_fail=r["run_id"] == soft) for r in sensors]
+        [deferred(r, path, clock.now, timeout=5.0, soft_fail=r.run_id == soft) for r in sensors]
     )
     assert await ops(store).expire_waits(ALL_SHARDS) == []
     clock.advance(6)
-    assert sorted(await ops(store).expire_waits(ALL_SHARDS)) == sorted(r["id"] for r in sensors)
+    assert sorted(await ops(store).expire_waits(ALL_SHARDS)) == sorted(r.id for r in sensors)
     assert await state_of(store, hard, "wait") == "FAILED"
     assert await state_of(store, hard, "after") == "UPSTREAM_FAILED"
     assert await state_of(store, soft, "wait") == "SKIPPED"
@@ -385,15 +394,15 @@ async def test_a_trigger_committed_after_a_newer_one_is_still_loaded(
     dag.sensor("a", FileTrigger(path=str(tmp_path / "a")))
     dag.sensor("b", FileTrigger(path=str(tmp_path / "b")))
     await store.create_run(dag, DAY)
-    rows = {r["task_id"]: r for r in await store.claim("w", 10)}
+    rows = {r.task_id: r for r in await store.claim("w", 10)}
     async with store.db.write() as slow:
         await _record(slow, [deferred(rows["a"], str(tmp_path / "a"), clock.now)], clock.now)
         await store.complete([deferred(rows["b"], str(tmp_path / "b"), clock.now)])
         first = await ops(store).load_triggers(ALL_SHARDS)
-        assert [w["task_row"] for w in first] == [rows["b"]["id"]]
+        assert [w["task_row"] for w in first] == [rows["b"].id]
     cursor = first[0]["trigger_id"]
     later = await ops(store).load_triggers(ALL_SHARDS, cursor)
-    assert [w["task_row"] for w in later] == [rows["a"]["id"]]
+    assert [w["task_row"] for w in later] == [rows["a"].id]
     assert later[0]["trigger_id"] < cursor
     assert await ops(store).load_triggers(ALL_SHARDS, cursor) == []
 
@@ -429,7 +438,7 @@ async def test_reap_takes_back_the_tasks_of_a_silent_worker(store: Store, clock:
     dag.task(noop, task_id="failed")
     run_id = await store.create_run(dag, DAY)
     rows = await store.claim("dead-worker", 10)
-    assert await store.heartbeat("dead-worker", [r["id"] for r in rows]) == 2
+    assert await store.heartbeat("dead-worker", [r.id for r in rows]) == 2
     clock.advance(5)
     assert await store.reap(30) == 0
     clock.advance(30)
@@ -471,7 +480,7 @@ async def test_concurrent_claimers_never_claim_a_row_twice(
         async def drain(s: Store, name: str) -> list[int]:
             got: list[int] = []
             while rows := await s.claim(name, 7):
-                got += [r["id"] for r in rows]
+                got += [r.id for r in rows]
             return got
 
         results = await asyncio.gather(*(drain(s, f"w{i}") for i, s in enumerate([store, *others])))

@@ -4,6 +4,7 @@ slot, and the task resumes at the named method with the event (any number of tim
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from support.triggers import (
 )
 
 from executor import DAG
-from executor.outcomes import Kind, Outcome
+from executor.outcomes import Deferred, Outcome
 from executor.sensing import deferral
 from executor.store import jobs
 from triggers.files import FileTrigger
@@ -88,8 +89,11 @@ async def _claimed_deferral(store, dag, run_id, tmp_path) -> tuple[dict, Outcome
         wait_started_at=store.clock(),
         timeout=None,
     )
-    o = Outcome(row["id"], row["owner"], 1, 1, Kind.DEFER, run_id=run_id, deferral=d)
-    return dict(row), o
+    assert row.owner is not None
+    o = Deferred(
+        row_id=row.id, owner=row.owner, attempt=1, max_attempts=1, run_id=run_id, deferral=d
+    )
+    return asdict(row), o
 
 
 async def test_deferred_state_and_trigger_row_commit_together(

@@ -22,8 +22,9 @@ import pytest
 from support.helpers import events, run_to_end, sql, task_states
 
 from executor import DAG
-from executor.outcomes import Kind, Outcome
-from executor.store import Row, Store
+from executor.outcomes import Outcome, Succeeded
+from executor.rows import MovedTask
+from executor.store import Store
 
 DAY = date(2026, 4, 25)
 
@@ -31,16 +32,16 @@ DAY = date(2026, 4, 25)
 # ----------------------------------------------------------------------------- helpers
 
 
-def ok(row: Row, output: Any = None) -> Outcome:
+def ok(row: MovedTask, output: Any = None) -> Outcome:
     """The report of a successful attempt of a claimed ``row``."""
-    return Outcome(
-        row_id=row["id"],
-        owner=row["owner"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        kind=Kind.SUCCESS,
+    assert row.owner is not None
+    return Succeeded(
+        row_id=row.id,
+        owner=row.owner,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
         output_json=json.dumps(output),
-        run_id=row["run_id"],
+        run_id=row.run_id,
     )
 
 
@@ -99,9 +100,9 @@ def fan_dag(n: int, *, map_cap: int | None = None, fan_in_rule: str = "all_succe
     return dag
 
 
-async def claim_one(store: Store, task_id: str) -> Row:
+async def claim_one(store: Store, task_id: str) -> MovedTask:
     rows = await store.claim("w", 10)
-    assert [r["task_id"] for r in rows] == [task_id], rows
+    assert [r.task_id for r in rows] == [task_id], rows
     return rows[0]
 
 
@@ -298,16 +299,16 @@ async def test_replaying_an_instance_success_counts_it_once(store: Store, db_pat
     run_id = await store.create_run(dag, DAY)
     source = await claim_one(store, "source")
     first = await store.exchange([ok(source, [7, 8, 9])], "w", 1)
-    assert [(r["task_id"], r["map_index"]) for r in first] == [("each", 0)]
+    assert [(r.task_id, r.map_index) for r in first] == [("each", 0)]
     report = ok(first[0], 7)
     for _ in range(3):
         await store.complete([report])
     tpl = template(db_path, run_id, "each")
     assert (tpl["n_done"], tpl["n_success"], tpl["state"]) == (1, 1, "RUNNING")
     rest = await store.claim("w", 10)
-    assert sorted(r["map_index"] for r in rest) == [1, 2]
-    total = await store.exchange([ok(r, json.loads(r["item"])) for r in rest], "w", 10)
-    assert [r["task_id"] for r in total] == ["total"]
+    assert sorted(r.map_index for r in rest) == [1, 2]
+    total = await store.exchange([ok(r, json.loads(r.item)) for r in rest], "w", 10)
+    assert [r.task_id for r in total] == ["total"]
     assert await store.parent_outputs(total[0]) == {"each": [7, 8, 9]}
 
 
@@ -594,23 +595,23 @@ async def test_a_fan_in_over_100000_instances(store: Store) -> None:
     created = time.perf_counter() - started
 
     # Claim every instance, then report them in a shuffled order, in batches.
-    claimed: list[Row] = []
+    claimed: list[MovedTask] = []
     while len(claimed) < n:
         batch = await store.claim("w", 10_000)
-        assert batch and all(r["task_id"] == "each" for r in batch)
+        assert batch and all(r.task_id == "each" for r in batch)
         claimed += batch
     rng = random.Random(7)
     rng.shuffle(claimed)
     last, rest = claimed[-1], claimed[:-1]
     for i in range(0, len(rest), 10_000):
-        await store.complete([ok(r, 3 * r["map_index"]) for r in rest[i : i + 10_000]])
+        await store.complete([ok(r, 3 * r.map_index) for r in rest[i : i + 10_000]])
         assert await store.claim("w", 1) == []  # the fan-in waits for every instance
 
     # The last instance's completion decides the fan-in, still in a constant number of steps.
-    statements, _ = await _completion_cost(store, ok(last, 3 * last["map_index"]))
+    statements, _ = await _completion_cost(store, ok(last, 3 * last.map_index))
     assert len(statements) <= 14, _shape(statements)
     [fan_in] = await store.claim("w", 10)
-    assert fan_in["task_id"] == "total"
+    assert fan_in.task_id == "total"
     inputs = await store.parent_outputs(fan_in)
     assert inputs["each"] == [3 * i for i in range(n)]
     await store.complete([ok(fan_in, n)])

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from support.helpers import FakeClock, async_wait_until, sql
 
 from executor import DAG
-from executor.outcomes import Kind, Outcome
+from executor.outcomes import Failed, Outcome, Succeeded
+from executor.rows import MovedTask
 from executor.store import Store
 from executor.worker import Worker
 
@@ -29,16 +30,16 @@ def one_task_dag(retries: int, **kw) -> DAG:
     return dag
 
 
-def error(row, delay: float, message: str = "ValueError: no") -> Outcome:
-    return Outcome(
-        row_id=row["id"],
-        owner=row["owner"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        kind=Kind.ERROR,
+def error(row: MovedTask, delay: float, message: str = "ValueError: no") -> Outcome:
+    assert row.owner is not None
+    return Failed(
+        row_id=row.id,
+        owner=row.owner,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
         message=message,
         retry_delay=delay,
-        run_id=row["run_id"],
+        run_id=row.run_id,
     )
 
 
@@ -51,7 +52,7 @@ async def test_retrying_row_is_claimable_only_from_its_ready_time(
 ) -> None:
     run_id = await fake_store.create_run(one_task_dag(retries=2), date(2026, 4, 1))
     (row,) = await fake_store.claim("w#1", 5)
-    assert (row["task_id"], row["attempt"], row["max_attempts"]) == ("flaky", 1, 3)
+    assert (row.task_id, row.attempt, row.max_attempts) == ("flaky", 1, 3)
 
     failed_at = clock.now
     await fake_store.complete([error(row, 30.0)])
@@ -64,13 +65,13 @@ async def test_retrying_row_is_claimable_only_from_its_ready_time(
     assert await fake_store.claim("w#2", 5) == []
     clock.advance(0.1)
     (again,) = await fake_store.claim("w#2", 5)
-    assert (again["id"], again["attempt"], again["state"]) == (row["id"], 2, "RUNNING")
+    assert (again.id, again.attempt, again.state) == (row.id, 2, "RUNNING")
 
     # the last attempt fails for good; the child is UPSTREAM_FAILED, the run FAILED
     await fake_store.complete([error(again, 60.0)])
     clock.advance(60)
     (third,) = await fake_store.claim("w#3", 5)
-    assert third["attempt"] == 3
+    assert third.attempt == 3
     await fake_store.complete([error(third, 120.0, "ValueError: still no")])
     r = flaky_row(db_path, run_id)
     assert (r["state"], r["attempt"], r["ready_at"]) == ("FAILED", 3, None)
@@ -208,8 +209,8 @@ async def test_lost_worker_is_reaped_and_the_attempt_retried(
     (row,) = await fake_store.claim("dead#1", 1)
     clock.advance(20)
     assert await fake_store.reap(stale_after=30) == 0
-    assert await fake_store.heartbeat("someone-else#1", [row["id"]]) == 0
-    assert await fake_store.heartbeat("dead#1", [row["id"]]) == 1
+    assert await fake_store.heartbeat("someone-else#1", [row.id]) == 0
+    assert await fake_store.heartbeat("dead#1", [row.id]) == 1
     clock.advance(25)  # 45 s after the claim, 25 s after the last heartbeat
     assert await fake_store.reap(stale_after=30) == 0
     clock.advance(6)
@@ -228,12 +229,11 @@ async def test_lost_worker_is_reaped_and_the_attempt_retried(
     # the lost worker wakes up and reports: nothing changes
     await fake_store.complete(
         [
-            Outcome(
-                row_id=row["id"],
+            Succeeded(
+                row_id=row.id,
                 owner="dead#1",
                 attempt=1,
                 max_attempts=2,
-                kind=Kind.SUCCESS,
                 output_json='"zombie"',
                 run_id=run_id,
             )
@@ -243,7 +243,7 @@ async def test_lost_worker_is_reaped_and_the_attempt_retried(
     assert flaky_row(db_path, run_id)["state"] == "RETRYING"
 
     (again,) = await fake_store.claim("alive#1", 1)
-    assert again["attempt"] == 2
+    assert again.attempt == 2
     # the new owner's attempt dies too, with no attempt left: FAILED, child UPSTREAM_FAILED
     clock.advance(31)
     assert await fake_store.reap(stale_after=30) == 1

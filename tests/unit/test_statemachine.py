@@ -11,7 +11,7 @@ import pytest
 from support.helpers import FakeClock, sql
 
 from executor import DAG
-from executor.outcomes import Kind, Outcome
+from executor.outcomes import Failed, Succeeded
 from executor.statemachine import transition
 from executor.states import ALLOWED, TERMINAL, IllegalTransition, State
 from executor.store import Store, open_store
@@ -101,8 +101,8 @@ async def test_every_legal_transition(store: Store, db_path, expected: State, ne
             owner=owner,
             ready_at=NOW + 10 if new is State.RETRYING else None,
         )
-    assert [m["id"] for m in moved] == [parent]
-    assert moved[0]["state"] == new.value
+    assert [m.id for m in moved] == [parent]
+    assert moved[0].state == new.value
     r = row(db_path, parent)
     assert r["state"] == new.value
     assert r["updated_at"] == NOW
@@ -225,7 +225,7 @@ async def test_a_batch_moves_only_the_rows_in_the_expected_state(store: Store, d
         moved = await transition(
             tx, ids, State.PENDING, State.RUNNING, now=NOW, message="claim", owner="w#1"
         )
-    assert sorted(m["id"] for m in moved) == [ids[0], ids[2], ids[4]]
+    assert sorted(m.id for m in moved) == [ids[0], ids[2], ids[4]]
     for i in (1, 3):
         assert transitions(db_path, ids[i]) == []
     assert row(db_path, ids[1])["owner"] == "x#1"
@@ -235,7 +235,7 @@ async def test_stale_outcome_changes_nothing(store: Store, db_path) -> None:
     """A worker that lost its claim reports late: no state change, no output, no transition."""
     run_id, parent, _child = await new_run(store)
     (claimed,) = await store.claim("a#1", 1)
-    assert claimed["id"] == parent
+    assert claimed.id == parent
     async with store.db.write() as tx:  # someone took it back meanwhile
         await transition(
             tx,
@@ -247,20 +247,9 @@ async def test_stale_outcome_changes_nothing(store: Store, db_path) -> None:
             expect_owner="a#1",
         )
     snapshot, events = row(db_path, parent), transitions(db_path, parent)
-    for kind in (Kind.SUCCESS, Kind.ERROR):
-        await store.complete(
-            [
-                Outcome(
-                    row_id=parent,
-                    owner="a#1",
-                    attempt=1,
-                    max_attempts=3,
-                    kind=kind,
-                    output_json='"late"',
-                    run_id=run_id,
-                )
-            ]
-        )
+    late = {"row_id": parent, "owner": "a#1", "attempt": 1, "max_attempts": 3, "run_id": run_id}
+    for outcome in (Succeeded(**late, output_json='"late"'), Failed(**late, message="late")):
+        await store.complete([outcome])
     assert row(db_path, parent) == snapshot
     assert transitions(db_path, parent) == events
 
@@ -277,7 +266,7 @@ async def test_racing_claims_from_two_connections_are_disjoint(db_url: str, db_p
         got = await asyncio.gather(
             *[s.claim(f"{n}#{i}", 7) for i in range(6) for n, s in (("a", a), ("b", b))]
         )
-        ids = [r["id"] for rows in got for r in rows]
+        ids = [r.id for rows in got for r in rows]
         assert len(ids) == len(set(ids)) == 60
         claims = sql(
             db_path,

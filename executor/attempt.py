@@ -1,0 +1,305 @@
+"""One attempt of a claimed task: from its row to the outcome the worker reports.
+
+:meth:`Attempts.run` finds the task's DAG (cached per run), builds ``ctx``, and either
+runs the callable (or the method a deferral named) in a slot, defers a deferrable sensor
+at once, or checks a poke / reschedule sensor in a slot; then judges the result: the
+output must be storable JSON, a fan-out source must return a list within its cap, a
+branch must name its own children. Nothing here touches the database but reading the
+run and the task's inputs; the worker records what this returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date
+from functools import partial
+from typing import Any
+
+from . import sensing
+from .context import TaskContext, TaskDeferred
+from .dag import DAG, SensorSpec, TaskSpec
+from .loader import load_dag
+from .outcomes import (
+    Deferred,
+    Failed,
+    Outcome,
+    Rescheduled,
+    SensorTimedOut,
+    Succeeded,
+)
+from .rows import MovedTask
+from .slots import ProcessSlots, Result, ThreadSlots
+from .statemachine import expansion_problem
+from .store import Store
+
+
+@dataclass(slots=True)
+class _RunInfo:
+    dag: DAG | None
+    dag_id: str
+    logical_date: date
+    problem: str | None = None
+
+
+class Attempts:
+    """Runs claimed rows in slots and says how each attempt ended."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        slots: int,
+        isolation: str,
+        dags: dict[str, DAG],
+        rand: Callable[[], float],
+    ) -> None:
+        if isolation not in ("thread", "process"):
+            raise ValueError(f"unknown isolation {isolation!r}: use thread or process")
+        self.store = store
+        self.runner = ThreadSlots(slots) if isolation == "thread" else ProcessSlots(slots)
+        # Sensor checks are async code on a short-lived loop: always in a thread.
+        self.sensor_runner = (
+            self.runner if isinstance(self.runner, ThreadSlots) else ThreadSlots(slots)
+        )
+        self._dags_by_id = dags
+        self._runs: dict[str, _RunInfo] = {}
+        self._rand = rand
+
+    def shutdown(self) -> None:
+        for runner in {self.runner, self.sensor_runner}:
+            runner.shutdown()
+
+    async def run(self, row: MovedTask, owner: str, release: asyncio.Event) -> Outcome:
+        """Run ``row``'s attempt; ``release`` is set when its slot may take another task."""
+        info = await self._run_info(row.run_id)
+        spec = info.dag.tasks.get(row.task_id) if info.dag else None
+        if spec is None:
+            why = info.problem or f"task {row.task_id!r} is not in DAG {info.dag_id!r}"
+            return refuse(row, owner, release, why)
+        ctx = TaskContext(
+            run_id=row.run_id,
+            dag_id=info.dag_id,
+            task_id=row.task_id,
+            logical_date=info.logical_date,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            inputs=await self._inputs(row, spec),
+            map_index=row.map_index,
+            item=json.loads(row.item) if row.item is not None else None,
+            total=row.map_total if row.map_index >= 0 else None,
+            event=json.loads(row.event) if row.event is not None else None,
+        )
+        if spec.sensor is not None:
+            return await self._sense(row, owner, spec, spec.sensor, ctx, release)
+        job: Callable[[], Any] = partial(spec, ctx)
+        method = row.next_method
+        if method and method != "__call__":
+            fn = spec.methods.get(method)
+            if fn is None:
+                return refuse(
+                    row, owner, release, f"cannot resume: {spec.task_id} has no method "
+                    f"{method!r} (register it with @task.method)",
+                )  # fmt: skip
+            job = partial(fn, ctx, **json.loads(row.next_kwargs or "{}"))
+        result = await self.runner.run(job, ctx, spec.execution_timeout, release)
+        if result.deferred is not None:
+            return self._deferred(row, owner, spec, ctx, result.deferred)
+        return self._judge(row, owner, spec, ctx, result)
+
+    def failed(
+        self, row: MovedTask, owner: str, message: str, spec: TaskSpec | None = None
+    ) -> Failed:
+        """A failed attempt, retried per ``spec``'s policy (None: no delay)."""
+        delay = spec.retry_delay_for(row.attempt, self._rand()) if spec is not None else 0.0
+        return Failed(**_base(row, owner), message=message, retry_delay=delay)
+
+    def _deferred(
+        self, row: MovedTask, owner: str, spec: TaskSpec, ctx: TaskContext, d: TaskDeferred
+    ) -> Outcome:
+        try:
+            if d.method != "__call__" and d.method not in spec.methods:
+                # Say so now, not after a wait of hours ends in "cannot resume".
+                raise ValueError(
+                    f"{spec.task_id} has no method {d.method!r} to resume at "
+                    "(register it with @task.method)"
+                )
+            deferral = sensing.deferral(
+                d.trigger,
+                method=d.method,
+                method_kwargs=d.kwargs,
+                wait_started_at=time.time(),
+                timeout=d.timeout,
+            )
+        except Exception as exc:
+            why = f"cannot defer on {d.trigger.describe()}: {exc}"
+            return Failed(**_base(row, owner, final=True), message=why, logs=ctx.lines)
+        return Deferred(**_base(row, owner), deferral=deferral, logs=ctx.lines)
+
+    async def _sense(
+        self,
+        row: MovedTask,
+        owner: str,
+        spec: TaskSpec,
+        sensor: SensorSpec,
+        ctx: TaskContext,
+        release: asyncio.Event,
+    ) -> Outcome:
+        """A sensor's turn: defer it, or check in the slot (poke / reschedule)."""
+        now = time.time()
+        started = row.wait_started_at or now
+        deadline = started + sensor.timeout
+        try:
+            trigger = sensor.trigger.render(sensing.template_values(ctx))
+        except Exception as exc:
+            return refuse(row, owner, release, f"cannot render the sensor's trigger: {exc}")
+        mode = sensor.mode
+        if mode == "deferrable":
+            try:
+                deferral = sensing.deferral(
+                    trigger,
+                    method=None,
+                    method_kwargs={},
+                    wait_started_at=started,
+                    timeout=sensor.timeout,
+                    soft_fail=sensor.soft_fail,
+                )
+            except Exception as exc:
+                mode = "reschedule"
+                ctx.log(f"cannot defer ({exc}); falling back to reschedule mode")
+            else:
+                release.set()
+                return Deferred(**_base(row, owner), deferral=deferral, logs=ctx.lines)
+        job = partial(
+            sensing.sense,
+            trigger,
+            sensor,
+            hold_slot=mode == "poke",
+            deadline=deadline,
+            main_loop=asyncio.get_running_loop(),
+            store=self.store,
+            log=ctx.log,
+            check_timeout=spec.execution_timeout,
+        )
+        result = await self.sensor_runner.run(job, ctx, None, release)
+        o: Outcome
+        if not result.ok:
+            o = self.failed(row, owner, result.message, spec)
+            o.traceback = result.traceback
+        elif result.value.timed_out:
+            why = f"sensor timeout: {trigger.describe()} did not hold within {sensor.timeout:g} s"
+            o = SensorTimedOut(**_base(row, owner), message=why, soft_fail=sensor.soft_fail)
+        elif result.value.event is None:
+            o = Rescheduled(
+                **_base(row, owner),
+                message=f"checked {trigger.describe()}: not yet; next in {sensor.interval:g} s",
+                ready_at=time.time() + sensor.interval,
+                wait_started_at=started,
+                timeout_at=deadline,
+            )
+        elif result.value.event.error:
+            o = self.failed(row, owner, result.value.event.error, spec)
+        else:
+            ctx.log(f"condition held: {trigger.describe()}")
+            o = Succeeded(**_base(row, owner), output_json=json.dumps(result.value.event.payload))
+        o.slot_kind = "poke" if mode == "poke" else "execute"
+        o.logs = ctx.lines
+        return o
+
+    async def _inputs(self, row: MovedTask, spec: TaskSpec) -> dict[str, Any]:
+        source = spec.expand if row.map_index >= 0 else None
+        if not any(p != source for p in spec.parents):
+            return {}  # no query: the common case of a root or a mapped instance
+        return await self.store.parent_outputs(row)
+
+    def _judge(
+        self, row: MovedTask, owner: str, spec: TaskSpec, ctx: TaskContext, r: Result
+    ) -> Outcome:
+        """Turn a callable's result into what the store records."""
+        o: Outcome
+        if not r.ok:
+            o = self.failed(row, owner, r.message, spec)
+            o.traceback = r.traceback
+            o.logs = ctx.lines
+            return o
+        try:
+            value = json.loads(r.value) if r.value_is_json else r.value
+            output_json = r.value if r.value_is_json else json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            o = self.failed(row, owner, f"output cannot be stored as JSON: {exc}", spec)
+            o.logs = ctx.lines
+            return o
+        problem, skip = check_output(spec, value, row.map_index >= 0)
+        if problem:
+            o = self.failed(row, owner, problem, spec)
+        else:
+            o = Succeeded(**_base(row, owner), output_json=output_json, skip_children=skip)
+        o.logs = ctx.lines
+        return o
+
+    async def _run_info(self, run_id: str) -> _RunInfo:
+        info = self._runs.get(run_id)
+        if info is not None:
+            return info
+        run = await self.store.run_info(run_id)
+        if run is None:
+            info = _RunInfo(None, "?", date.today(), problem=f"run {run_id} not found")
+        else:
+            logical = date.fromisoformat(run["logical_date"])
+            dag = self._dags_by_id.get(run["dag_id"])
+            problem = None
+            if dag is None and run["dag_file"]:
+                try:
+                    dag = load_dag(run["dag_file"], run["dag_id"])
+                except Exception as exc:
+                    problem = f"cannot load DAG {run['dag_id']}: {exc}"
+            elif dag is None:
+                problem = f"DAG {run['dag_id']} is unknown to this worker and has no file"
+            info = _RunInfo(dag, run["dag_id"], logical, problem)
+        self._runs[run_id] = info
+        return info
+
+
+def refuse(row: MovedTask, owner: str, release: asyncio.Event, why: str) -> Failed:
+    """Fail the attempt before it ran, without retrying: retrying cannot change ``why``."""
+    release.set()
+    return Failed(**_base(row, owner, final=True), message=why)
+
+
+def check_output(spec: TaskSpec, value: Any, is_instance: bool) -> tuple[str | None, list[str]]:
+    """Problems that fail the task itself: a bad fan-out source, a bad branch choice.
+
+    Returns the problem (or None) and, for a branch, the children it did not choose.
+    """
+    # An instance's output is one item of what its consumer maps over, not the list.
+    for consumer in [] if is_instance else spec.dag.mapped_consumers(spec.task_id):
+        problem = expansion_problem(spec.task_id, value, consumer.effective_map_cap())
+        if problem:
+            return f"{problem} (mapped task {consumer.task_id})", []
+    if not spec.branch:
+        return None, []
+    chosen = [value] if isinstance(value, str) else value
+    children = spec.dag.children(spec.task_id)
+    if not isinstance(chosen, list) or not all(isinstance(c, str) for c in chosen):
+        return f"branch {spec.task_id} must return a child id or a list of them, not {value!r}", []
+    unknown = [c for c in chosen if c not in children]
+    if unknown:
+        return (
+            f"branch {spec.task_id} chose {', '.join(unknown)}, which is not one of "
+            f"its children ({', '.join(children) or 'none'})"
+        ), []
+    return None, [c for c in children if c not in chosen]
+
+
+def _base(row: MovedTask, owner: str, *, final: bool = False) -> dict[str, Any]:
+    """The fields every outcome of ``row``'s attempt shares; ``final``: no retry left."""
+    return {
+        "row_id": row.id,
+        "owner": owner,
+        "attempt": row.attempt,
+        "max_attempts": row.attempt if final else row.max_attempts,
+        "run_id": row.run_id,
+    }

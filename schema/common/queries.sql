@@ -1,0 +1,310 @@
+-- Every statement that reads the same on SQLite and PostgreSQL. Parameters are named
+-- (:run_id); a list is written `col = ANY(:ids)` (on SQLite: json_each over a JSON array,
+-- see schema/__init__.py). Times are epoch seconds from the store's clock (on PostgreSQL
+-- the server's: leases are judged on the database's timeline). The dialect-specific
+-- statements (claims, the compare-and-set, the triggerer's load) are in the backends' files.
+
+-- name: insert_event
+INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
+VALUES (:task_row, :ts, :kind, :from_state, :to_state, :attempt, :message);
+
+-- name: insert_slot_usage
+INSERT INTO slot_usage (worker_id, slot, task_row, kind, started_at, ended_at)
+VALUES (:worker_id, :slot, :task_row, :kind, :started_at, :ended_at);
+
+-- ---------------------------------------------------------------- runs and their tasks
+
+-- name: insert_run
+INSERT INTO dag_run (run_id, dag_id, logical_date, state, dag_file, created_at, tasks_unfinished)
+VALUES (:run_id, :dag_id, :logical_date, 'RUNNING', :dag_file, :now, :tasks);
+
+-- name: insert_task
+INSERT INTO task (run_id, task_id, state, trigger_rule, priority, is_leaf, expand_from, map_cap,
+                  max_attempts, n_parents, updated_at)
+VALUES (:run_id, :task_id, 'PENDING', :trigger_rule, :priority, :is_leaf, :expand_from,
+        :map_cap, :max_attempts, :n_parents, :now);
+
+-- name: insert_edge
+INSERT INTO edge (run_id, parent, child) VALUES (:run_id, :parent, :child);
+
+-- name: insert_instance
+-- Instances keep expand_from so that their inputs leave out the list they were cut from.
+INSERT INTO task (run_id, task_id, map_index, state, trigger_rule, priority, is_leaf,
+                  max_attempts, item, map_total, expand_from, ready_at, updated_at)
+VALUES (:run_id, :task_id, :map_index, 'PENDING', 'all_success', :priority, 0, :max_attempts,
+        :item, :map_total, :expand_from, :now, :now)
+ON CONFLICT DO NOTHING;
+
+-- name: set_expanded
+UPDATE task
+SET n_parents = :n, n_done = 0, n_success = 0, n_failed = 0, n_upstream_failed = 0,
+    n_skipped = 0, map_total = :n
+WHERE id = :id;
+
+-- name: run_tasks
+SELECT * FROM task WHERE run_id = :run_id AND map_index = -1 ORDER BY id;
+
+-- name: run_tasks_done
+UPDATE dag_run
+SET tasks_unfinished = tasks_unfinished - :done, leaves_failed = leaves_failed + :leaves_failed
+WHERE run_id = :run_id
+RETURNING tasks_unfinished, leaves_failed;
+
+-- name: finish_run
+UPDATE dag_run SET state = :state, ended_at = :now WHERE run_id = :run_id AND state = 'RUNNING';
+
+-- name: bump_template
+-- Instances of a mapped task ended: count them in the template's counters.
+UPDATE task
+SET n_done = n_done + :done, n_success = n_success + :success, n_failed = n_failed + :failed,
+    n_upstream_failed = n_upstream_failed + :upstream_failed, n_skipped = n_skipped + :skipped
+WHERE run_id = :run_id AND task_id = :task_id AND map_index = -1
+RETURNING *;
+
+-- name: mark_ready
+UPDATE task SET ready_at = :now
+WHERE id = ANY(:ids) AND state = 'PENDING' AND ready_at IS NULL;
+
+-- name: task_result
+SELECT state, output, map_total FROM task
+WHERE run_id = :run_id AND task_id = :task_id AND map_index = -1;
+
+-- name: mapped_outputs
+SELECT output FROM task
+WHERE run_id = :run_id AND task_id = :task_id AND map_index >= 0
+ORDER BY map_index;
+
+-- name: parent_outputs
+-- Outputs of a task's parents; a mapped parent contributes its instances in index order.
+-- :leave_out names a parent to leave out (a mapped instance's source: it gets its item).
+SELECT task_id, map_index, output, expand_from FROM task
+WHERE run_id = :run_id
+  AND task_id IN (SELECT parent FROM edge
+                  WHERE run_id = :run_id AND child = :task_id
+                    AND parent IS DISTINCT FROM :leave_out)
+ORDER BY task_id, map_index;
+
+-- name: ids_by_task_id
+SELECT id FROM task WHERE run_id = :run_id AND map_index = -1 AND task_id = ANY(:task_ids);
+
+-- name: heartbeat
+UPDATE task SET heartbeat_at = :now
+WHERE id = ANY(:ids) AND state = 'RUNNING' AND owner = :owner;
+
+-- name: stale_running
+SELECT id, owner, attempt, max_attempts, heartbeat_at FROM task
+WHERE state = 'RUNNING' AND owner IS NOT NULL AND heartbeat_at < :before;
+
+-- name: run_info
+SELECT * FROM dag_run WHERE run_id = :run_id;
+
+-- name: run_counts
+SELECT state, count(*) AS n FROM task WHERE run_id = :run_id AND map_index >= 0 GROUP BY state
+UNION ALL
+SELECT state, count(*) AS n FROM task
+WHERE run_id = :run_id AND map_index = -1 AND map_total IS NULL
+GROUP BY state;
+
+-- name: list_runs
+SELECT * FROM dag_run ORDER BY created_at DESC LIMIT :n;
+
+-- name: run_state_counts
+SELECT run_id, state, count(*) AS n FROM task
+WHERE run_id IN (SELECT run_id FROM dag_run ORDER BY created_at DESC LIMIT :n)
+GROUP BY run_id, state;
+
+-- name: task_row
+SELECT * FROM task WHERE run_id = :run_id AND task_id = :task_id AND map_index = :map_index;
+
+-- name: task_events
+SELECT * FROM task_event WHERE task_row = :task_row ORDER BY id;
+
+-- name: mapped_counts
+SELECT task_id, state, count(*) AS n FROM task
+WHERE run_id = :run_id AND map_index >= 0
+GROUP BY task_id, state;
+
+-- ---------------------------------------------------------------- deferral
+
+-- name: insert_trigger
+-- :description is the trigger's describe(), shown by `slotless status` and the web page.
+-- On PostgreSQL the INSERT wakes the triggerers (NOTIFY slotless_triggers, 001_init.sql).
+INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description)
+VALUES (:classpath, :kwargs, :poke_hash, :shard, :now, :description)
+RETURNING id;
+
+-- name: delete_trigger
+DELETE FROM trigger WHERE id = :id;
+
+-- ---------------------------------------------------------------- the triggerer
+
+-- name: triggerer_beat
+INSERT INTO triggerer (id, seen_at, started_at, triggers, loop_lag_ms)
+VALUES (:id, :now, :now, :triggers, :loop_lag_ms)
+ON CONFLICT (id) DO UPDATE SET seen_at = :now, triggers = :triggers, loop_lag_ms = :loop_lag_ms;
+
+-- name: live_triggerers
+SELECT id FROM triggerer WHERE seen_at >= :since ORDER BY id;
+
+-- name: triggerer_leave
+DELETE FROM triggerer WHERE id = :id;
+
+-- name: renew_shards
+UPDATE shard_lease SET expires_at = :expires_at WHERE owner = :owner RETURNING shard;
+
+-- name: free_shards
+SELECT shard FROM shard_lease WHERE owner IS NULL OR expires_at < :now ORDER BY shard;
+
+-- name: take_shard
+-- Re-checked under the row lock: of two triggerers racing for a shard, one gets it.
+UPDATE shard_lease SET owner = :owner, expires_at = :expires_at
+WHERE shard = :shard AND (owner IS NULL OR expires_at < :now);
+
+-- name: release_shard
+UPDATE shard_lease SET owner = NULL, expires_at = NULL WHERE shard = :shard AND owner = :owner;
+
+-- name: release_all_shards
+UPDATE shard_lease SET owner = NULL, expires_at = NULL WHERE owner = :owner;
+
+-- name: delete_orphan_triggers
+DELETE FROM trigger
+WHERE shard = ANY(:shards)
+  AND NOT EXISTS (SELECT 1 FROM task t WHERE t.trigger_id = trigger.id AND t.state = 'DEFERRED');
+
+-- name: max_trigger_id
+-- Where the next incremental load starts after a full reload read shard by shard.
+SELECT COALESCE(max(id), 0) AS id FROM trigger;
+
+-- name: list_triggerers
+SELECT r.*, (SELECT count(*) FROM shard_lease s WHERE s.owner = r.id) AS shards
+FROM triggerer r ORDER BY r.id;
+
+-- ---------------------------------------------------------------- migrations
+-- executor/store/migrate.py; each backend's `migrate_lock` makes migrators take turns.
+
+-- name: schema_version_create
+CREATE TABLE IF NOT EXISTS schema_version
+    (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL);
+
+-- name: schema_version_current
+SELECT COALESCE(max(version), 0) AS version FROM schema_version;
+
+-- name: schema_version_insert
+INSERT INTO schema_version (version, name, applied_at) VALUES (:version, :name, :now);
+
+-- ---------------------------------------------------------------- operating (read-only)
+-- `slotless status`, the metrics endpoints and the web page. Waiting tasks are read
+-- through the partial indexes: task_deferred (DEFERRED), task_claimable (SENSING and
+-- RETRYING, whose ready_at is set) and task_running (RUNNING).
+
+-- name: ops_run_states
+SELECT state, count(*) AS n FROM dag_run GROUP BY state;
+
+-- name: ops_live_task_states
+-- Task instances of unfinished runs by state (an expanded mapped task counts as its instances).
+SELECT t.state, count(*) AS n
+FROM dag_run r JOIN task t ON t.run_id = r.run_id
+WHERE r.state = 'RUNNING' AND NOT (t.map_index = -1 AND t.map_total IS NOT NULL)
+GROUP BY t.state;
+
+-- name: ops_waiting_summary
+-- :now. Per waiting state: how many, since when the longest has waited, and (DEFERRED,
+-- SENSING) the largest share of its own timeout any wait has used.
+SELECT 'DEFERRED' AS state, count(*) AS n, min(wait_started_at) AS oldest,
+       max((CAST(:now AS DOUBLE PRECISION) - wait_started_at) / NULLIF(wait_timeout_at - wait_started_at, 0)) AS timeout_ratio
+FROM task WHERE state = 'DEFERRED'
+UNION ALL
+SELECT 'SENSING', count(*), min(wait_started_at),
+       max((CAST(:now AS DOUBLE PRECISION) - wait_started_at) / NULLIF(wait_timeout_at - wait_started_at, 0))
+FROM task WHERE ready_at IS NOT NULL AND state = 'SENSING'
+UNION ALL
+SELECT 'RETRYING', count(*), min(updated_at), NULL
+FROM task WHERE ready_at IS NOT NULL AND state = 'RETRYING';
+
+-- name: ops_retrying_since
+-- When the longest retry episode still going began: tasks waiting to retry, and tasks
+-- running a retry (attempt > 1), each since its first move to RETRYING.
+SELECT min(since) AS since FROM (
+    SELECT (SELECT min(e.ts) FROM task_event e
+            WHERE e.task_row = t.id AND e.to_state = 'RETRYING') AS since
+    FROM task t WHERE t.ready_at IS NOT NULL AND t.state = 'RETRYING'
+    UNION ALL
+    SELECT (SELECT min(e.ts) FROM task_event e
+            WHERE e.task_row = t.id AND e.to_state = 'RETRYING')
+    FROM task t WHERE t.state = 'RUNNING' AND t.owner IS NOT NULL AND t.attempt > 1
+) AS episodes;
+
+-- name: ops_deferred
+-- :n at most. The longest waits first, with their trigger and the lease of its shard.
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.attempt, t.max_attempts,
+       t.updated_at, t.wait_started_at, t.wait_timeout_at, t.next_method, t.soft_fail,
+       g.id AS trigger_id, g.classpath, g.poke_hash, g.shard, g.description,
+       s.owner AS lease_owner, s.expires_at AS lease_expires_at
+FROM task t
+LEFT JOIN trigger g ON g.id = t.trigger_id
+LEFT JOIN shard_lease s ON s.shard = g.shard
+WHERE t.state = 'DEFERRED'
+ORDER BY t.wait_started_at, t.id
+LIMIT :n;
+
+-- name: ops_sensing
+-- :n at most. Reschedule-mode sensors between checks; last_message is their last check.
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.attempt, t.max_attempts,
+       t.updated_at, t.ready_at, t.wait_started_at, t.wait_timeout_at,
+       (SELECT e.message FROM task_event e WHERE e.task_row = t.id AND e.kind = 'transition'
+        ORDER BY e.id DESC LIMIT 1) AS last_message
+FROM task t
+WHERE t.ready_at IS NOT NULL AND t.state = 'SENSING'
+ORDER BY t.wait_started_at, t.id
+LIMIT :n;
+
+-- name: ops_retrying
+-- :n at most. Tasks waiting for their next attempt, the longest retry episode first.
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.attempt, t.max_attempts,
+       t.updated_at, t.ready_at,
+       (SELECT min(e.ts) FROM task_event e
+        WHERE e.task_row = t.id AND e.to_state = 'RETRYING') AS retrying_since,
+       (SELECT e.message FROM task_event e WHERE e.task_row = t.id AND e.to_state = 'RETRYING'
+        ORDER BY e.id DESC LIMIT 1) AS last_error
+FROM task t
+WHERE t.ready_at IS NOT NULL AND t.state = 'RETRYING'
+ORDER BY retrying_since, t.id
+LIMIT :n;
+
+-- name: ops_shard_leases
+SELECT shard, owner, expires_at FROM shard_lease ORDER BY shard;
+
+-- name: ops_run_counts
+-- Instances by state of the newest :n runs (an expanded mapped task counts as its instances).
+SELECT t.run_id, t.state, count(*) AS n FROM task t
+WHERE t.run_id IN (SELECT run_id FROM dag_run ORDER BY created_at DESC LIMIT :n)
+  AND NOT (t.map_index = -1 AND t.map_total IS NOT NULL)
+GROUP BY t.run_id, t.state;
+
+-- name: ops_run_edges
+SELECT parent, child FROM edge WHERE run_id = :run_id ORDER BY parent, child;
+
+-- name: ops_run_waits
+-- What each DEFERRED task of one run waits for.
+SELECT t.task_id, t.map_index, g.description, g.classpath
+FROM task t JOIN trigger g ON g.id = t.trigger_id
+WHERE t.run_id = :run_id AND t.state = 'DEFERRED';
+
+-- name: ops_task_instances
+-- At most :n: the instances of one mapped task, in index order.
+SELECT id, map_index, state, attempt, updated_at FROM task
+WHERE run_id = :run_id AND task_id = :task_id AND map_index >= 0
+ORDER BY map_index
+LIMIT :n;
+
+-- name: ops_trigger
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, g.created_at, g.description,
+       s.owner AS lease_owner, s.expires_at AS lease_expires_at
+FROM trigger g LEFT JOIN shard_lease s ON s.shard = g.shard
+WHERE g.id = :id;
+
+-- name: ops_check_waiters
+-- How many tasks wait on one check: :poke_hash, and its :shard (for the index).
+SELECT count(*) AS n
+FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+WHERE g.shard = :shard AND g.poke_hash = :poke_hash;
