@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support import pg
-from support.helpers import FakeClock, ops, run_to_end
+from support.helpers import FakeClock, attempt_of, ops, run_to_end
 from support.pg import create_schema, drop_schema, with_params
 
 from executor import DAG
@@ -84,18 +84,6 @@ async def transitions(store: Store, row_id: int) -> list[tuple[str, str]]:
     async with store.db.read() as tx:
         events = await tx.fetch("task_events", task_row=row_id)
     return [(e["from_state"], e["to_state"]) for e in events if e["kind"] == "transition"]
-
-
-def attempt_of(row: MovedTask) -> dict[str, Any]:
-    """What every outcome of ``row``'s claimed attempt carries."""
-    assert row.owner is not None
-    return {
-        "row_id": row.id,
-        "owner": row.owner,
-        "attempt": row.attempt,
-        "max_attempts": row.max_attempts,
-        "run_id": row.run_id,
-    }
 
 
 def outcome(row: MovedTask, output: Any = None, skip_children: list[str] | None = None) -> Outcome:

@@ -200,3 +200,16 @@ def ops(store: Any) -> Any:
     from triggerer.store import TriggererStore
 
     return TriggererStore(store.db, store.clock)
+
+
+def attempt_of(row: Any) -> dict[str, Any]:
+    """What every outcome of a claimed row's attempt carries (``Succeeded(**attempt_of(row),
+    output_json=...)``)."""
+    assert row.owner is not None
+    return {
+        "row_id": row.id,
+        "owner": row.owner,
+        "attempt": row.attempt,
+        "max_attempts": row.max_attempts,
+        "run_id": row.run_id,
+    }

@@ -19,7 +19,7 @@ from datetime import date
 from typing import Any
 
 import pytest
-from support.helpers import events, run_to_end, sql, task_states
+from support.helpers import attempt_of, events, run_to_end, sql, task_states
 
 from executor import DAG
 from executor.outcomes import Outcome, Succeeded
@@ -34,15 +34,7 @@ DAY = date(2026, 4, 25)
 
 def ok(row: MovedTask, output: Any = None) -> Outcome:
     """The report of a successful attempt of a claimed ``row``."""
-    assert row.owner is not None
-    return Succeeded(
-        row_id=row.id,
-        owner=row.owner,
-        attempt=row.attempt,
-        max_attempts=row.max_attempts,
-        output_json=json.dumps(output),
-        run_id=row.run_id,
-    )
+    return Succeeded(**attempt_of(row), output_json=json.dumps(output))
 
 
 def instances(db_path, run_id: str, task_id: str) -> list[dict]:

@@ -10,7 +10,7 @@ from datetime import date
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support.helpers import FakeClock, async_wait_until, sql
+from support.helpers import FakeClock, async_wait_until, attempt_of, sql
 
 from executor import DAG
 from executor.outcomes import Failed, Outcome, Succeeded
@@ -31,16 +31,7 @@ def one_task_dag(retries: int, **kw) -> DAG:
 
 
 def error(row: MovedTask, delay: float, message: str = "ValueError: no") -> Outcome:
-    assert row.owner is not None
-    return Failed(
-        row_id=row.id,
-        owner=row.owner,
-        attempt=row.attempt,
-        max_attempts=row.max_attempts,
-        message=message,
-        retry_delay=delay,
-        run_id=row.run_id,
-    )
+    return Failed(**attempt_of(row), message=message, retry_delay=delay)
 
 
 def flaky_row(db_path, run_id: str) -> dict:
