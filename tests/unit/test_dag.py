@@ -250,3 +250,14 @@ async def test_create_run_makes_only_roots_claimable(store: Store, db_path) -> N
     assert {t: r["is_leaf"] for t, r in rows.items()} == {"a": 0, "b": 0, "c": 1, "d": 1}
     edges = sql(db_path, "SELECT parent, child FROM edge WHERE run_id = ?", run_id)
     assert sorted((e["parent"], e["child"]) for e in edges) == [("a", "b"), ("a", "c"), ("b", "c")]
+
+
+def test_a_context_reads_back_its_log_lines_in_order() -> None:
+    from executor.context import TaskContext
+
+    ctx = TaskContext("r", "d", "t", date(2026, 1, 1), attempt=1, max_attempts=1)
+    assert ctx.lines == []
+    ctx.log("first")
+    ctx.log(2)
+    assert [text for _, text in ctx.lines] == ["first", "2"]
+    assert ctx.lines[0][0] <= ctx.lines[1][0]
