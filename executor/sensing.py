@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from triggers.base import BaseTrigger, TriggerEvent
+from triggers.base import BaseTrigger, TriggerEvent, shard_of
 from triggers.connections import Connection, get_connection
 from triggers.registry import is_allowed, load_trigger
 
@@ -51,11 +51,12 @@ def deferral(
         raise ValueError(f"trigger class {classpath} is not allow-listed")
     kwargs_json = json.dumps(kwargs, sort_keys=True)
     load_trigger(classpath, kwargs_json)  # what the triggerer will do: fail here, not there
+    poke_hash = trigger.poke_hash()  # a sha256 of the dumped context: once, not per use
     return Deferral(
         classpath=classpath,
         kwargs_json=kwargs_json,
-        poke_hash=trigger.poke_hash(),
-        shard=trigger.shard(),
+        poke_hash=poke_hash,
+        shard=shard_of(poke_hash),
         description=trigger.describe(),
         method=method,
         method_kwargs_json=json.dumps(method_kwargs),
