@@ -30,10 +30,10 @@ from typing import Any
 from executor.store import Store
 from executor.store.db import TRIGGERS_CHANNEL
 from triggers.base import BaseTrigger, TransientError, TriggerEvent, shard_of
+from triggers.checking import CheckContext, check_once
 from triggers.registry import TriggerLoadError, load_trigger
 
 from .checks import Check, CheckTable, Subscriber
-from .context import TriggererContext
 from .store import Fire, TriggererBatch, TriggererStore
 from .watchdog import LoopWatch
 
@@ -75,7 +75,7 @@ class Triggerer:
         self.clock = clock
         self.table = CheckTable()
         self.shards: set[int] = set()
-        self.ctx = TriggererContext(store, clock)
+        self.ctx = CheckContext(store.external_states, clock=clock)
         self.watch = LoopWatch(on_block=self._on_block)
         self.checks_done = 0
         self.checks_failed = 0
@@ -357,22 +357,10 @@ class Triggerer:
         self._wake_checker.set()
 
     async def _call(self, cls: type[BaseTrigger], checks: list[Check]) -> Any:
-        if cls.is_push():
-            return [await self._first_push_event(checks[0])]
-        if len(checks) > 1 or cls.is_batched():
+        if len(checks) > 1 or (cls.is_batched() and not cls.is_push()):
             return await cls.poke_many([c.trigger for c in checks], self.ctx)
-        return [await checks[0].trigger.poke(self.ctx)]
-
-    async def _first_push_event(self, check: Check) -> TriggerEvent | None:
-        # A push trigger runs until its first event; re-entered after each interval so
-        # that a generator that ends early is simply run again.
-        agen = check.trigger.run(self.ctx)
-        try:
-            return await anext(agen)  # type: ignore[arg-type]
-        except StopAsyncIteration:
-            return None
-        finally:
-            await agen.aclose()  # type: ignore[attr-defined]
+        # No push_wait: the call is already bounded by check_timeout.
+        return [await check_once(checks[0].trigger, self.ctx)]
 
     def _settle(self, check: Check, result: Any, now: float) -> None:
         if self.table.by_hash.get(check.poke_hash) is not check:
