@@ -64,7 +64,7 @@ from support.servers import (  # noqa: E402
     sshd_available,
 )
 
-from triggerer.context import TriggererContext  # noqa: E402
+from triggers.checking import CheckContext  # noqa: E402
 from triggers.s3 import S3KeyTrigger, _link  # noqa: E402
 from triggers.sftp import SFTPFileTrigger, sftp_link  # noqa: E402
 
@@ -133,7 +133,7 @@ async def s3_benchmark(
     present = keys[::2]  # half the files have landed: listings carry real content
     with MotoProcess() as moto:
         os.environ["SLOTLESS_CONN_BENCH_S3"] = s3_conn_uri(moto.endpoint)
-        ctx = TriggererContext(None)
+        ctx = CheckContext()
         try:
             link = await _link(ctx, "bench_s3")
             await link.client.create_bucket(Bucket=bucket)
@@ -199,7 +199,7 @@ async def through_triggerer(
         dag.sensor(f"s{i:05d}", trigger, mode="deferrable", timeout=3600)
     with tempfile.TemporaryDirectory(prefix="slotless-batching-") as tmp:
         store = await open_store(f"sqlite:///{tmp}/bench.db")
-        setup = TriggererContext(None)
+        setup = CheckContext()
         try:
             await (await _link(setup, "bench_s3")).client.create_bucket(Bucket=bucket)
         finally:
@@ -298,7 +298,7 @@ async def sftp_benchmark(sensors: int, per_connection_sample: int) -> dict:
             os.environ["SLOTLESS_CONN_BENCH_SFTP"] = server.conn_uri()
             paths = [server.path(f"inbox/f{i:05d}.csv") for i in range(sensors)]
             triggers = [SFTPFileTrigger(path=p, conn_id="bench_sftp") for p in paths]
-            ctx = TriggererContext(None)
+            ctx = CheckContext()
             try:
                 link = await sftp_link(ctx, "bench_sftp")
                 await SFTPFileTrigger.poke_many(triggers, ctx)  # warm: connect once
@@ -329,7 +329,7 @@ async def sftp_benchmark(sensors: int, per_connection_sample: int) -> dict:
             # A new SSH connection per check, one at a time, as a naive sensor does.
             t0 = time.perf_counter()
             for p in paths[:per_connection_sample]:
-                one = TriggererContext(None)
+                one = CheckContext()
                 try:
                     await SFTPFileTrigger(path=p, conn_id="bench_sftp").poke(one)
                 finally:

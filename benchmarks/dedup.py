@@ -153,7 +153,7 @@ async def run_config(
 
 
 async def main_async(args: argparse.Namespace, bar: Any) -> dict[str, Any]:
-    from triggerer.context import TriggererContext
+    from triggers.checking import CheckContext
     from triggers.s3 import _link
 
     from .batching import MotoProcess, s3_conn_uri
@@ -163,7 +163,7 @@ async def main_async(args: argparse.Namespace, bar: Any) -> dict[str, Any]:
     task = bar.add_task("configurations", total=len(CONFIGS))
     with MotoProcess() as moto:
         os.environ["SLOTLESS_CONN_" + CONN_ID.upper()] = s3_conn_uri(moto.endpoint)
-        setup = TriggererContext(None)
+        setup = CheckContext()
         try:
             await (await _link(setup, CONN_ID)).client.create_bucket(Bucket=BUCKET)
         finally:

@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from triggers.base import BaseTrigger, TriggerEvent
-from triggers.connections import Connection, get_connection
+from triggers.base import BaseTrigger, TriggerEvent, shard_of
+from triggers.checking import CheckContext, ExternalStates, check_once
 from triggers.registry import is_allowed, load_trigger
 
 from .context import TaskContext
 from .dag import SensorSpec
 from .outcomes import Deferral
-
-T = TypeVar("T")
 
 
 def template_values(ctx: TaskContext) -> dict[str, str]:
@@ -51,11 +49,12 @@ def deferral(
         raise ValueError(f"trigger class {classpath} is not allow-listed")
     kwargs_json = json.dumps(kwargs, sort_keys=True)
     load_trigger(classpath, kwargs_json)  # what the triggerer will do: fail here, not there
+    poke_hash = trigger.poke_hash()  # a sha256 of the dumped context: once, not per use
     return Deferral(
         classpath=classpath,
         kwargs_json=kwargs_json,
-        poke_hash=trigger.poke_hash(),
-        shard=trigger.shard(),
+        poke_hash=poke_hash,
+        shard=shard_of(poke_hash),
         description=trigger.describe(),
         method=method,
         method_kwargs_json=json.dumps(method_kwargs),
@@ -70,59 +69,6 @@ class Verdict:
     event: TriggerEvent | None  # None: not yet
     timed_out: bool = False
     checks: int = 0
-
-
-class WorkerTriggerContext:
-    """The trigger context for checks run inside a worker slot."""
-
-    def __init__(self, main_loop: asyncio.AbstractEventLoop, store: Any) -> None:
-        self._main_loop = main_loop
-        self._store = store
-        self._shared: dict[str, Any] = {}
-
-    def now(self) -> float:
-        return time.time()
-
-    def connection(self, conn_id: str) -> Connection:
-        return get_connection(conn_id)
-
-    async def shared(self, key: str, factory: Callable[[], Awaitable[T]]) -> T:
-        # One check's event loop lives only as long as the check: nothing outlives it.
-        if key not in self._shared:
-            self._shared[key] = await factory()
-        return self._shared[key]  # type: ignore[no-any-return]
-
-    async def external_states(self, questions: Sequence[dict[str, Any]]) -> list[Any]:
-        # The store belongs to the worker's loop; ask it from this thread's loop.
-        fut = asyncio.run_coroutine_threadsafe(
-            self._store.external_states(questions), self._main_loop
-        )
-        return await asyncio.wrap_future(fut)
-
-    async def aclose(self) -> None:
-        for value in self._shared.values():
-            close = getattr(value, "close", None) or getattr(value, "__aexit__", None)
-            if close is not None:
-                try:
-                    res = close() if close.__name__ == "close" else close(None, None, None)
-                    if asyncio.iscoroutine(res):
-                        await res
-                except Exception:
-                    pass
-        self._shared.clear()
-
-
-async def check(trigger: BaseTrigger, tctx: Any) -> TriggerEvent | None:
-    """One check, whichever style the trigger is written in."""
-    if type(trigger).is_push():
-        agen = trigger.run(tctx)
-        try:
-            return await asyncio.wait_for(anext(agen), trigger.poke_interval)  # type: ignore[arg-type]
-        except (TimeoutError, StopAsyncIteration):
-            return None
-        finally:
-            await agen.aclose()  # type: ignore[attr-defined]
-    return await trigger.poke(tctx)
 
 
 def sense(
@@ -141,19 +87,23 @@ def sense(
     A check that hangs is cut off at the sensor's deadline (a sensor timeout) or after
     ``check_timeout`` (the task's execution_timeout, per check: the attempt fails).
     """
+    external_states = _on_loop(store, main_loop)
     checks = 0
     while True:
         if time.time() >= deadline:
             return Verdict(None, timed_out=True, checks=checks)
-        tctx = WorkerTriggerContext(main_loop, store)
+        # A context per check: shared clients belong to this check's loop and die with it.
+        tctx = CheckContext(external_states)
         limit = deadline - time.time()
         if check_timeout is not None:
             limit = min(limit, check_timeout)
 
-        async def once(tctx: WorkerTriggerContext = tctx, limit: float = limit) -> Any:
+        async def once(tctx: CheckContext = tctx, limit: float = limit) -> TriggerEvent | None:
             try:
                 async with asyncio.timeout(limit):
-                    return await check(trigger, tctx)
+                    # A push trigger would hold the slot until its event: one interval
+                    # without one is this check's "not yet".
+                    return await check_once(trigger, tctx, push_wait=trigger.poke_interval)
             finally:
                 await tctx.aclose()
 
@@ -177,3 +127,17 @@ def sense(
                 f"(poke mode, check {checks})"
             )
         time.sleep(max(0.0, min(sensor.interval, deadline - time.time())))
+
+
+def _on_loop(store: Any, loop: asyncio.AbstractEventLoop) -> ExternalStates:
+    """``store.external_states``, asked from a check's loop in a slot's thread.
+
+    The store belongs to the worker's loop (``loop``): its connection cannot be used from
+    another, so the question is run there.
+    """
+
+    async def ask(questions: Sequence[dict[str, Any]]) -> list[Any]:
+        future = asyncio.run_coroutine_threadsafe(store.external_states(questions), loop)
+        return await asyncio.wrap_future(future)
+
+    return ask

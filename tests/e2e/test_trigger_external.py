@@ -11,9 +11,9 @@ from support.helpers import async_wait_until, run_to_end
 from support.servers import all_events_text, run_dag, task_log
 
 from executor import DAG
-from triggerer.context import TriggererContext
-from triggerer.service import TRANSIENT
+from triggerer.running import TRANSIENT
 from triggers.base import TriggerEvent
+from triggers.checking import CheckContext
 from triggers.external import ExternalDagRunTrigger
 
 BAD_DAY = "2024-01-02"
@@ -36,9 +36,9 @@ def upstream(dag_id: str) -> DAG:
     return dag
 
 
-class CountingContext(TriggererContext):
+class CountingContext(CheckContext):
     def __init__(self, store) -> None:
-        super().__init__(store)
+        super().__init__(store.external_states)
         self.queries = 0
 
     async def external_states(self, questions):

@@ -13,9 +13,9 @@ from support.helpers import async_wait_until
 from support.servers import all_events_text, run_dag, task_log
 
 from executor import DAG
-from triggerer.context import TriggererContext
-from triggerer.service import TRANSIENT
+from triggerer.running import TRANSIENT
 from triggers.base import TransientError, TriggerEvent
+from triggers.checking import CheckContext
 from triggers.connections import UnknownConnection
 from triggers.http import HttpCheckError, HttpTrigger
 
@@ -99,7 +99,7 @@ async def api():
 
 @pytest.fixture
 async def ctx():
-    c = TriggererContext(None)
+    c = CheckContext()
     try:
         yield c
     finally:

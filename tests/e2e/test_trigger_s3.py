@@ -12,9 +12,9 @@ from support.helpers import async_wait_until
 from support.servers import MotoS3Server, all_events_text, run_dag, s3_conn_uri, task_log
 
 from executor import DAG
-from triggerer.context import TriggererContext
-from triggerer.service import TRANSIENT
+from triggerer.running import TRANSIENT
 from triggers.base import TransientError, TriggerEvent
+from triggers.checking import CheckContext
 from triggers.connections import UnknownConnection
 from triggers.registry import TriggerLoadError, load_trigger
 from triggers.s3 import S3CheckError, S3KeyTrigger
@@ -67,7 +67,7 @@ async def test_one_listing_per_prefix_per_cycle_instead_of_one_request_per_key(s
         for p in range(3)
         for k in range(700)
     ]  # 2,100 sensors: three chunks of the triggerer's batch size, each spanning prefixes
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         results = await in_chunks(triggers, ctx)
         assert s3.counts() == {"ListObjectsV2": 3}  # one listing per prefix, not 2,100
@@ -97,7 +97,7 @@ async def test_paginated_listing_of_a_large_prefix(s3):
     bucket = bucket_name()
     s3.make_bucket(bucket, [f"big/k{i:05d}" for i in range(2500)])
     triggers = [S3KeyTrigger(bucket=bucket, key=f"big/k{i:05d}", conn_id="s3t") for i in (0, 2499)]
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         results = await S3KeyTrigger.poke_many(triggers, ctx)
         assert all(r is not None for r in results)
@@ -110,7 +110,7 @@ async def test_globs_prefixes_and_min_size(s3):
     bucket = bucket_name()
     s3.make_bucket(bucket, ["in/a.csv", "in/b.txt", "in/sub/c.csv", "deep/x/y/z.parquet"])
     s3.put(bucket, "in/big.csv", b"y" * 2048)
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
 
     def t(key: str, **kw) -> S3KeyTrigger:
         return S3KeyTrigger(bucket=bucket, key=key, conn_id="s3t", **kw)
@@ -177,7 +177,7 @@ async def test_one_client_per_connection_reused_across_checks(s3, monkeypatch):
     bucket = bucket_name()
     s3.make_bucket(bucket, ["k"])
     monkeypatch.setenv("SLOTLESS_CONN_S3OTHER", s3_conn_uri(s3.endpoint))
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         a = S3KeyTrigger(bucket=bucket, key="k", conn_id="s3t")
         b = S3KeyTrigger(bucket=bucket, key="k", conn_id="s3other")
@@ -198,7 +198,7 @@ async def test_one_client_per_connection_reused_across_checks(s3, monkeypatch):
 async def test_missing_bucket_fails_only_its_checks(s3):
     bucket = bucket_name()
     s3.make_bucket(bucket, ["in/a.csv"])
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         good = S3KeyTrigger(bucket=bucket, key="in/a.csv", conn_id="s3t")
         bad = S3KeyTrigger(bucket="no-such-bucket-" + bucket, key="in/a.csv", conn_id="s3t")
@@ -214,7 +214,7 @@ async def test_missing_bucket_fails_only_its_checks(s3):
 async def test_refused_credentials_fail_with_a_clear_message(s3):
     bucket = bucket_name()
     s3.make_bucket(bucket, ["k"])
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     s3.enforce_auth(True)  # moto now checks keys; ours is unknown to its IAM
     try:
         (result,) = await S3KeyTrigger.poke_many(
@@ -231,7 +231,7 @@ async def test_refused_credentials_fail_with_a_clear_message(s3):
 async def test_server_errors_and_slowness_are_transient(s3, monkeypatch):
     bucket = bucket_name()
     s3.make_bucket(bucket, ["k"])
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     trig = S3KeyTrigger(bucket=bucket, key="k", conn_id="s3t")
     try:
         for status, code in ((503, "SlowDown"), (500, "InternalError"), (429, "TooManyRequests")):
@@ -262,7 +262,7 @@ async def test_server_errors_and_slowness_are_transient(s3, monkeypatch):
 async def test_server_down_is_transient_and_the_client_recovers(s3):
     bucket = bucket_name()
     s3.make_bucket(bucket, ["k"])
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     trig = S3KeyTrigger(bucket=bucket, key="k", conn_id="s3t")
     try:
         assert isinstance((await S3KeyTrigger.poke_many([trig], ctx))[0], TriggerEvent)
@@ -279,7 +279,7 @@ async def test_server_down_is_transient_and_the_client_recovers(s3):
 
 
 async def test_unknown_connection_is_not_transient(s3):
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         (result,) = await S3KeyTrigger.poke_many(
             [S3KeyTrigger(bucket="bkt", key="k", conn_id="nowhere")], ctx

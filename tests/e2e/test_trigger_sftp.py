@@ -26,9 +26,9 @@ from support.servers import (
 )
 
 from executor import DAG
-from triggerer.context import TriggererContext
-from triggerer.service import TRANSIENT
+from triggerer.running import TRANSIENT
 from triggers.base import TransientError, TriggerEvent
+from triggers.checking import CheckContext
 from triggers.connections import UnknownConnection
 from triggers.sftp import SFTPCheckError, SFTPFileTrigger
 
@@ -101,7 +101,7 @@ async def test_one_listing_per_directory_per_cycle_over_one_connection(server):
         for d in range(3)
         for f in range(400)
     ]
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         server.reset()
         # As the triggerer calls a batched class: at most 1,000 at once, concurrently.
@@ -149,7 +149,7 @@ async def test_globs_newer_than_and_missing_directories(server):
         t("drop/*.json"): None,
         t("not-yet/*.csv"): None,  # the directory does not exist: not yet, not an error
     }
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         results = await SFTPFileTrigger.poke_many(list(cases), ctx)
         for trig, result in zip(cases, results, strict=True):
@@ -182,7 +182,7 @@ def test_describe_names_the_connection_not_its_secrets():
 
 async def test_refused_key_fails_with_a_clear_message(server, keys, monkeypatch):
     monkeypatch.setenv("SLOTLESS_CONN_SFBAD", server.conn_uri(key_file=keys.other_client_key()))
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         (result,) = await SFTPFileTrigger.poke_many(
             [SFTPFileTrigger(path=server.path("x"), conn_id="sfbad")], ctx
@@ -201,7 +201,7 @@ async def test_wrong_host_key_fails_with_a_clear_message(server, tmp_path, monke
     kh.write_text(f"[127.0.0.1]:{server.port} {stranger}")
     uri = server.conn_uri().rsplit("known_hosts=", 1)[0] + f"known_hosts={kh}"
     monkeypatch.setenv("SLOTLESS_CONN_SFMITM", uri)
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         (result,) = await SFTPFileTrigger.poke_many(
             [SFTPFileTrigger(path=server.path("x"), conn_id="sfmitm")], ctx
@@ -214,7 +214,7 @@ async def test_wrong_host_key_fails_with_a_clear_message(server, tmp_path, monke
 async def test_missing_key_file_is_a_configuration_error(server, tmp_path, monkeypatch):
     uri = server.conn_uri(key_file=tmp_path / "no-such-key")
     monkeypatch.setenv("SLOTLESS_CONN_SFNOKEY", uri)
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         (result,) = await SFTPFileTrigger.poke_many(
             [SFTPFileTrigger(path=server.path("x"), conn_id="sfnokey")], ctx
@@ -231,7 +231,7 @@ async def test_password_auth_and_refused_password(tmp_path, keys, monkeypatch):
     touch(server, "p/x")
     monkeypatch.setenv("SLOTLESS_CONN_SFPW", server.conn_uri(password=PASSWORD))
     monkeypatch.setenv("SLOTLESS_CONN_SFPWBAD", server.conn_uri(password=PASSWORD + "-wrong"))
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         ok, bad = await SFTPFileTrigger.poke_many(
             [
@@ -251,7 +251,7 @@ async def test_password_auth_and_refused_password(tmp_path, keys, monkeypatch):
 async def test_server_down_is_transient_then_one_reconnect(server):
     touch(server, "in/a.csv")
     trig = SFTPFileTrigger(path=server.path("in/a.csv"), conn_id="sf")
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         assert isinstance((await SFTPFileTrigger.poke_many([trig], ctx))[0], TriggerEvent)
         link = ctx._shared["sftp:sf"]
@@ -281,7 +281,7 @@ async def test_a_server_that_never_answers_is_transient(monkeypatch):
     monkeypatch.setenv(
         "SLOTLESS_CONN_SFSLOW", f"sftp://u:p@127.0.0.1:{port}?known_hosts=none&connect_timeout=0.5"
     )
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         started = time.monotonic()
         (result,) = await SFTPFileTrigger.poke_many(
@@ -296,7 +296,7 @@ async def test_a_server_that_never_answers_is_transient(monkeypatch):
 
 
 async def test_unknown_connection_is_not_transient():
-    ctx = TriggererContext(None)
+    ctx = CheckContext()
     try:
         (result,) = await SFTPFileTrigger.poke_many(
             [SFTPFileTrigger(path="/x", conn_id="nowhere")], ctx
