@@ -18,14 +18,18 @@ demo: $(STAMP)
 	rm -rf demo.db demo.db-wal demo.db-shm demo-data
 	$(BIN)/slotless run examples/settlements.py --db sqlite:///demo.db --slots 8
 
-test: $(STAMP)
+# The habits, then the suite: any broken one fails the target (and CI, which runs it).
+test: lint
 	./scripts/test-servers.sh
-	$(BIN)/ruff check .
 	$(BIN)/pytest
 
+# The static checks alone: lint, formatting, the import layers (pyproject.toml's
+# [tool.importlinter]), types (its [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # Re-pin constraints.txt to what .venv holds: first installs whatever pyproject.toml asks
 # for that .venv lacks (unconstrained: pins already installed stay), then writes the exact
