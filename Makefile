@@ -1,30 +1,46 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
-# Both create .venv and install the project into it when pyproject.toml changed.
+# Both create .venv and install the project into it when pyproject.toml or constraints.txt
+# changed, at the versions pinned in constraints.txt (see `make lock`).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint lock bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	rm -rf demo.db demo.db-wal demo.db-shm demo-data
 	$(BIN)/slotless run examples/settlements.py --db sqlite:///demo.db --slots 8
 
-test: $(STAMP)
+# The habits, then the suite: any broken one fails the target (and CI, which runs it).
+test: lint
 	./scripts/test-servers.sh
-	$(BIN)/ruff check .
 	$(BIN)/pytest
 
+# The static checks alone: lint, formatting, the import layers (pyproject.toml's
+# [tool.importlinter]), types (its [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+# Re-pin constraints.txt to what .venv holds: first installs whatever pyproject.toml asks
+# for that .venv lacks (unconstrained: pins already installed stay), then writes the exact
+# version of every package the dev extra pulls in, transitively. To move a pin on purpose:
+# `.venv/bin/pip install -U NAME`, then `make lock`; commit constraints.txt.
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python scripts/lock.py > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	touch $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.throughput && $(BIN)/python -m benchmarks.fanout
@@ -32,4 +48,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.dedup
 
 clean:
-	rm -rf $(VENV) *.db *.db-wal *.db-shm .pytest_cache .ruff_cache
+	rm -rf $(VENV) *.db *.db-wal *.db-shm .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

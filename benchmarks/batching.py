@@ -230,10 +230,10 @@ async def through_triggerer(
             # Every key lands at once: how long until the whole run has ended?
             moto.seed(bucket, keys)
             t1 = time.perf_counter()
-            while (await store.run_info(run_id))["state"] == "RUNNING":
+            while (info := await store.run_info(run_id)) is not None and info["state"] == "RUNNING":
                 await asyncio.sleep(0.1)
             out["seconds_from_all_keys_landing_to_run_end"] = round(time.perf_counter() - t1, 2)
-            out["run_state"] = (await store.run_info(run_id))["state"]
+            out["run_state"] = info["state"] if info is not None else None
         finally:
             worker.stop()
             await serving
@@ -245,7 +245,7 @@ async def through_triggerer(
 
 async def _cycles(moto: MotoProcess, cycle: Any, n: int) -> dict:
     await cycle()  # warm: connections open, nothing imported lazily
-    rows = []
+    rows: list[dict[str, Any]] = []
     for _ in range(n):
         moto.reset()
         cpu0, srv0, t0 = time.process_time(), moto.cpu(), time.perf_counter()

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def create_schema(db_path: Path) -> None:
 
 def insert_waits(
     db_path: Path,
-    triggers: list[BaseTrigger],
+    triggers: Sequence[BaseTrigger],
     *,
     run_id: str,
     prefix: str,
@@ -310,8 +311,8 @@ async def _child(p: dict[str, Any]) -> dict[str, Any]:
                     "latency_s": round(ts - landed[path], 4),
                 }
             )
-    lags = [x * 1000 for x in triggerer.watch.lags]
-    after = lags[lag_at_load:]
+    lags_ms = [x * 1000 for x in triggerer.watch.lags]
+    after = lags_ms[lag_at_load:]
 
     def cpu_s(a: Any, b: Any) -> float:
         return (b.user - a.user) + (b.system - a.system)
@@ -332,7 +333,7 @@ async def _child(p: dict[str, Any]) -> dict[str, Any]:
         "loop_lag_p99_ms": round(_pct(after, 0.99), 2),
         "loop_lag_max_ms": round(max(after, default=0.0), 1),
         "loop_lag_samples": len(after),
-        "loop_lag_max_while_loading_ms": round(max(lags[:lag_at_load], default=0.0), 1),
+        "loop_lag_max_while_loading_ms": round(max(lags_ms[:lag_at_load], default=0.0), 1),
         "loop_blocks_reported": sum(triggerer.watch.blocked.values()),
         "full_gc_pauses_ms": [round(x, 1) for x in full_gcs],
         "load_average": [round(x, 2) for x in os.getloadavg()],

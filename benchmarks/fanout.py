@@ -24,11 +24,12 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from . import common
 
 NAME = "fanout"
+P = TypeVar("P")  # a point of a series, as _thin keeps it
 TARGET_MATERIALIZE_S = 5.0
 TARGET_TOTAL_S = 60.0
 
@@ -173,7 +174,7 @@ def _facts(path: str) -> dict[str, Any]:
     }
 
 
-def _thin(points: list[tuple[float, float]], at_most: int) -> list[tuple[float, float]]:
+def _thin(points: list[P], at_most: int) -> list[P]:
     if len(points) <= at_most:
         return points
     step = len(points) / at_most

@@ -31,9 +31,12 @@ import time
 from collections.abc import Iterator, Sequence
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import common
+
+if TYPE_CHECKING:
+    from executor.dag import SensorMode
 
 NAME = "slots"
 MODES = ("poke", "reschedule", "deferrable")
@@ -66,7 +69,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def build_dag(mode: str, landing: Path, args: argparse.Namespace) -> Any:
+def build_dag(mode: SensorMode, landing: Path, args: argparse.Namespace) -> Any:
     from executor import DAG
     from triggers.files import FileTrigger
 
@@ -195,7 +198,7 @@ def land_files(landing: Path, offsets: list[float], t0: float, landed: dict[int,
 
 
 async def run_mode(
-    mode: str, folder: Path, args: argparse.Namespace, offsets: list[float], bar: Any
+    mode: SensorMode, folder: Path, args: argparse.Namespace, offsets: list[float], bar: Any
 ) -> dict[str, Any]:
     import psutil
 

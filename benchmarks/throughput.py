@@ -108,10 +108,11 @@ def end_to_end(
         db = common.fresh_db(folder, f"{shape}_{n}_{r}")
         log = common.ExchangeLog()
         done_before = r * n
-        with (
-            log.active(),
-            common.follow(bar, task, lambda log=log, d=done_before: d + log.completed),
-        ):
+
+        def done_so_far(log: common.ExchangeLog = log, before: int = done_before) -> int:
+            return before + log.completed
+
+        with log.active(), common.follow(bar, task, done_so_far):
             run = common.run_cli(
                 ["run", str(dag_file), "--db", db, "--slots", str(slots), "--json"]
             )

@@ -167,7 +167,7 @@ class DAG:
         """
 
         def register(f: TaskFn | None) -> TaskSpec:
-            tid = task_id or getattr(f, "__name__", "")
+            tid = task_id or str(getattr(f, "__name__", ""))
             if tid in self.tasks:
                 raise DagError(f"duplicate task id {tid!r} in DAG {self.dag_id!r}")
             try:

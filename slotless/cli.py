@@ -112,8 +112,12 @@ def _parser() -> argparse.ArgumentParser:
 
     trig = sub.add_parser("triggerer", help="serve as a triggerer: hold and check deferred waits")
     db_opt(trig)
-    trig.add_argument("--lease-ttl", type=float, default=15.0,
-                      help="seconds after which a silent triggerer's shards are taken over")
+    trig.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=15.0,
+        help="seconds after which a silent triggerer's shards are taken over",
+    )
     _metrics_opts(trig)
     trig.set_defaults(func=cmd_triggerer)
 

@@ -15,7 +15,7 @@ import asyncio
 import math
 import re
 from collections.abc import Awaitable, Callable, Hashable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -101,7 +101,7 @@ class SingleFlight:
             self.started += 1
             fut = asyncio.ensure_future(fn())
             self._inflight[key] = fut
-            fut.add_done_callback(lambda f, k=key: self._done(k, f))
+            fut.add_done_callback(partial(self._done, key))
         else:
             self.joined += 1
         return await asyncio.shield(fut)  # type: ignore[no-any-return]

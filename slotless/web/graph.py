@@ -74,8 +74,8 @@ def layout(task_ids: Sequence[str], edges: Sequence[tuple[str, str]]) -> dict[st
 
         # Each box near its parents' rows, below the box placed before it.
         row = -1
-        for c, _, t in sorted((centre(i, t), i, t) for i, t in enumerate(members)):
-            row = max(row + 1, round(c))
+        for score, _, t in sorted((centre(i, t), i, t) for i, t in enumerate(members)):
+            row = max(row + 1, round(score))
             pos[t] = (col, row)
     return pos
 

@@ -8,8 +8,10 @@ import json
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Awaitable
 from datetime import date, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 from support.helpers import REPO, FakeClock, cli, cli_env, run_to_end, sql, wait_until, write_dag
 
@@ -17,6 +19,7 @@ from executor import DAG
 from executor.store import Store, open_store
 
 DAY = date(2026, 4, 25)
+T = TypeVar("T")
 
 
 def ingest_dag(fail: bool = False) -> DAG:
@@ -39,7 +42,7 @@ def q(dag_id: str, day: date, task_id: str | None = None) -> dict:
     return {"dag_id": dag_id, "logical_date": day.isoformat(), "task_id": task_id}
 
 
-async def count_statements(store: Store, coro) -> tuple[object, list[str]]:
+async def count_statements(store: Store, coro: Awaitable[T]) -> tuple[T, list[str]]:
     statements: list[str] = []
     conn = store.db._conn  # type: ignore[attr-defined]
     await conn.set_trace_callback(statements.append)

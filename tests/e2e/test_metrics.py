@@ -11,6 +11,7 @@ from support.helpers import cli, free_port, start_cli, stop_process
 from support.ops import (
     create_ops_run,
     poll,
+    present,
     sample,
     scrape,
     wait_for_http,
@@ -63,10 +64,11 @@ async def test_metrics_while_deferred_sensors_wait_and_fire(tmp_path: Path, db_u
         assert sample(ts, "slotless_triggerer_checks_failed_total") == 0
         assert ttypes["slotless_triggerer_loop_lag_seconds"] == "histogram"
         assert ttypes["slotless_triggerer_check_duration_seconds"] == "histogram"
-        assert sample(ts, "slotless_triggerer_loop_lag_seconds_count") > 0
+        assert present(ts, "slotless_triggerer_loop_lag_seconds_count") > 0
         cls = "triggers.files.FileTrigger"
-        assert sample(ts, "slotless_triggerer_check_duration_seconds_count", trigger_class=cls) >= 1
-        assert sample(ts, "slotless_triggerer_check_duration_seconds_bucket", le="+Inf",
+        count = present(ts, "slotless_triggerer_check_duration_seconds_count", trigger_class=cls)
+        assert count >= 1
+        assert present(ts, "slotless_triggerer_check_duration_seconds_bucket", le="+Inf",
                       trigger_class=cls) >= 1  # fmt: skip
         assert ttypes["slotless_triggerer_blocked"] == "counter"
         (tid,) = [k[1][0][1] for k in ts if k[0] == "slotless_triggerer_info"]
@@ -86,22 +88,22 @@ async def test_metrics_while_deferred_sensors_wait_and_fire(tmp_path: Path, db_u
         ws = poll(worker_settled, 60, "the run to settle in the worker's metrics")
         _, wtypes = scrape(wurl)
         assert sample(ws, "slotless_worker_slots") == 4
-        assert 0 <= sample(ws, "slotless_worker_slots_busy") <= 4
+        assert 0 <= present(ws, "slotless_worker_slots_busy") <= 4
         assert wtypes["slotless_worker_slots_busy"] == "gauge"
         assert wtypes["slotless_slot_seconds"] == "counter"
-        assert sample(ws, "slotless_worker_claims_total") >= 9
+        assert present(ws, "slotless_worker_claims_total") >= 9
         assert sample(ws, "slotless_worker_attempts_total", outcome="defer") == 2
         assert sample(ws, "slotless_worker_attempts_total", outcome="reschedule") == 1
         assert sample(ws, "slotless_worker_attempts_total", outcome="error") == 2
-        assert sample(ws, "slotless_slot_seconds_total", kind="execute") > 0
+        assert present(ws, "slotless_slot_seconds_total", kind="execute") > 0
         assert sample(ws, "slotless_slot_seconds_total", kind="poke") == 0
         assert sample(ws, "slotless_runs", state="RUNNING") == 1
         assert sample(ws, "slotless_tasks", state="FAILED") == 1
         assert sample(ws, "slotless_tasks", state="UPSTREAM_FAILED") == 1
         assert sample(ws, "slotless_tasks", state="SUCCESS") == 4
-        assert sample(ws, "slotless_task_waiting_oldest_seconds", state="DEFERRED") > 0
-        assert sample(ws, "slotless_task_waiting_oldest_seconds", state="RETRYING") > 0
-        assert 0 < sample(ws, "slotless_task_wait_timeout_ratio_max", state="DEFERRED") < 0.05
+        assert present(ws, "slotless_task_waiting_oldest_seconds", state="DEFERRED") > 0
+        assert present(ws, "slotless_task_waiting_oldest_seconds", state="RETRYING") > 0
+        assert 0 < present(ws, "slotless_task_wait_timeout_ratio_max", state="DEFERRED") < 0.05
         assert sample(ws, "slotless_triggerers_live") == 1
         assert sample(ws, "slotless_store_up") == 1
         (wid,) = [k[1][0][1] for k in ws if k[0] == "slotless_worker_info"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Iterator
 
 import pytest
 from pydantic import ValidationError
@@ -23,7 +24,7 @@ SECRET = "s3cr3t/" + secrets.token_hex(8)
 
 
 @pytest.fixture(scope="module")
-def moto() -> MotoS3Server:
+def moto() -> Iterator[MotoS3Server]:
     server = MotoS3Server().start()
     yield server
     server.stop()
@@ -351,7 +352,7 @@ async def test_e2e_reschedule_mode_runs_the_same_check_in_a_worker(s3, store):
     assert "SENSING" in await task_log(store, run_id, "wait")
 
 
-async def test_e2e_300_sensors_make_one_listing_per_prefix_per_cycle(s3, store):
+async def test_e2e_300_sensors_make_one_listing_per_prefix_per_cycle(s3, store) -> None:
     """Through the real triggerer: sensors deferred at different moments are checked on a
     grid of their interval, so each cycle is one listing per prefix, not one per sensor."""
     bucket, interval = bucket_name(), 0.5

@@ -45,6 +45,7 @@ async def server(request, tmp_path: Path, keys: SSHKeys, monkeypatch: pytest.Mon
     """A started SFTP server, and connection ``sf`` (key auth, host key checked) to it."""
     root = tmp_path / "root"
     root.mkdir()
+    srv: AsyncSFTPServer | OpenSSHServer
     if request.param == "asyncssh":
         srv = await AsyncSFTPServer(root, keys, password=PASSWORD).start()
     else:

@@ -158,7 +158,7 @@ def test_it_is_read_only(live_ui):
 # -- in a real browser -----------------------------------------------------------------
 
 
-def _chromium() -> str | None:
+def _chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None and os.path.exists("/usr/bin/chromium"):
         found = "/usr/bin/chromium"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support import pg
-from support.helpers import FakeClock, attempt_of, ops, run_to_end
+from support.helpers import FakeClock, async_wait_until, attempt_of, ops, run_to_end
 from support.pg import create_schema, drop_schema, with_params
 
 from executor import DAG
@@ -515,6 +515,21 @@ async def test_reopening_migrates_nothing_and_a_newer_schema_is_refused(url: str
         await open_store(url)
 
 
+async def parked(waiting: asyncio.Task[bool], db: Any, channel: str) -> None:
+    """PostgreSQL: until ``waiting`` (a ``db.wait(channel, ...)``) sits on the channel's event
+    with LISTEN up for it, so what the test writes next must wake that very wait."""
+
+    def sits() -> bool:
+        return waiting.done() or (
+            db._listen_conn is not None
+            and channel in db._listened
+            and bool(db._channels[channel]._waiters)  # asyncio.Event's own waiters
+        )
+
+    await async_wait_until(sits, timeout=10, what=f"a wait on {channel} listening")
+    assert not waiting.done(), f"the wait returned {waiting.result()} before any write"
+
+
 async def test_wait_wakes_on_new_work_on_postgresql_and_sleeps_on_sqlite(url: str) -> None:
     listener, writer = await open_store(url), await open_store(url)
     try:
@@ -528,7 +543,7 @@ async def test_wait_wakes_on_new_work_on_postgresql_and_sleeps_on_sqlite(url: st
         assert await listener.db.wait(TASKS_CHANNEL, 0.05) is False  # nothing happened
 
         waiting = asyncio.create_task(listener.db.wait(TASKS_CHANNEL, 10))
-        await asyncio.sleep(0.05)
+        await parked(waiting, listener.db, TASKS_CHANNEL)
         began = time.monotonic()
         run_id = await writer.create_run(etl_dag(), DAY)  # a root becomes claimable
         assert await waiting is True
@@ -601,7 +616,7 @@ async def test_postgresql_recovers_when_the_server_drops_its_connections(
                 assert attempt < 2
         await listener.db.wait(TASKS_CHANNEL, 0.01)  # listening again (may say True once)
         waiting = asyncio.create_task(listener.db.wait(TASKS_CHANNEL, 10))
-        await asyncio.sleep(0.05)
+        await parked(waiting, listener.db, TASKS_CHANNEL)
         await writer.create_run(etl_dag(), DAY)
         assert await waiting is True
     finally:

@@ -176,6 +176,13 @@ def sample(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
+def present(samples: Samples, name: str, **labels: str) -> float:
+    """:func:`sample` of a series that must be there: its absence fails, naming it."""
+    got = sample(samples, name, **labels)
+    assert got is not None, f"no sample {name}{labels or ''}"
+    return got
+
+
 def poll(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
     """:func:`helpers.wait_until`, but a predicate that fails an assertion only counts as not
     yet (the last such failure is told on time-out)."""

@@ -85,11 +85,14 @@ def throwaway_cluster() -> Iterator[str]:
         shutil.chown(directory, "postgres")
         prefix = [runuser, "-u", "postgres", "--"]
     data, port = directory / "data", free_port()
-    run = dict(check=True, capture_output=True, timeout=120)
+
+    def run(args: list[str]) -> None:
+        subprocess.run(args, check=True, capture_output=True, timeout=120)
+
     try:
-        subprocess.run([*prefix, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], **run)
+        run([*prefix, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"])
         options = f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off"
-        subprocess.run(
+        run(
             [
                 *prefix,
                 pg_ctl,
@@ -101,8 +104,7 @@ def throwaway_cluster() -> Iterator[str]:
                 str(directory / "log"),
                 "-w",
                 "start",
-            ],
-            **run,
+            ]
         )
     except (subprocess.CalledProcessError, OSError, subprocess.TimeoutExpired) as exc:
         stderr = getattr(exc, "stderr", b"") or b""

@@ -461,12 +461,12 @@ class OpenSSHServer:
         )
         base = len(self._log())  # the log is appended to across restarts
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept by the child
-        self.proc = subprocess.Popen(
+        self.proc = proc = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
         wait_until(
-            lambda: self.proc.poll() is not None or "Server listening" in self._log()[base:],
+            lambda: proc.poll() is not None or "Server listening" in self._log()[base:],
             timeout=15.0,
             what="sshd to listen",
         )

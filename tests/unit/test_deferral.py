@@ -247,13 +247,12 @@ async def test_a_task_defers_several_times(store, db_path, tmp_path) -> None:
     trigger_ids = []
     async with serving(store, dag):
         for n in (1, 2, 3):
-            await async_wait_until(
-                lambda n=n: (
-                    (r := task_row(db_path, run_id, "poll"))["state"] == "DEFERRED"
-                    and json.loads(r["next_kwargs"])["n"] == n
-                ),
-                what=f"deferral {n}",
-            )
+
+            def deferred_for(n: int = n) -> bool:
+                r = task_row(db_path, run_id, "poll")
+                return r["state"] == "DEFERRED" and json.loads(r["next_kwargs"])["n"] == n
+
+            await async_wait_until(deferred_for, what=f"deferral {n}")
             trigger_ids.append(task_row(db_path, run_id, "poll")["trigger_id"])
             (tmp_path / f"step{n}").write_text("")
         await async_wait_until(

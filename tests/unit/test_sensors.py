@@ -27,6 +27,7 @@ from support.triggers import (
 )
 
 from executor import DAG
+from executor.dag import SensorMode
 from triggers import files
 from triggers.files import FileTrigger
 
@@ -65,7 +66,9 @@ def listings(monkeypatch) -> Listings:
     return spy
 
 
-def sensor_dag(inbox: Path, mode: str, *, timeout: float = 30, soft_fail: bool = False) -> DAG:
+def sensor_dag(
+    inbox: Path, mode: SensorMode, *, timeout: float = 30, soft_fail: bool = False
+) -> DAG:
     dag = DAG(f"sense_{mode}")
     wait = dag.sensor(
         "wait_for_file",
@@ -237,9 +240,11 @@ async def test_a_check_that_hangs_in_a_worker_is_cut_off(store, db_path, mode) -
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag):
         for task in ("by_timeout", "by_execution_timeout"):
-            await async_wait_until(
-                lambda t=task: state_of(db_path, run_id, t) == "FAILED", what=f"{task} FAILED"
-            )
+
+            def failed(t: str = task) -> bool:
+                return state_of(db_path, run_id, t) == "FAILED"
+
+            await async_wait_until(failed, what=f"{task} FAILED")
     by_timeout = transition_events(db_path, task_row(db_path, run_id, "by_timeout")["id"])
     assert "sensor timeout" in by_timeout[-1]["message"]
     by_exec = transition_events(db_path, task_row(db_path, run_id, "by_execution_timeout")["id"])

@@ -123,6 +123,7 @@ async def test_a_newcomer_with_a_shorter_interval_speeds_up_the_shared_check(sto
         # The next check of the hourly wait is an hour away ... until someone is in a hurry.
         await store.create_run(fast, DAY)
         await async_wait_until(lambda: len(pokes_of("shared")) >= 4, timeout=10, what="fast checks")
+        assert h.triggerer is not None
         (check,) = h.triggerer.table.by_hash.values()
         assert len(check.subscribers) == 2 and check.interval == 0.1
         FLAGS.add("shared")
@@ -233,7 +234,7 @@ async def test_a_push_style_trigger_wakes_its_task(store, db_path) -> None:
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag) as h:
         await async_wait_until(lambda: pokes_of("pushed"), what="the push trigger runs")
-        assert len(h.triggerer.table) == 1
+        assert h.triggerer is not None and len(h.triggerer.table) == 1
         FLAGS.add("pushed")
         await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 3), what="all resumed")
     out = json.loads(instances(db_path, run_id)[0]["output"])
@@ -256,6 +257,7 @@ async def test_a_time_trigger_is_not_polled(store, db_path) -> None:
         await async_wait_until(
             lambda: state_of(db_path, run_id, "wait") == "SUCCESS", what="SUCCESS"
         )
+        assert h.triggerer is not None
         assert h.triggerer.checks_done == 1  # the scheduler slept until the moment
     row = task_row(db_path, run_id, "wait")
     claimed, _deferred, woke, *_ = transition_events(db_path, row["id"])

@@ -191,11 +191,15 @@ async def test_a_trigger_that_raises_fails_its_tasks_with_the_traceback(
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim_a", "victim_b"]))
-        await h.start_triggerer()  # both waits in its first load: one check for both
+        trig = await h.start_triggerer()  # both waits in its first load: one check for both
         for t in ("victim_a", "victim_b"):
-            await async_wait_until(lambda t=t: state_of(db_path, run_id, t) == "FAILED", what=t)
+
+            def failed(t: str = t) -> bool:
+                return state_of(db_path, run_id, t) == "FAILED"
+
+            await async_wait_until(failed, what=t)
         await bystander_still_served(store, db_path, run_id, tmp_path)
-        assert h.triggerer.checks_failed >= 1
+        assert trig.checks_failed >= 1
     assert len(pokes_of("npci")) == 1  # one check for both, and no retry of a real error
     for t in ("victim_a", "victim_b"):
         text = await log_text(store, run_id, t)
@@ -276,7 +280,7 @@ async def test_a_trigger_that_blocks_the_loop_is_named_in_the_log(store, db_path
 
     async with serving(store, dag) as h:
         await async_wait_until(blocked_in_log, what="the block in the victim's log")
-        assert h.triggerer.watch.blocked[culprit] >= 1
+        assert h.triggerer is not None and h.triggerer.watch.blocked[culprit] >= 1
         # Detected, not punished: the task waits on; the others are served, slower.
         assert state_of(db_path, run_id, "victim") == "DEFERRED"
         await bystander_still_served(store, db_path, run_id, tmp_path)
