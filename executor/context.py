@@ -65,7 +65,7 @@ class TaskContext:
         """This attempt's log lines so far, as ``(epoch seconds, text)``."""
         return self._logs
 
-    def log(self, message: str) -> None:
+    def log(self, message: object) -> None:
         """Add a line to this task's log (written when the attempt ends)."""
         self._logs.append((time.time(), str(message)))
 

@@ -245,7 +245,7 @@ class DAG:
             soft_fail=soft_fail,
             poke_interval=seconds(poke_interval),
         )
-        return self.task(None, task_id=task_id, sensor=spec, **options)  # type: ignore[no-any-return]
+        return self.task(None, task_id=task_id, sensor=spec, **options)
 
     def children(self, task_id: str) -> list[str]:
         return [t.task_id for t in self.tasks.values() if task_id in t.parents]

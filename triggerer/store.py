@@ -9,7 +9,7 @@ fire racing a timeout, changes nothing the second time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from executor.statemachine import Carry, retry_or_fail, transition
@@ -93,7 +93,7 @@ class TriggererStore:
             await tx.execute("release_all_shards", owner=owner)
             await tx.execute("triggerer_leave", id=owner)
 
-    async def load_triggers(self, shards: Sequence[int], after_id: int = 0) -> list[Row]:
+    async def load_triggers(self, shards: Collection[int], after_id: int = 0) -> list[Row]:
         async with self.db.read() as tx:
             return await tx.fetch("load_triggers", shards=sorted(shards), after=after_id)
 
@@ -152,7 +152,7 @@ class TriggererStore:
             for waits, why in batch.failures:
                 await _fail_waits(tx, waits, why, now)
 
-    async def expire_waits(self, shards: Sequence[int]) -> list[int]:
+    async def expire_waits(self, shards: Collection[int]) -> list[int]:
         """End the waits in these shards whose own timeout passed; returns their rows."""
         now = self.clock()
         ended: list[int] = []
@@ -167,7 +167,7 @@ class TriggererStore:
                 ended += [m.id for m in moved]
         return ended
 
-    async def delete_orphan_triggers(self, shards: Sequence[int]) -> int:
+    async def delete_orphan_triggers(self, shards: Collection[int]) -> int:
         async with self.db.write() as tx:
             return await tx.execute("delete_orphan_triggers", shards=sorted(shards))
 

@@ -50,7 +50,7 @@ class CheckContext:
     async def shared(self, key: str, factory: Callable[[], Awaitable[T]]) -> T:
         """One resource per key for the context's lifetime (created once, under a lock)."""
         if key in self._shared:
-            return self._shared[key]  # type: ignore[no-any-return]
+            return self._shared[key]
         # Concurrent checks in the triggerer would otherwise each open a client.
         lock = self._locks.get(key)
         if lock is None:
@@ -58,7 +58,7 @@ class CheckContext:
         async with lock:
             if key not in self._shared:
                 self._shared[key] = await factory()
-        return self._shared[key]  # type: ignore[no-any-return]
+        return self._shared[key]
 
     async def external_states(self, questions: Sequence[dict[str, Any]]) -> list[Any]:
         if self._external_states is None:
@@ -100,10 +100,10 @@ async def check_once(
     agen = trigger.run(ctx)
     try:
         if push_wait is None:
-            return await anext(agen)  # type: ignore[arg-type]
+            return await anext(agen)
         # wait_for swallows a cancel racing the timeout on 3.11; asyncio.timeout does not.
         async with asyncio.timeout(push_wait):
-            return await anext(agen)  # type: ignore[arg-type]
+            return await anext(agen)
     except StopAsyncIteration:
         return None
     except TimeoutError:

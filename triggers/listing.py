@@ -104,7 +104,7 @@ class SingleFlight:
             fut.add_done_callback(partial(self._done, key))
         else:
             self.joined += 1
-        return await asyncio.shield(fut)  # type: ignore[no-any-return]
+        return await asyncio.shield(fut)
 
     def _done(self, key: Hashable, fut: asyncio.Future[Any]) -> None:
         if self._inflight.get(key) is fut:

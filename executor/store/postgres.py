@@ -68,11 +68,11 @@ class PostgresTx:
 
     async def fetch(self, name: str, /, **params: Any) -> list[Row]:
         sql, args = self._bind(name, params)
-        return await self._conn.fetch(sql, *args)  # type: ignore[no-any-return]
+        return await self._conn.fetch(sql, *args)
 
     async def fetchone(self, name: str, /, **params: Any) -> Row | None:
         sql, args = self._bind(name, params)
-        return await self._conn.fetchrow(sql, *args)  # type: ignore[no-any-return]
+        return await self._conn.fetchrow(sql, *args)
 
     async def execute(self, name: str, /, **params: Any) -> int:
         sql, args = self._bind(name, params)

@@ -13,7 +13,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import aiosqlite
 
@@ -39,10 +39,11 @@ class SqliteTx:
         return query.sql, params
 
     async def fetch(self, name: str, /, **params: Any) -> list[Row]:
-        return list(await self._conn.execute_fetchall(*self._bind(name, params)))
+        # sqlite3.Row reads like a mapping (row["col"], keys()) without declaring it.
+        return cast(list[Row], list(await self._conn.execute_fetchall(*self._bind(name, params))))
 
     async def fetchone(self, name: str, /, **params: Any) -> Row | None:
-        rows = await self._conn.execute_fetchall(*self._bind(name, params))
+        rows = await self.fetch(name, **params)
         return rows[0] if rows else None
 
     async def execute(self, name: str, /, **params: Any) -> int:

@@ -110,7 +110,7 @@ def deferred(
     return Deferred(**attempt_of(row), deferral=d)
 
 
-def ids(rows: list[Row]) -> list[str]:
+def ids(rows: list[MovedTask]) -> list[str]:
     return sorted(r.task_id for r in rows)
 
 
@@ -247,7 +247,7 @@ async def test_a_fan_out_expands_runs_and_fans_in_in_index_order(store: Store) -
     run_id = await store.create_run(dag, DAY)
     [source] = await store.claim("w", 10)
     instances = await store.exchange([outcome(source, output=[10, 20, 30])], "w", 10)
-    assert sorted((r.map_index, json.loads(r.item)) for r in instances) == [
+    assert sorted((r.map_index, json.loads(str(r.item))) for r in instances) == [
         (0, 10),
         (1, 20),
         (2, 30),
@@ -255,7 +255,7 @@ async def test_a_fan_out_expands_runs_and_fans_in_in_index_order(store: Store) -
     assert all(r.map_total == 3 and r.max_attempts == 3 for r in instances)
     assert await state_of(store, run_id, "each") == "RUNNING"  # the template
     # finish them out of order; the fan-in sees them in index order
-    done = [outcome(r, output=json.loads(r.item) * 2) for r in reversed(instances)]
+    done = [outcome(r, output=json.loads(str(r.item)) * 2) for r in reversed(instances)]
     [total] = await store.exchange(done, "w", 10)
     assert total.task_id == "total"
     assert await store.parent_outputs(total) == {"each": [20, 40, 60]}
@@ -346,7 +346,7 @@ async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     claimed = {r.task_id: r for r in await store.claim("w2", 10)}
     assert sorted(claimed) == ["after", "submit"]
     resumed = claimed["submit"]
-    assert resumed.next_method == "check" and json.loads(resumed.event) == {"flag": True}
+    assert resumed.next_method == "check" and json.loads(str(resumed.event)) == {"flag": True}
     assert resumed.attempt == 1  # a deferral is not a new attempt
     assert await store.parent_outputs(claimed["after"]) == {"wait": {"paths": ["in.csv"]}}
     assert await ops(store).delete_orphan_triggers(ALL_SHARDS) == 2

@@ -299,7 +299,7 @@ async def test_replaying_an_instance_success_counts_it_once(store: Store, db_pat
     assert (tpl["n_done"], tpl["n_success"], tpl["state"]) == (1, 1, "RUNNING")
     rest = await store.claim("w", 10)
     assert sorted(r.map_index for r in rest) == [1, 2]
-    total = await store.exchange([ok(r, json.loads(r.item)) for r in rest], "w", 10)
+    total = await store.exchange([ok(r, json.loads(str(r.item))) for r in rest], "w", 10)
     assert [r.task_id for r in total] == ["total"]
     assert await store.parent_outputs(total[0]) == {"each": [7, 8, 9]}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from datetime import date
+from typing import Any
 
 import pytest
 from support.helpers import FakeClock, sql
@@ -247,7 +248,13 @@ async def test_stale_outcome_changes_nothing(store: Store, db_path) -> None:
             expect_owner="a#1",
         )
     snapshot, events = row(db_path, parent), transitions(db_path, parent)
-    late = {"row_id": parent, "owner": "a#1", "attempt": 1, "max_attempts": 3, "run_id": run_id}
+    late: dict[str, Any] = {
+        "row_id": parent,
+        "owner": "a#1",
+        "attempt": 1,
+        "max_attempts": 3,
+        "run_id": run_id,
+    }
     for outcome in (Succeeded(**late, output_json='"late"'), Failed(**late, message="late")):
         await store.complete([outcome])
     assert row(db_path, parent) == snapshot
