@@ -106,4 +106,3 @@ class TaskRow(_FromRow):
     soft_fail: int
     wait_started_at: float | None
     wait_timeout_at: float | None
-
