@@ -67,7 +67,7 @@ def dags_folder(given: str | Path | None) -> Path | None:
 
 
 def dag_files(folder: Path) -> dict[str, float]:
-    """``*.py`` at the top of ``folder`` -> mtime. Names starting with ``_`` or ``.`` are
+    """``*.py`` at the top of ``folder`` (resolved) -> mtime. Names starting with ``_`` or ``.`` are
     skipped: ``__init__.py`` and private helpers are imported by DAG files, not DAGs."""
     if not folder.is_dir():
         raise NotADirectoryError(f"DAG folder {folder} is not a directory")
@@ -76,7 +76,9 @@ def dag_files(folder: Path) -> dict[str, float]:
         if entry.name.endswith(".py") and not entry.name.startswith(("_", ".")):
             with contextlib.suppress(FileNotFoundError):  # removed while we list
                 if entry.is_file():
-                    found[str(Path(entry.path).resolve())] = entry.stat().st_mtime
+                    # The folder's path and the file's name, not the link's target: a
+                    # symlinked file stays this folder's, and leaves it when removed.
+                    found[str(folder / entry.name)] = entry.stat().st_mtime
     return found
 
 

@@ -162,13 +162,18 @@ async def test_a_removed_file_leaves_the_catalogue(
 ) -> None:
     good = good_file(folder, tmp_path / "a.log")
     broken = write_dag(folder, BROKEN["syntax.py"], "syntax.py")
+    # A file linked into the folder is the folder's (by its link's path), and leaves with it.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = folder / "linked.py"
+    linked.symlink_to(good_file(elsewhere, tmp_path / "b.log", dag_id="linked"))
     await scan(store, folder, timeout=LIMIT)
-    assert await dag_ids(store) == ["good"]
+    assert await dag_ids(store) == ["good", "linked"]
 
-    good.unlink()
-    broken.unlink()
+    for path in (good, broken, linked):
+        path.unlink()
     result = await scan(store, folder, timeout=LIMIT)
-    assert result.removed == sorted([str(good.resolve()), str(broken.resolve())])
+    assert result.removed == sorted(str(p) for p in (good, broken, linked))
     assert await dag_ids(store) == []
     assert await errors(store) == {}
     assert await store.catalogue_files() == {}
