@@ -24,24 +24,7 @@ def load_dag(path: str | Path, dag_id: str | None = None) -> DAG:
     key = (str(path), dag_id)
     if key in _cache:
         return _cache[key]
-    if not path.is_file():
-        raise DagImportError(f"DAG file {path} does not exist")
-    name = "slotless_dag_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise DagImportError(f"cannot import {path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(name, None)
-        # The line in the DAG file itself: the last frame may be importlib's (a SyntaxError,
-        # whose message already names the line) or a helper module's.
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
-        where = f" (line {frames[-1].lineno})" if frames else ""
-        raise DagImportError(f"cannot import {path}: {type(exc).__name__}: {exc}{where}") from exc
-    dags = {v.dag_id: v for v in vars(module).values() if isinstance(v, DAG)}
+    dags = import_dags(path)
     if dag_id is not None:
         if dag_id not in dags:
             raise DagImportError(
@@ -55,3 +38,33 @@ def load_dag(path: str | Path, dag_id: str | None = None) -> DAG:
         raise DagImportError(f"{path} must define exactly one DAG, or name one (found: {found})")
     _cache[key] = dag
     return dag
+
+
+def import_dags(path: str | Path) -> dict[str, DAG]:
+    """Import ``path`` (uncached) and return every DAG it defines at module level, by id."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise DagImportError(f"DAG file {path} does not exist")
+    name = "slotless_dag_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise DagImportError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:
+        # SystemExit too: a file that calls sys.exit() at import is a broken file, and must
+        # not end the worker or catalogue child that imports it.
+        sys.modules.pop(name, None)
+        # The line in the DAG file itself: the last frame may be importlib's (a SyntaxError,
+        # whose message already names the line) or a helper module's.
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+        where = f" (line {frames[-1].lineno})" if frames else ""
+        what = (
+            f"called sys.exit({exc.code!r})"
+            if isinstance(exc, SystemExit)
+            else f"{type(exc).__name__}: {exc}"
+        )
+        raise DagImportError(f"cannot import {path}: {what}{where}") from exc
+    return {v.dag_id: v for v in vars(module).values() if isinstance(v, DAG)}

@@ -19,16 +19,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from executor.catalogue import DEFAULT_PARSE_TIMEOUT, dags_folder, scan
 from executor.dag import DagError
 from executor.loader import DagImportError, load_dag
 from executor.states import TERMINAL
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store import UnknownBackend as _UnknownBackend
+from executor.store.catalogue import UnknownDag
 from executor.worker import Worker
 
 USER_ERRORS = (
     DagImportError,
     DagError,
+    UnknownDag,
     _UnknownBackend,
     SchemaTooNew,
     sqlite3.DatabaseError,
@@ -153,6 +156,32 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--worker-metrics-port", type=int, default=None)
     up.add_argument("--triggerer-metrics-port", type=int, default=None)
     up.set_defaults(func=cmd_up)
+
+    dags = sub.add_parser("dags", help="the DAG catalogue: list DAGs and broken files, pause")
+    dags_sub = dags.add_subparsers(required=True, metavar="ACTION")
+    dags_list = dags_sub.add_parser(
+        "list", help="DAGs (paused, schedule, last run) and broken files with their errors"
+    )
+    db_opt(dags_list)
+    dags_list.add_argument(
+        "--dags",
+        metavar="DIR",
+        help="parse this folder's changed DAG files first (default: $SLOTLESS_DAGS, if set)",
+    )
+    dags_list.add_argument(
+        "--parse-timeout",
+        type=float,
+        default=DEFAULT_PARSE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"time limit to import one file (default {DEFAULT_PARSE_TIMEOUT:g})",
+    )
+    dags_list.add_argument("--json", action="store_true", help="print one JSON object")
+    dags_list.set_defaults(func=cmd_dags_list)
+    for action, paused in (("pause", True), ("unpause", False)):
+        sp = dags_sub.add_parser(action, help=f"{action} a DAG (its runs are not touched)")
+        sp.add_argument("dag_id", metavar="DAG")
+        db_opt(sp)
+        sp.set_defaults(func=cmd_dags_pause, paused=paused)
 
     bench = sub.add_parser(
         "bench",
@@ -387,6 +416,65 @@ async def cmd_up(args: argparse.Namespace) -> int:
     from .up import up
 
     return await up(args)
+
+
+async def cmd_dags_list(args: argparse.Namespace) -> int:
+    folder = dags_folder(args.dags)
+    # Without a folder to parse this only reads: a mistyped --db must not leave a new file.
+    store = await open_store(args.db, create=folder is not None)
+    try:
+        if folder is not None:
+            await scan(store, folder, timeout=args.parse_timeout)
+        dags = await store.catalogue_dags()
+        broken = await store.broken_files()
+    finally:
+        await store.close()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dags": [
+                        {k: d[k] for k in _DAG_FIELDS} | {"paused": bool(d["paused"])} for d in dags
+                    ],
+                    "broken_files": [
+                        {"file": b["path"], "error": b["parse_error"]} for b in broken
+                    ],
+                }
+            )
+        )
+        return 0
+    table = Table(title=f"{len(dags)} DAGs")
+    for col in ("dag", "file", "paused", "schedule", "last run"):
+        table.add_column(col)
+    for d in dags:
+        last = d["last_run_state"] or "-"
+        if d["parse_error"]:
+            last += " (file broken, see below)"
+        table.add_row(
+            d["dag_id"], d["file"], "yes" if d["paused"] else "no", d["schedule"] or "-", last
+        )
+    out.print(table)
+    if broken:
+        errors = Table(title=f"{len(broken)} broken DAG files")
+        errors.add_column("file")
+        errors.add_column("error", overflow="fold")
+        for b in broken:
+            errors.add_row(b["path"], b["parse_error"])
+        out.print(errors)
+    return 0
+
+
+_DAG_FIELDS = ("dag_id", "file", "schedule", "timezone", "parse_error", "last_run_state")
+
+
+async def cmd_dags_pause(args: argparse.Namespace) -> int:
+    store = await open_store(args.db, create=False)
+    try:
+        await store.set_paused(args.dag_id, args.paused)
+    finally:
+        await store.close()
+    print(f"{args.dag_id}: {'paused' if args.paused else 'unpaused'}")
+    return 0
 
 
 async def cmd_logs(args: argparse.Namespace) -> int:

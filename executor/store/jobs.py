@@ -17,6 +17,7 @@ from ..outcomes import Deferred, Failed, Outcome, Rescheduled, SensorTimedOut, S
 from ..rows import MovedTask, TaskRow
 from ..statemachine import Carry, evaluate, retry_or_fail, transition
 from ..states import State
+from .catalogue import CatalogueOps
 from .db import Database, Row, Tx
 from .inspecting import InspectOps
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
-class Store(InspectOps):
+class Store(InspectOps, CatalogueOps):
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self.db = db
         self.clock = clock

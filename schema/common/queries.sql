@@ -308,3 +308,55 @@ WHERE g.id = :id;
 SELECT count(*) AS n
 FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
 WHERE g.shard = :shard AND g.poke_hash = :poke_hash;
+
+-- ---------------------------------------------------------------- the DAG catalogue
+-- executor/catalogue.py through executor/store/catalogue.py; tables in 002_dag_catalogue.sql.
+
+-- name: catalogue_files
+SELECT path, mtime FROM dag_file ORDER BY path;
+
+-- name: upsert_dag_file
+-- :mtime NULL makes the next scan parse the file again (a dag_id another file holds).
+INSERT INTO dag_file (path, mtime, parsed_at, parse_error)
+VALUES (:path, :mtime, :now, :parse_error)
+ON CONFLICT (path) DO UPDATE SET mtime = :mtime, parsed_at = :now, parse_error = :parse_error;
+
+-- name: dag_owner
+SELECT file FROM dag WHERE dag_id = :dag_id;
+
+-- name: upsert_dag
+-- What a file declares; `paused` is the operator's and is kept.
+INSERT INTO dag (dag_id, file, schedule, timezone, file_mtime, parsed_at, parse_error)
+VALUES (:dag_id, :file, :schedule, :timezone, :file_mtime, :now, NULL)
+ON CONFLICT (dag_id) DO UPDATE
+SET file = :file, schedule = :schedule, timezone = :timezone, file_mtime = :file_mtime,
+    parsed_at = :now, parse_error = NULL;
+
+-- name: delete_undeclared_dags
+-- DAGs a file declared before and no longer does.
+DELETE FROM dag WHERE file = :file AND NOT (dag_id = ANY(:keep));
+
+-- name: mark_file_dags_broken
+-- A file that parsed before is broken now: its DAGs stay (paused kept), with its error.
+UPDATE dag SET parse_error = :parse_error, parsed_at = :now WHERE file = :file;
+
+-- name: delete_dags_of_files
+DELETE FROM dag WHERE file = ANY(:paths);
+
+-- name: delete_dag_files
+DELETE FROM dag_file WHERE path = ANY(:paths);
+
+-- name: catalogue_dags
+-- Every DAG, with the state of its newest run (NULL: it never ran).
+SELECT d.dag_id, d.file, d.schedule, d.timezone, d.paused, d.next_logical_date,
+       d.parse_error, d.file_mtime, d.parsed_at,
+       (SELECT r.state FROM dag_run r WHERE r.dag_id = d.dag_id
+        ORDER BY r.created_at DESC LIMIT 1) AS last_run_state
+FROM dag d ORDER BY d.dag_id;
+
+-- name: catalogue_broken_files
+SELECT path, mtime, parsed_at, parse_error FROM dag_file
+WHERE parse_error IS NOT NULL ORDER BY path;
+
+-- name: set_dag_paused
+UPDATE dag SET paused = :paused WHERE dag_id = :dag_id;

@@ -26,6 +26,7 @@ from executor.outcomes import Deferred, Failed, Outcome, Succeeded
 from executor.rows import MovedTask
 from executor.sensing import deferral
 from executor.store import SchemaTooNew, Store, open_store
+from executor.store.catalogue import DeclaredDag, UnknownDag
 from executor.store.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
 from executor.store.jobs import _record
 from triggerer.store import Fire, TriggererBatch
@@ -415,6 +416,78 @@ async def test_lease_shards_share_fairly_and_take_over_a_dead_triggerer(
     await ops(store).triggerer_leave("t2")
     assert [r["id"] for r in await store.list_triggerers()] == ["t1"]
     assert len(await ops(store).lease_shards("t3", 10, 10)) == SHARDS  # t2 gave them back
+
+
+# ------------------------------------------------------------------------- catalogue
+
+
+async def test_catalogue_records_dags_and_broken_files(store: Store, clock: FakeClock) -> None:
+    await store.record_parse(
+        "/dags/etl.py", 100.5, [DeclaredDag("etl"), DeclaredDag("etl_hourly", "@hourly")], None
+    )
+    await store.record_parse("/dags/broken.py", 7.25, [], "cannot import: SyntaxError (line 1)")
+    assert await store.catalogue_files() == {"/dags/broken.py": 7.25, "/dags/etl.py": 100.5}
+    dags = await store.catalogue_dags()
+    assert [(d["dag_id"], d["file"], d["schedule"], d["timezone"], d["paused"]) for d in dags] == [
+        ("etl", "/dags/etl.py", None, "UTC", 0),
+        ("etl_hourly", "/dags/etl.py", "@hourly", "UTC", 0),
+    ]
+    assert all(d["file_mtime"] == 100.5 and d["parsed_at"] == clock.now for d in dags)
+    assert all(d["next_logical_date"] is None and d["parse_error"] is None for d in dags)
+    [broken] = await store.broken_files()
+    assert (broken["path"], broken["mtime"]) == ("/dags/broken.py", 7.25)
+    assert broken["parse_error"] == "cannot import: SyntaxError (line 1)"
+
+    # Last run state: the newest run of each DAG.
+    await store.create_run(etl_dag(), DAY, run_id="etl-1")
+    assert {d["dag_id"]: d["last_run_state"] for d in await store.catalogue_dags()} == {
+        "etl": "RUNNING",
+        "etl_hourly": None,
+    }
+
+
+async def test_catalogue_reparse_keeps_paused_and_drops_what_a_file_no_longer_declares(
+    store: Store,
+) -> None:
+    await store.record_parse("/dags/a.py", 1.0, [DeclaredDag("one"), DeclaredDag("two")], None)
+    await store.set_paused("one", True)
+    # Broken: its DAGs stay, paused kept, with the error.
+    await store.record_parse("/dags/a.py", 2.0, [], "cannot import: boom")
+    rows = {d["dag_id"]: d for d in await store.catalogue_dags()}
+    assert rows["one"]["paused"] == 1 and rows["one"]["parse_error"] == "cannot import: boom"
+    # Fixed, and now declaring only "one" with a schedule: "two" goes, "one" keeps its pause.
+    await store.record_parse(
+        "/dags/a.py", 3.0, [DeclaredDag("one", "@daily", "Europe/Paris")], None
+    )
+    [one] = await store.catalogue_dags()
+    assert (one["dag_id"], one["paused"], one["schedule"], one["timezone"]) == (
+        "one",
+        1,
+        "@daily",
+        "Europe/Paris",
+    )
+    assert one["parse_error"] is None and await store.broken_files() == []
+    await store.set_paused("one", False)
+    assert (await store.catalogue_dags())[0]["paused"] == 0
+    with pytest.raises(UnknownDag, match="no DAG 'nope'"):
+        await store.set_paused("nope", True)
+
+
+async def test_catalogue_refuses_a_dag_id_held_by_another_file_and_forgets_files(
+    store: Store,
+) -> None:
+    await store.record_parse("/dags/a.py", 1.0, [DeclaredDag("shared")], None)
+    error = await store.record_parse("/dags/b.py", 1.0, [DeclaredDag("shared")], None)
+    assert error == "DAG 'shared' is already defined in /dags/a.py"
+    # Parsed again on the next scan: its mtime is not recorded.
+    assert await store.catalogue_files() == {"/dags/a.py": 1.0, "/dags/b.py": None}
+    assert [d["file"] for d in await store.catalogue_dags()] == ["/dags/a.py"]
+
+    await store.forget_files(["/dags/a.py"])
+    assert await store.record_parse("/dags/b.py", 1.0, [DeclaredDag("shared")], None) is None
+    assert [d["file"] for d in await store.catalogue_dags()] == ["/dags/b.py"]
+    await store.forget_files(["/dags/b.py"])
+    assert await store.catalogue_dags() == [] and await store.catalogue_files() == {}
 
 
 # ------------------------------------------------------------------------------ misc

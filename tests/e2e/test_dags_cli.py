@@ -1,0 +1,99 @@
+"""``slotless dags list|pause|unpause`` through the real command line: the folder from
+``--dags`` or ``SLOTLESS_DAGS``, broken files listed with their error (exit 0), the last run
+state, and an unknown DAG refused with one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.helpers import cli, cli_env, write_dag
+
+pytestmark = pytest.mark.slow
+
+GOOD = """
+from executor import DAG
+
+dag = DAG("nightly")
+
+
+@dag.task
+def work(ctx):
+    return 1
+"""
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    write_dag(dags, GOOD, "nightly.py")
+    write_dag(dags, "import sys\n\nsys.exit(3)\n", "exits.py")
+    return dags
+
+
+def listing(db_url: str, *extra: str, env: dict[str, str] | None = None) -> dict:
+    proc = cli("dags", "list", "--db", db_url, "--json", "--parse-timeout", "10", *extra, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_list_parses_the_folder_and_shows_broken_files(folder: Path, db_url: str) -> None:
+    shown = listing(db_url, "--dags", str(folder))
+    assert [(d["dag_id"], d["paused"], d["schedule"]) for d in shown["dags"]] == [
+        ("nightly", False, None)
+    ]
+    assert shown["dags"][0]["file"] == str((folder / "nightly.py").resolve())
+    assert shown["dags"][0]["last_run_state"] is None
+    [broken] = shown["broken_files"]
+    assert broken["file"] == str((folder / "exits.py").resolve())
+    assert "sys.exit(3)" in broken["error"]
+
+    # The table, for people: both sections.
+    proc = cli("dags", "list", "--db", db_url, "--dags", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    assert "nightly" in proc.stdout and "broken DAG files" in proc.stdout
+    assert "sys.exit(3)" in proc.stdout
+
+
+def test_slotless_dags_names_the_folder_and_runs_show_their_state(
+    folder: Path, db_url: str, tmp_path: Path
+) -> None:
+    env = cli_env(SLOTLESS_DAGS=str(folder))
+    assert [d["dag_id"] for d in listing(db_url, env=env)["dags"]] == ["nightly"]
+
+    run = cli("run", str(folder / "nightly.py"), "--db", db_url, "--json")
+    assert run.returncode == 0, run.stderr
+    [dag] = listing(db_url)["dags"]  # no folder now: reads the catalogue as stored
+    assert dag["last_run_state"] == "SUCCESS"
+
+    (folder / "nightly.py").unlink()
+    assert listing(db_url, env=env)["dags"] == []
+
+
+def test_pause_and_unpause(folder: Path, db_url: str) -> None:
+    listing(db_url, "--dags", str(folder))
+    proc = cli("dags", "pause", "nightly", "--db", db_url)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "nightly: paused")
+    assert listing(db_url)["dags"][0]["paused"] is True
+    proc = cli("dags", "unpause", "nightly", "--db", db_url)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "nightly: unpaused")
+    assert listing(db_url)["dags"][0]["paused"] is False
+
+
+def test_an_unknown_dag_is_one_line_and_exit_2(folder: Path, db_url: str) -> None:
+    listing(db_url, "--dags", str(folder))
+    for action in ("pause", "unpause"):
+        proc = cli("dags", action, "no_such_dag", "--db", db_url)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1
+        assert lines[0].startswith("slotless: error: no DAG 'no_such_dag'")
+
+
+def test_a_missing_folder_is_a_user_error(tmp_path: Path, db_url: str) -> None:
+    proc = cli("dags", "list", "--db", db_url, "--dags", str(tmp_path / "nowhere"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("slotless: error: DAG folder")
+    assert "is not a directory" in proc.stderr

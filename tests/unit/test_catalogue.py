@@ -1,0 +1,231 @@
+"""The DAG catalogue on a SQLite store: a folder with a good DAG file and four broken ones
+(a syntax error, an import error, an endless loop at import, ``sys.exit(3)``), each file
+imported in a real child process. Broken files are listed with their error and the scan
+returns; unchanged files are not imported again; changed ones are; removed ones go."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+from support.helpers import async_wait_until, write_dag
+
+from executor.catalogue import ScanResult, scan
+from executor.store import Store
+
+LIMIT = 2.0  # seconds per file: short, so the endless loop is cut off quickly
+
+# Appends a line to MARKER each time it is imported: the proof of an import.
+GOOD = """
+from pathlib import Path
+
+from executor import DAG
+
+with open({marker!r}, "a") as f:
+    f.write("imported\\n")
+print("a DAG file that prints at import")
+
+dag = DAG({dag_id!r})
+
+
+@dag.task
+def hello(ctx):
+    return 1
+"""
+
+BROKEN = {
+    "syntax.py": "def broken(:\n    pass\n",
+    "imports.py": "import no_such_module_for_slotless_tests\n",
+    "loops.py": "import time\n\nwhile True:\n    time.sleep(0.05)\n",
+    "exits.py": "import sys\n\nsys.exit(3)\n",
+}
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    return dags
+
+
+def good_file(folder: Path, marker: Path, dag_id: str = "good", name: str = "good.py") -> Path:
+    return write_dag(folder, GOOD.format(marker=str(marker), dag_id=dag_id), name)
+
+
+def imports(marker: Path) -> int:
+    return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+
+def bump_mtime(path: Path) -> None:
+    # A rewrite within the filesystem's timestamp granularity could keep the mtime: move
+    # it explicitly, as an editor saving a second later would.
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+async def dag_ids(store: Store) -> list[str]:
+    return [d["dag_id"] for d in await store.catalogue_dags()]
+
+
+async def errors(store: Store) -> dict[str, str]:
+    return {Path(b["path"]).name: b["parse_error"] for b in await store.broken_files()}
+
+
+async def test_broken_files_are_listed_with_their_error_and_the_good_one_is_catalogued(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "imports.log"
+    good = good_file(folder, marker)
+    for name, source in BROKEN.items():
+        write_dag(folder, source, name)
+
+    started = time.monotonic()
+    result = await scan(store, folder, timeout=LIMIT)
+    # The endless loop costs its limit (and the kill's grace), not the test's timeout.
+    assert time.monotonic() - started < LIMIT + 10
+
+    assert isinstance(result, ScanResult)
+    assert len(result.parsed) == 5
+    assert await dag_ids(store) == ["good"]
+    [row] = await store.catalogue_dags()
+    assert row["file"] == str(good.resolve())
+    assert (row["paused"], row["schedule"], row["timezone"]) == (0, None, "UTC")
+    assert row["parse_error"] is None and row["last_run_state"] is None
+    assert imports(marker) == 1
+
+    broken = await errors(store)
+    assert sorted(broken) == sorted(BROKEN)
+    assert "SyntaxError" in broken["syntax.py"] and "line 1" in broken["syntax.py"]
+    assert "ModuleNotFoundError" in broken["imports.py"]
+    assert "no_such_module_for_slotless_tests" in broken["imports.py"]
+    assert f"did not finish within {LIMIT:g} s" in broken["loops.py"]
+    assert "(line 4)" in broken["loops.py"]  # where it was stuck: the sleep in the loop
+    assert "sys.exit(3)" in broken["exits.py"] and "line 3" in broken["exits.py"]
+    for error in broken.values():
+        assert "\n" not in error
+    assert result.errors.keys() == {str((folder / n).resolve()) for n in BROKEN}
+
+
+async def test_only_changed_files_are_imported_again(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "imports.log"
+    good = good_file(folder, marker)
+    other_marker = tmp_path / "other.log"
+    good_file(folder, other_marker, dag_id="other", name="other.py")
+    await scan(store, folder, timeout=LIMIT)
+    assert (imports(marker), imports(other_marker)) == (1, 1)
+
+    result = await scan(store, folder, timeout=LIMIT)
+    assert result.parsed == []
+    assert len(result.unchanged) == 2
+    assert (imports(marker), imports(other_marker)) == (1, 1)  # nothing imported again
+
+    # The file now declares another DAG: re-parsed, the old id goes, the new one comes.
+    good_file(folder, marker, dag_id="renamed")
+    bump_mtime(good)
+    result = await scan(store, folder, timeout=LIMIT)
+    assert result.parsed == [str(good.resolve())]
+    assert (imports(marker), imports(other_marker)) == (2, 1)
+    assert await dag_ids(store) == ["other", "renamed"]
+
+
+async def test_a_file_that_breaks_keeps_its_dag_and_pause_until_it_is_fixed(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "imports.log"
+    good = good_file(folder, marker)
+    await scan(store, folder, timeout=LIMIT)
+    await store.set_paused("good", True)
+
+    good.write_text("raise RuntimeError('half-saved')\n")
+    bump_mtime(good)
+    await scan(store, folder, timeout=LIMIT)
+    [row] = await store.catalogue_dags()
+    assert row["paused"] == 1
+    assert "RuntimeError: half-saved" in row["parse_error"]
+    assert "RuntimeError: half-saved" in (await errors(store))["good.py"]
+
+    good_file(folder, marker)
+    bump_mtime(good)
+    await scan(store, folder, timeout=LIMIT)
+    [row] = await store.catalogue_dags()
+    assert (row["paused"], row["parse_error"]) == (1, None)
+    assert await errors(store) == {}
+
+
+async def test_a_removed_file_leaves_the_catalogue(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    good = good_file(folder, tmp_path / "a.log")
+    broken = write_dag(folder, BROKEN["syntax.py"], "syntax.py")
+    # A file linked into the folder is the folder's (by its link's path), and leaves with it.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = folder / "linked.py"
+    linked.symlink_to(good_file(elsewhere, tmp_path / "b.log", dag_id="linked"))
+    await scan(store, folder, timeout=LIMIT)
+    assert await dag_ids(store) == ["good", "linked"]
+
+    for path in (good, broken, linked):
+        path.unlink()
+    result = await scan(store, folder, timeout=LIMIT)
+    assert result.removed == sorted(str(p) for p in (good, broken, linked))
+    assert await dag_ids(store) == []
+    assert await errors(store) == {}
+    assert await store.catalogue_files() == {}
+
+
+async def test_a_dag_id_defined_twice_stays_with_the_first_file_until_it_lets_go(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    first = good_file(folder, tmp_path / "a.log", name="a.py")
+    await scan(store, folder, timeout=LIMIT)
+    good_file(folder, tmp_path / "b.log", name="b.py")  # a copy: the same dag_id
+    await scan(store, folder, timeout=LIMIT)
+    [row] = await store.catalogue_dags()
+    assert row["file"] == str(first.resolve())
+    assert "already defined in" in (await errors(store))["b.py"]
+
+    # a.py lets the id go: b.py, refused before, is parsed again and takes it.
+    first.unlink()
+    await scan(store, folder, timeout=LIMIT)
+    [row] = await store.catalogue_dags()
+    assert Path(row["file"]).name == "b.py"
+    assert await errors(store) == {}
+
+
+async def test_the_scan_does_not_block_the_event_loop(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    """A file looping at import runs in a child: the caller's loop keeps turning."""
+    write_dag(folder, BROKEN["loops.py"], "loops.py")
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    scanning = asyncio.create_task(scan(store, folder, timeout=5.0))
+    await async_wait_until(lambda: ticks >= 50, what="50 ticks of the loop during the scan")
+    assert not scanning.done()
+    result = await scanning
+    ticker.cancel()
+    assert list(result.errors) == [str((folder / "loops.py").resolve())]
+
+
+async def test_files_outside_the_pattern_and_a_missing_folder(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    write_dag(folder, "raise RuntimeError('never imported')\n", "_helpers.py")
+    write_dag(folder, "raise RuntimeError('never imported')\n", "notes.txt")
+    result = await scan(store, folder, timeout=LIMIT)
+    assert (result.parsed, result.errors) == ([], {})
+    with pytest.raises(NotADirectoryError):
+        await scan(store, tmp_path / "nowhere", timeout=LIMIT)
