@@ -64,6 +64,11 @@ def deferral(
     )
 
 
+class _CutOff(Exception):
+    """A check ran into the limit :func:`sense` set (the sensor's deadline or the
+    task's execution_timeout), as opposed to a TimeoutError of the trigger's own."""
+
+
 @dataclass(slots=True)
 class Verdict:
     event: TriggerEvent | None  # None: not yet
@@ -99,18 +104,25 @@ def sense(
             limit = min(limit, check_timeout)
 
         async def once(tctx: CheckContext = tctx, limit: float = limit) -> TriggerEvent | None:
+            cut_off = asyncio.timeout(limit)
             try:
-                async with asyncio.timeout(limit):
+                async with cut_off:
                     # A push trigger would hold the slot until its event: one interval
                     # without one is this check's "not yet".
                     return await check_once(trigger, tctx, push_wait=trigger.poke_interval)
+            except TimeoutError:
+                # Ours, or the trigger's own (a client's read timeout): only ours is a
+                # deadline; the trigger's fails the attempt like any error of its check.
+                if cut_off.expired():
+                    raise _CutOff from None
+                raise
             finally:
                 await tctx.aclose()
 
         try:
             event = asyncio.run(once())
-        except TimeoutError:
-            if time.time() >= deadline:
+        except _CutOff:
+            if check_timeout is None or time.time() >= deadline:
                 return Verdict(None, timed_out=True, checks=checks + 1)
             raise TimeoutError(
                 f"a check of {trigger.describe()} took longer than {check_timeout:g} s "

@@ -315,7 +315,8 @@ class ScriptedTrigger(BaseTrigger):
 
 @register
 class FlakyTrigger(BaseTrigger):
-    """Raises ``error`` (transient / oserror) for its first ``failures`` checks, then fires."""
+    """Raises ``error`` (transient / oserror / timeout) for its first ``failures`` checks,
+    then fires."""
 
     name: str
     failures: int
@@ -329,6 +330,8 @@ class FlakyTrigger(BaseTrigger):
         if seen < self.failures:
             if self.error == "oserror":
                 raise ConnectionRefusedError(f"server for {self.name} refused (try {seen + 1})")
+            if self.error == "timeout":  # the trigger's own, e.g. a client's read timeout
+                raise TimeoutError(f"{self.name} read timed out (try {seen + 1})")
             raise TransientError(f"{self.name} throttled (try {seen + 1})")
         return TriggerEvent(payload={"name": self.name, "tries": seen + 1})
 

@@ -14,6 +14,7 @@ import pytest
 from support.helpers import async_wait_until, sql
 from support.triggers import (
     FLAGS,
+    FlakyTrigger,
     HangingTrigger,
     ScriptedTrigger,
     UnlistedTrigger,
@@ -249,6 +250,28 @@ async def test_a_check_that_hangs_in_a_worker_is_cut_off(store, db_path, mode) -
     assert "sensor timeout" in by_timeout[-1]["message"]
     by_exec = transition_events(db_path, task_row(db_path, run_id, "by_execution_timeout")["id"])
     assert "took longer than 0.5 s (the task's execution_timeout)" in by_exec[-1]["message"]
+
+
+@pytest.mark.parametrize("execution_timeout", [None, 30.0])
+async def test_a_triggers_own_timeout_in_a_worker_check_is_its_error(
+    store, db_path, execution_timeout
+) -> None:
+    """A TimeoutError the trigger raises itself (a client's read timeout) fails the attempt
+    with that error: it is neither the sensor's timeout nor the task's execution_timeout."""
+    dag = DAG("own_timeout")
+    flaky = FlakyTrigger(name="slow", failures=1, error="timeout", poke_interval=0.1)
+    dag.sensor("wait", flaky, mode="reschedule", timeout=3600, retries=1, retry_delay=0,
+               execution_timeout=execution_timeout)  # fmt: skip
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag):
+        await async_wait_until(
+            lambda: state_of(db_path, run_id, "wait") == "SUCCESS", what="wait SUCCESS"
+        )
+    retried = [e for e in transition_events(db_path, task_row(db_path, run_id, "wait")["id"])
+               if e["to_state"] == "RETRYING"]  # fmt: skip
+    assert len(retried) == 1
+    assert "slow read timed out (try 1)" in retried[0]["message"]
+    assert "execution_timeout" not in retried[0]["message"]
 
 
 async def test_a_retried_sensor_gets_its_whole_timeout_again(store, db_path) -> None:
