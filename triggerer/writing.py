@@ -36,7 +36,7 @@ class Outbox:
             return
         try:
             await self._ops.triggerer_commit(batch)
-        except Exception:
+        except BaseException:  # cancelled at stop mid-commit too: the last flush retries it
             self.batch.fires[:0] = batch.fires
             self.batch.failures[:0] = batch.failures
             self.batch.logs[:0] = batch.logs

@@ -3,6 +3,7 @@ shortest interval asked for, batched calls, per-task timeouts, sampled logs, cle
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -324,3 +325,26 @@ async def test_a_wait_after_the_trigger_table_emptied_is_still_loaded(store, db_
         assert task_row(db_path, run2, "wait")["trigger_id"] > old_id
         FLAGS.add("second")
         await async_wait_until(lambda: state_of(db_path, run2, "wait") == "SUCCESS", what="second")
+
+
+async def test_a_flush_cancelled_mid_commit_keeps_its_batch() -> None:
+    """Stopping cancels the writing loop, maybe inside a commit: the fires it held must
+    still go out with the triggerer's last flush (a fire written twice changes nothing)."""
+    from triggerer.store import Fire
+    from triggerer.writing import Outbox
+
+    committing = asyncio.Event()
+
+    class StuckStore:
+        async def triggerer_commit(self, batch: object) -> None:
+            committing.set()
+            await asyncio.Event().wait()  # a commit that has not answered yet
+
+    outbox = Outbox(StuckStore())  # type: ignore[arg-type]
+    outbox.fire(Fire({7: 1}, "{}", "fired"))
+    flushing = asyncio.create_task(outbox.flush())
+    await committing.wait()
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    assert [f.waits for f in outbox.batch.fires] == [{7: 1}]
