@@ -6,7 +6,8 @@
 -- The key of a schedule's run is its logical date; a manual run's key adds a random part
 -- unless the person gives one (`slotless trigger --run-key`). Runs created before this
 -- migration keep their run_id as their key, which no other run can have.
--- SQLite cannot add a NOT NULL column without a default: the code always writes a key.
+-- run_key is nullable: a process of the previous release inserts runs without one during
+-- a rolling upgrade (NULLs never conflict in the unique index); this code always writes one.
 
 ALTER TABLE dag_run ADD COLUMN run_key TEXT;
 ALTER TABLE dag_run ADD COLUMN conf TEXT;                -- JSON object, as triggered; NULL: none
