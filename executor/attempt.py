@@ -11,6 +11,7 @@ run and the task's inputs; the worker records what this returns.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from .outcomes import (
     SensorTimedOut,
     Succeeded,
 )
+from .params import BadConf, resolve
 from .rows import MovedTask
 from .slots import ProcessSlots, Result, ThreadSlots
 from .statemachine import expansion_problem
@@ -43,6 +45,7 @@ class _RunInfo:
     dag_id: str
     logical_date: date
     problem: str | None = None
+    params: Any = None  # the DAG's params with the run's conf (executor.params.resolve)
 
 
 class Attempts:
@@ -92,6 +95,8 @@ class Attempts:
             item=json.loads(row.item) if row.item is not None else None,
             total=row.map_total if row.map_index >= 0 else None,
             event=json.loads(row.event) if row.event is not None else None,
+            # Its own copy: a task that changes ctx.params changes nothing for another.
+            params=copy.deepcopy(info.params),
         )
         if spec.sensor is not None:
             return await self._sense(row, owner, spec, spec.sensor, ctx, release)
@@ -258,7 +263,14 @@ class Attempts:
                     problem = f"cannot load DAG {run['dag_id']}: {exc}"
             elif dag is None:
                 problem = f"DAG {run['dag_id']} is unknown to this worker and has no file"
-            info = _RunInfo(dag, run["dag_id"], logical, problem)
+            params = None
+            if dag is not None:
+                conf = None if run["conf"] is None else json.loads(run["conf"])
+                try:
+                    params = resolve(dag.params, conf, dag.dag_id)
+                except BadConf as exc:  # the DAG's params changed since the run was created
+                    dag, problem = None, str(exc)
+            info = _RunInfo(dag, run["dag_id"], logical, problem, params)
         self._runs[run_id] = info
         return info
 

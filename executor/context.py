@@ -35,7 +35,8 @@ class TaskContext:
 
     ``inputs`` maps each parent's task id to its output; a mapped parent gives the list of
     its instances' outputs in index order. A mapped instance also sees ``item``, ``index``
-    and ``total``.
+    and ``total``. ``params`` is the run's params: the DAG's defaults updated with the
+    run's conf (a dict), or the conf validated into the DAG's params model (an instance).
     """
 
     run_id: str
@@ -49,6 +50,7 @@ class TaskContext:
     item: Any = None
     total: int | None = None
     event: Any = None  # payload of the trigger event that resumed this task, if any
+    params: Any = field(default_factory=dict)  # the DAG's params with the run's conf
     _logs: list[tuple[float, str]] = field(default_factory=list, repr=False)
 
     @property

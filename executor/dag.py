@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .context import TaskContext
 from .durations import Duration, seconds
+from .params import Params, check_declared
 from .rules import TriggerRule
 
 if TYPE_CHECKING:
@@ -132,11 +133,17 @@ class DAG:
     ... def load(ctx): return sum(ctx.inputs["extract"])
     """
 
-    def __init__(self, dag_id: str, *, description: str = "") -> None:
+    def __init__(self, dag_id: str, *, description: str = "", params: Params = None) -> None:
         if not dag_id or not dag_id.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise DagError(f"invalid DAG id {dag_id!r}: use letters, digits, _ - .")
         self.dag_id = dag_id
         self.description = description
+        # Defaults (a dict) or a pydantic model class; ctx.params is these with the run's conf.
+        try:
+            check_declared(params)
+        except TypeError as exc:
+            raise DagError(f"DAG {dag_id!r}: {exc}") from None
+        self.params: Params = params
         self.tasks: dict[str, TaskSpec] = {}
         self._consumers: tuple[int, dict[str, list[TaskSpec]]] | None = None
 

@@ -183,6 +183,33 @@ def _parser() -> argparse.ArgumentParser:
         db_opt(sp)
         sp.set_defaults(func=cmd_dags_pause, paused=paused)
 
+    trig_run = sub.add_parser(
+        "trigger",
+        help="start a run of a catalogued DAG for the running worker; once per --run-key",
+    )
+    trig_run.add_argument("dag_id", metavar="DAG")
+    trig_run.add_argument("--logical-date", type=_date, help="YYYY-MM-DD (default today)")
+    trig_run.add_argument("--conf", metavar="JSON", help="a JSON object, checked against params")
+    trig_run.add_argument(
+        "--run-key",
+        metavar="KEY",
+        help="at most one run per DAG and key (default: the date and a random part)",
+    )
+    trig_run.add_argument("--force", action="store_true", help="trigger a paused DAG anyway")
+    db_opt(trig_run)
+    trig_run.add_argument(
+        "--dags", metavar="DIR", help="parse this folder's changed DAG files first"
+    )
+    trig_run.add_argument(
+        "--parse-timeout",
+        type=float,
+        default=DEFAULT_PARSE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"time limit to import the DAG's file (default {DEFAULT_PARSE_TIMEOUT:g})",
+    )
+    trig_run.add_argument("--json", action="store_true", help="print one JSON object")
+    trig_run.set_defaults(func=cmd_trigger)
+
     bench = sub.add_parser(
         "bench",
         help="run a benchmark (source checkout): JSON and PNG in benchmarks/results/",
@@ -404,6 +431,12 @@ async def cmd_status(args: argparse.Namespace) -> int:
     from .status import status_command
 
     return await status_command(args)
+
+
+async def cmd_trigger(args: argparse.Namespace) -> int:
+    from .trigger import trigger_command
+
+    return await trigger_command(args)
 
 
 async def cmd_ui(args: argparse.Namespace) -> int:

@@ -107,3 +107,14 @@ class CatalogueOps:
                     f"no DAG {dag_id!r} in the catalogue (`slotless dags list --dags DIR` "
                     "parses a folder into it)"
                 )
+
+    async def catalogue_dag(self, dag_id: str) -> Row:
+        """One catalogued DAG (file, paused, parse_error); :class:`UnknownDag` if none."""
+        async with self.db.read() as tx:
+            row = await tx.fetchone("catalogue_dag", dag_id=dag_id)
+        if row is None:
+            raise UnknownDag(
+                f"no DAG {dag_id!r} in the catalogue (`--dags DIR` or $SLOTLESS_DAGS parses "
+                "a folder into it)"
+            )
+        return row

@@ -9,11 +9,13 @@ import json
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from ..outcomes import Deferred, Failed, Outcome, Rescheduled, SensorTimedOut, Succeeded
+from ..params import resolve
 from ..rows import MovedTask, TaskRow
 from ..statemachine import Carry, evaluate, retry_or_fail, transition
 from ..states import State
@@ -25,6 +27,26 @@ if TYPE_CHECKING:
     from ..dag import DAG
 
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class StartedRun:
+    """What :meth:`Store.start_run` did: the run (new, or the one holding the key)."""
+
+    run_id: str
+    run_key: str
+    created: bool
+
+
+def scheduled_run_key(logical_date: date) -> str:
+    """A schedule's run key: its logical date, so one run per date ever (``2026-04-25``)."""
+    return logical_date.isoformat()
+
+
+def manual_run_key(logical_date: date, token: str) -> str:
+    """A manual run's default key: the date and a random part (``2026-04-25~manual-3fa9c1``),
+    so that manual runs of one date are distinct and never take a schedule's key."""
+    return f"{logical_date.isoformat()}~manual-{token}"
 
 
 class Store(InspectOps, CatalogueOps):
@@ -46,17 +68,49 @@ class Store(InspectOps, CatalogueOps):
         dag: DAG,
         logical_date: date,
         *,
+        run_key: str | None = None,
+        conf: Mapping[str, Any] | None = None,
         dag_file: str | None = None,
         run_id: str | None = None,
     ) -> str:
-        """Insert a run with all its tasks and edges; the roots become claimable at once."""
+        """Insert a run with all its tasks and edges; the roots become claimable at once.
+
+        Idempotent per ``(dag.dag_id, run_key)``: when a run with that key exists, nothing
+        is created and its run_id is returned (:meth:`start_run` also says which happened).
+        """
+        return (
+            await self.start_run(
+                dag, logical_date, run_key=run_key, conf=conf, dag_file=dag_file, run_id=run_id
+            )
+        ).run_id
+
+    async def start_run(
+        self,
+        dag: DAG,
+        logical_date: date,
+        *,
+        run_key: str | None = None,
+        conf: Mapping[str, Any] | None = None,
+        dag_file: str | None = None,
+        run_id: str | None = None,
+    ) -> StartedRun:
+        """:meth:`create_run`, saying whether the run was created or already existed.
+
+        ``run_key`` defaults to a manual run's key (:func:`manual_run_key`: the logical date
+        and a random part, so that two manual runs of one date are two runs); a schedule
+        passes :func:`scheduled_run_key`. ``conf`` is checked against ``dag.params`` first
+        (:class:`executor.params.BadConf`, nothing stored) and stored with the run.
+        """
         dag.validate()
-        run_id = run_id or f"{dag.dag_id}:{logical_date.isoformat()}:{secrets.token_hex(3)}"
+        resolve(dag.params, conf, dag.dag_id)
+        token = secrets.token_hex(3)
+        run_key = run_key or manual_run_key(logical_date, token)
+        run_id = run_id or f"{dag.dag_id}:{logical_date.isoformat()}:{token}"
         now = self.clock()
         specs = list(dag.tasks.values())
         has_children = {p for spec in specs for p in spec.parents}
         async with self.db.write() as tx:
-            await tx.execute(
+            inserted = await tx.fetchone(
                 "insert_run",
                 run_id=run_id,
                 dag_id=dag.dag_id,
@@ -64,7 +118,15 @@ class Store(InspectOps, CatalogueOps):
                 dag_file=dag_file,
                 now=now,
                 tasks=len(specs),
+                run_key=run_key,
+                conf=None if conf is None else json.dumps(dict(conf)),
             )
+            if inserted is None:
+                # The key is taken. On PostgreSQL the insert waited for a concurrent one to
+                # commit; this read (READ COMMITTED: a new snapshot) sees its row.
+                existing = await tx.fetchone("run_by_key", dag_id=dag.dag_id, run_key=run_key)
+                assert existing is not None, f"run key {run_key!r} taken, yet no run has it"
+                return StartedRun(existing["run_id"], run_key, created=False)
             await tx.executemany(
                 "insert_task",
                 [
@@ -94,7 +156,7 @@ class Store(InspectOps, CatalogueOps):
             await evaluate(tx, TaskRow.all(await tx.fetch("run_tasks", run_id=run_id)), now)
             if not specs:  # no task will ever end to finish it
                 await tx.execute("finish_run", state="SUCCESS", now=now, run_id=run_id)
-        return run_id
+        return StartedRun(run_id, run_key, created=True)
 
     async def run_info(self, run_id: str) -> Row | None:
         async with self.db.read() as tx:

@@ -15,8 +15,16 @@ VALUES (:worker_id, :slot, :task_row, :kind, :started_at, :ended_at);
 -- ---------------------------------------------------------------- runs and their tasks
 
 -- name: insert_run
-INSERT INTO dag_run (run_id, dag_id, logical_date, state, dag_file, created_at, tasks_unfinished)
-VALUES (:run_id, :dag_id, :logical_date, 'RUNNING', :dag_file, :now, :tasks);
+-- At most one run per (dag_id, run_key): a second insert of a key returns no row (and
+-- on PostgreSQL waits for a concurrent insert of the same key to commit or roll back).
+INSERT INTO dag_run (run_id, dag_id, logical_date, state, dag_file, created_at, tasks_unfinished,
+                     run_key, conf)
+VALUES (:run_id, :dag_id, :logical_date, 'RUNNING', :dag_file, :now, :tasks, :run_key, :conf)
+ON CONFLICT (dag_id, run_key) DO NOTHING
+RETURNING run_id;
+
+-- name: run_by_key
+SELECT run_id FROM dag_run WHERE dag_id = :dag_id AND run_key = :run_key;
 
 -- name: insert_task
 INSERT INTO task (run_id, task_id, state, trigger_rule, priority, is_leaf, expand_from, map_cap,
@@ -360,3 +368,7 @@ WHERE parse_error IS NOT NULL ORDER BY path;
 
 -- name: set_dag_paused
 UPDATE dag SET paused = :paused WHERE dag_id = :dag_id;
+
+-- name: catalogue_dag
+-- One DAG as the catalogue holds it (`slotless trigger`: its file, paused, parse error).
+SELECT dag_id, file, paused, parse_error, file_mtime FROM dag WHERE dag_id = :dag_id;

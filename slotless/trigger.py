@@ -1,0 +1,120 @@
+"""``slotless trigger DAG``: start a run against the running services, at most once per key.
+
+The DAG is found in the catalogue (the folder of ``--dags`` or ``$SLOTLESS_DAGS`` is
+scanned first, as ``slotless dags list`` does: changed files are imported in time-limited
+children). Its file is then imported here, with :func:`executor.loader.load_dag` (the
+import the workers make), in a daemon thread bounded by the same time limit: never on
+this command's event loop, and a file that hangs ends the command with an error instead
+of holding it. The run's tasks and the conf's check need the DAG object itself (its task
+specs, its params model), which a child process could only send back re-described. The
+catalogue has just imported the file in a child: a DAG whose file last failed to parse is
+refused before any import here.
+
+The conf is checked against the DAG's params before the run is inserted; the insert is
+:meth:`Store.start_run`, idempotent per (dag_id, run key). The command then exits: a
+running ``slotless worker`` imports the DAG from the run's ``dag_file`` and runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import threading
+from datetime import date
+
+from executor.catalogue import dags_folder, scan
+from executor.dag import DAG
+from executor.loader import DagImportError, load_dag
+from executor.params import parse_conf
+from executor.store import open_store
+
+
+class DagPaused(ValueError):
+    """The DAG is paused and the trigger was not forced."""
+
+
+async def trigger_command(args: argparse.Namespace) -> int:
+    conf = parse_conf(args.conf)  # bad JSON: refused before the database is even opened
+    folder = dags_folder(args.dags)
+    # Without a folder to parse this reads the catalogue as stored: a mistyped --db must
+    # not leave a new, empty database behind.
+    store = await open_store(args.db, create=folder is not None)
+    try:
+        if folder is not None:
+            await scan(store, folder, timeout=args.parse_timeout)
+        entry = await store.catalogue_dag(args.dag_id)
+        if entry["parse_error"]:
+            raise DagImportError(
+                f"DAG {args.dag_id!r} cannot be triggered: its file is broken: "
+                f"{entry['parse_error']}"
+            )
+        if entry["paused"] and not args.force:
+            raise DagPaused(
+                f"DAG {args.dag_id!r} is paused: `slotless dags unpause {args.dag_id}` "
+                "first, or trigger it anyway with --force"
+            )
+        dag = await import_dag(entry["file"], args.dag_id, args.parse_timeout)
+        started = await store.start_run(
+            dag,
+            args.logical_date or date.today(),
+            run_key=args.run_key,
+            conf=conf,
+            dag_file=entry["file"],
+        )
+    finally:
+        await store.close()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dag_id": args.dag_id,
+                    "run_id": started.run_id,
+                    "run_key": started.run_key,
+                    "created": started.created,
+                }
+            )
+        )
+    elif started.created:
+        print(f"{started.run_id}: created (run key {started.run_key})")
+    else:
+        print(f"{started.run_id}: already exists for run key {started.run_key}; nothing created")
+    return 0
+
+
+async def import_dag(path: str, dag_id: str, timeout: float) -> DAG:
+    """:func:`load_dag` in a daemon thread, within ``timeout`` seconds.
+
+    What the file prints goes to stderr, so that ``--json`` stays one object on stdout.
+    A daemon thread, because a thread cannot be stopped: one stuck past the limit must
+    not keep the command from exiting (asyncio's own executor threads are joined).
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[DAG] = loop.create_future()
+
+    def settle(dag: DAG | None, exc: BaseException | None) -> None:
+        if done.done():  # the wait gave up already
+            return
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            assert dag is not None
+            done.set_result(dag)
+
+    def work() -> None:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                dag = load_dag(path, dag_id)
+                dag.validate()
+        except Exception as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, dag, None)
+
+    threading.Thread(target=work, name="slotless-trigger-import", daemon=True).start()
+    try:
+        return await asyncio.wait_for(done, timeout)
+    except TimeoutError:
+        raise DagImportError(f"cannot import {path}: did not finish within {timeout:g} s") from None

@@ -1,0 +1,157 @@
+"""Run keys on both backends: a run is created at most once per (dag_id, run_key), enforced
+by the database, including two stores creating the same key at once; the conf is stored
+with the run and checked against the DAG's params before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import date
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+from support import pg
+from support.helpers import FakeClock, run_to_end
+from support.pg import create_schema, drop_schema, with_params
+
+from executor import DAG, TaskContext
+from executor.params import BadConf
+from executor.store import Store, open_store
+from executor.store.jobs import scheduled_run_key
+
+pg_server = pg.pg_server  # fixture
+DAY = date(2026, 4, 25)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite file, or the PostgreSQL server (found or started in a sync fixture)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return str(request.getfixturevalue("pg_server"))
+
+
+@pytest.fixture
+async def url(backend: str) -> AsyncIterator[str]:
+    if backend.startswith("sqlite"):
+        yield backend
+        return
+    name = await create_schema(backend)
+    try:
+        yield with_params(backend, search_path=name)
+    finally:
+        await drop_schema(backend, name)
+
+
+@pytest.fixture
+async def store(url: str, clock: FakeClock) -> AsyncIterator[Store]:
+    s = await open_store(url, clock=clock)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+class Window(BaseModel):
+    days: int = 1
+    region: str
+
+
+def two_tasks(params: object = None) -> DAG:
+    dag = DAG("keyed", params=params)  # type: ignore[arg-type]
+
+    @dag.task
+    def first(ctx: TaskContext) -> object:
+        return ctx.params if isinstance(ctx.params, dict) else ctx.params.model_dump()
+
+    @dag.task(parents=[first])
+    def second(ctx: TaskContext) -> int:
+        return 2
+
+    return dag
+
+
+async def runs(store: Store) -> list[dict]:
+    async with store.db.read() as tx:
+        rows = await tx.fetch("list_runs", n=100)
+    return [dict(r) for r in rows]
+
+
+async def task_count(store: Store, run_id: str) -> int:
+    return len(await store.run_tasks(run_id))
+
+
+async def test_a_key_creates_one_run_and_returns_it_again(store: Store) -> None:
+    dag = two_tasks()
+    first = await store.start_run(dag, DAY, run_key=scheduled_run_key(DAY))
+    again = await store.start_run(dag, DAY, run_key="2026-04-25", conf={"x": 1})
+    assert first.created and not again.created
+    assert again.run_id == first.run_id and again.run_key == "2026-04-25"
+    [row] = await runs(store)
+    assert (row["run_key"], row["conf"]) == ("2026-04-25", None)  # the first one's conf stays
+    assert await task_count(store, first.run_id) == 2  # no second set of tasks either
+    # create_run is the same operation, returning the run id.
+    assert await store.create_run(dag, DAY, run_key="2026-04-25") == first.run_id
+
+
+async def test_manual_runs_of_one_date_are_distinct_and_keep_the_dates_key_free(
+    store: Store,
+) -> None:
+    dag = two_tasks()
+    a = await store.start_run(dag, DAY)
+    b = await store.start_run(dag, DAY)
+    assert a.created and b.created and a.run_id != b.run_id
+    assert a.run_key.startswith("2026-04-25~manual-") and a.run_key != b.run_key
+    scheduled = await store.start_run(dag, DAY, run_key=scheduled_run_key(DAY))
+    assert scheduled.created
+    # Another DAG may use the same key.
+    other = DAG("other")
+    assert (await store.start_run(other, DAY, run_key="2026-04-25")).created
+    assert len(await runs(store)) == 4
+
+
+async def test_conf_is_stored_and_becomes_ctx_params(store: Store) -> None:
+    dag = two_tasks({"days": 1, "region": "eu"})
+    run_id = await store.create_run(dag, DAY, conf={"days": 7})
+    [row] = await runs(store)
+    assert json.loads(row["conf"]) == {"days": 7}
+    assert (await run_to_end(store, run_id, dags={"keyed": dag}))["state"] == "SUCCESS"
+    first = next(t for t in await store.run_tasks(run_id) if t["task_id"] == "first")
+    assert json.loads(first["output"]) == {"days": 7, "region": "eu"}
+
+
+async def test_a_model_validates_the_conf_and_a_bad_conf_stores_nothing(store: Store) -> None:
+    dag = two_tasks(Window)
+    for bad, says in (
+        ({"region": "eu", "days": "many"}, "days: Input should be a valid integer"),
+        ({"days": 2}, "region: Field required"),
+        ({"region": "eu", "colour": "red"}, "unknown param 'colour'"),
+    ):
+        with pytest.raises(BadConf, match=says):
+            await store.create_run(dag, DAY, conf=bad, run_key=f"k{len(bad)}")
+    assert await runs(store) == []
+    run_id = await store.create_run(dag, DAY, conf={"region": "us", "days": "3"})
+    assert (await run_to_end(store, run_id, dags={"keyed": dag}))["state"] == "SUCCESS"
+    first = next(t for t in await store.run_tasks(run_id) if t["task_id"] == "first")
+    assert json.loads(first["output"]) == {"days": 3, "region": "us"}
+
+
+async def test_two_stores_creating_one_key_at_once_create_one_run(url: str) -> None:
+    """The race a schedule's two triggerers (or a takeover) run: on PostgreSQL the second
+    insert waits for the first transaction and then inserts nothing; on SQLite writers take
+    turns. Either way one run, with one set of tasks, and both callers get its id."""
+    dag = two_tasks()
+    stores = [await open_store(url) for _ in range(2)]
+    try:
+        for round_ in range(5):
+            key = f"2026-04-{round_ + 1:02d}"
+            started = await asyncio.gather(*(s.start_run(dag, DAY, run_key=key) for s in stores))
+            assert sorted(s.created for s in started) == [False, True]
+            assert started[0].run_id == started[1].run_id
+            assert await task_count(stores[0], started[0].run_id) == 2
+        assert len(await runs(stores[0])) == 5
+    finally:
+        for s in stores:
+            await s.close()
