@@ -6,52 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import date
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
-from support import pg
-from support.helpers import FakeClock, run_to_end
-from support.pg import create_schema, drop_schema, with_params
+from support import backends
+from support.helpers import run_to_end
 
 from executor import DAG, TaskContext
 from executor.params import BadConf
 from executor.store import Store, open_store
 from executor.store.jobs import scheduled_run_key
 
-pg_server = pg.pg_server  # fixture
+backend, url, store = backends.backend, backends.url, backends.store  # fixtures
+pg_server = backends.pg_server  # fixture
 DAY = date(2026, 4, 25)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A SQLite file, or the PostgreSQL server (found or started in a sync fixture)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    return str(request.getfixturevalue("pg_server"))
-
-
-@pytest.fixture
-async def url(backend: str) -> AsyncIterator[str]:
-    if backend.startswith("sqlite"):
-        yield backend
-        return
-    name = await create_schema(backend)
-    try:
-        yield with_params(backend, search_path=name)
-    finally:
-        await drop_schema(backend, name)
-
-
-@pytest.fixture
-async def store(url: str, clock: FakeClock) -> AsyncIterator[Store]:
-    s = await open_store(url, clock=clock)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 class Window(BaseModel):

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import pg
+from support import backends
 from support.helpers import FakeClock, async_wait_until, attempt_of, ops, run_to_end
-from support.pg import create_schema, drop_schema, with_params
+from support.pg import with_params
 
 from executor import DAG
 from executor.outcomes import Deferred, Failed, Outcome, Succeeded
@@ -33,38 +33,10 @@ from triggerer.store import Fire, TriggererBatch
 from triggers.base import SHARDS
 from triggers.files import FileTrigger
 
-pg_server = pg.pg_server  # fixture
+backend, url, store = backends.backend, backends.url, backends.store  # fixtures
+pg_server = backends.pg_server  # fixture
 DAY = date(2026, 4, 25)
 ALL_SHARDS = list(range(SHARDS))
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A server-level URL: a SQLite file, or the PostgreSQL server (skips where none)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.db'}"
-    return request.getfixturevalue("pg_server")
-
-
-@pytest.fixture
-async def url(backend: str):
-    if backend.startswith("sqlite"):
-        yield backend
-        return
-    name = await create_schema(backend)
-    try:
-        yield with_params(backend, search_path=name)
-    finally:
-        await drop_schema(backend, name)
-
-
-@pytest.fixture
-async def store(url: str, clock: FakeClock):
-    s = await open_store(url, clock=clock)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 # ----------------------------------------------------------------------------- helpers
