@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from executor.dag import DAG, DagError
 from executor.schedules import Interval, Schedule, describe_stored, stored_next_run
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -216,3 +217,42 @@ def test_a_stored_next_logical_date_gives_when_that_run_is_due() -> None:
     hourly = stored_next_run("PT1H", "UTC", datetime(2026, 1, 1, 5, tzinfo=UTC))
     assert hourly is not None and hourly.end == datetime(2026, 1, 1, 6, tzinfo=UTC)
     assert stored_next_run("0 6 * * *", "UTC", datetime(2026, 1, 1, 5, tzinfo=UTC)) is None
+
+
+# ------------------------------------------------------------------ declared on a DAG
+
+
+def test_a_dag_declares_its_schedule() -> None:
+    dag = DAG(
+        "nightly",
+        schedule="30 2 * * *",
+        timezone="Europe/Paris",
+        start_date=datetime(2026, 1, 1),
+        catchup=True,
+        max_active_runs=4,
+    )
+    assert dag.schedule is not None and dag.schedule.text == "30 2 * * *"
+    assert dag.schedule.start_date == paris(2026, 1, 1)
+    assert (dag.timezone, dag.catchup, dag.max_active_runs) == ("Europe/Paris", True, 4)
+    assert DAG("by_hand").schedule is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schedule": "0 6 * * 9"}, "DAG 'bad': bad cron '0 6 * * 9': day-of-week 9 out of"),
+        ({"schedule": "@daily", "timezone": "Europe/Pariss"}, "DAG 'bad': timezone: unknown"),
+        ({"timezone": "Nowhere/Land"}, "DAG 'bad': timezone: unknown time zone"),
+        (
+            {"schedule": "@daily", "start_date": date(2026, 2, 1), "end_date": date(2026, 1, 1)},
+            "DAG 'bad': start_date 2026-02-01 is after end_date 2026-01-01",
+        ),
+        ({"schedule": "@daily", "catchup": True}, "DAG 'bad': start_date: catchup=True"),
+        ({"schedule": timedelta(hours=1)}, "DAG 'bad': start_date: a timedelta schedule"),
+        ({"max_active_runs": 0}, "DAG 'bad': max_active_runs must be >= 1"),
+    ],
+)
+def test_a_bad_schedule_fails_the_dags_declaration(kwargs: dict, message: str) -> None:
+    with pytest.raises(DagError) as caught:
+        DAG("bad", **kwargs)
+    assert message in str(caught.value)
