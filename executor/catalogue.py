@@ -24,10 +24,12 @@ import re
 import signal
 import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .loader import DagImportError, import_dags
+from .schedules import Schedule
 from .store.catalogue import DeclaredDag
 
 if TYPE_CHECKING:  # the child process imports this module, and needs no store
@@ -167,14 +169,19 @@ def _one_line(text: str) -> str:
 
 
 def _declared(dag: object, dag_id: str) -> dict[str, str | None]:
-    # The DAG class gets `schedule` and `timezone` with the schedules of issue 12; until
-    # then a DAG declares none, and is stored with NULL and UTC.
+    """What the catalogue stores of a DAG: its schedule's text, its zone, and the logical
+    date of the first run its schedule would create now (catchup respected), in UTC."""
     schedule = getattr(dag, "schedule", None)
     timezone = getattr(dag, "timezone", None)
+    nxt = None
+    if isinstance(schedule, Schedule):
+        first = schedule.first_interval(datetime.now(UTC), catchup=getattr(dag, "catchup", False))
+        nxt = None if first is None else first.logical_date.isoformat()
     return {
         "dag_id": dag_id,
         "schedule": None if schedule is None else str(schedule),
         "timezone": "UTC" if timezone is None else str(timezone),
+        "next_logical_date": nxt,
     }
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from .context import TaskContext
 from .durations import Duration, seconds
 from .params import Params, check_declared
 from .rules import TriggerRule
+from .schedules import Schedule
 
 if TYPE_CHECKING:
     from triggers.base import BaseTrigger
@@ -133,7 +135,19 @@ class DAG:
     ... def load(ctx): return sum(ctx.inputs["extract"])
     """
 
-    def __init__(self, dag_id: str, *, description: str = "", params: Params = None) -> None:
+    def __init__(
+        self,
+        dag_id: str,
+        *,
+        description: str = "",
+        schedule: str | timedelta | None = None,
+        start_date: datetime | date | None = None,
+        end_date: datetime | date | None = None,
+        timezone: str = "UTC",
+        catchup: bool = False,
+        max_active_runs: int = 16,
+        params: Params = None,
+    ) -> None:
         if not dag_id or not dag_id.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise DagError(f"invalid DAG id {dag_id!r}: use letters, digits, _ - .")
         self.dag_id = dag_id
@@ -144,6 +158,14 @@ class DAG:
         except TypeError as exc:
             raise DagError(f"DAG {dag_id!r}: {exc}") from None
         self.params: Params = params
+        # When runs are due (executor/schedules.py, docs/scheduling.md); nothing creates
+        # runs from it yet.
+        self.schedule: Schedule | None = _schedule(
+            dag_id, schedule, start_date, end_date, timezone, catchup, max_active_runs
+        )
+        self.timezone = timezone
+        self.catchup = catchup
+        self.max_active_runs = max_active_runs
         self.tasks: dict[str, TaskSpec] = {}
         self._consumers: tuple[int, dict[str, list[TaskSpec]]] | None = None
 
@@ -294,6 +316,30 @@ class DAG:
                         nxt.append(child)
             level = nxt
         return levels
+
+
+def _schedule(
+    dag_id: str,
+    spec: str | timedelta | None,
+    start_date: datetime | date | None,
+    end_date: datetime | date | None,
+    timezone: str,
+    catchup: bool,
+    max_active_runs: int,
+) -> Schedule | None:
+    """The DAG's schedule, checked at declaration: a DagError names the DAG and the field."""
+    if max_active_runs < 1:
+        raise DagError(f"DAG {dag_id!r}: max_active_runs must be >= 1, not {max_active_runs}")
+    try:
+        if spec is None:
+            # No schedule, but the dates and the zone are still checked.
+            Schedule.parse("@daily", timezone=timezone, start_date=start_date, end_date=end_date)
+            return None
+        if catchup and start_date is None:
+            raise ValueError("start_date: catchup=True catches up from it, and there is none")
+        return Schedule.parse(spec, timezone=timezone, start_date=start_date, end_date=end_date)
+    except ValueError as exc:
+        raise DagError(f"DAG {dag_id!r}: {exc}") from None
 
 
 def _ref(p: ParentRef) -> str:

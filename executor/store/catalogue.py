@@ -22,8 +22,9 @@ class DeclaredDag:
     """What a DAG file declares about one DAG, as the catalogue stores it."""
 
     dag_id: str
-    schedule: str | None = None
+    schedule: str | None = None  # Schedule.text: a cron, a preset or an ISO 8601 duration
     timezone: str = "UTC"
+    next_logical_date: str | None = None  # ISO 8601, UTC: as of the parse
 
 
 class CatalogueOps:
@@ -76,6 +77,7 @@ class CatalogueOps:
                     file=path,
                     schedule=dag.schedule,
                     timezone=dag.timezone,
+                    next_logical_date=dag.next_logical_date,
                     file_mtime=mtime,
                     now=now,
                 )

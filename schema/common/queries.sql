@@ -334,11 +334,13 @@ SELECT file FROM dag WHERE dag_id = :dag_id;
 
 -- name: upsert_dag
 -- What a file declares; `paused` is the operator's and is kept.
-INSERT INTO dag (dag_id, file, schedule, timezone, file_mtime, parsed_at, parse_error)
-VALUES (:dag_id, :file, :schedule, :timezone, :file_mtime, :now, NULL)
+INSERT INTO dag (dag_id, file, schedule, timezone, next_logical_date, file_mtime, parsed_at,
+                 parse_error)
+VALUES (:dag_id, :file, :schedule, :timezone, :next_logical_date, :file_mtime, :now, NULL)
 ON CONFLICT (dag_id) DO UPDATE
-SET file = :file, schedule = :schedule, timezone = :timezone, file_mtime = :file_mtime,
-    parsed_at = :now, parse_error = NULL;
+SET file = :file, schedule = :schedule, timezone = :timezone,
+    next_logical_date = :next_logical_date, file_mtime = :file_mtime, parsed_at = :now,
+    parse_error = NULL;
 
 -- name: delete_undeclared_dags
 -- DAGs a file declared before and no longer does.

@@ -97,3 +97,33 @@ def test_a_missing_folder_is_a_user_error(tmp_path: Path, db_url: str) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("slotless: error: DAG folder")
     assert "is not a directory" in proc.stderr
+
+
+SCHEDULED = """
+from datetime import datetime
+
+from executor import DAG
+
+dag = DAG("paris", schedule="30 2 * * *", timezone="Europe/Paris", start_date=datetime(2026, 3, 28),
+          catchup=True)
+"""
+
+
+def test_list_shows_the_schedule_in_words_and_the_next_run(tmp_path: Path, db_url: str) -> None:
+    dags = tmp_path / "scheduled"
+    dags.mkdir()
+    write_dag(dags, SCHEDULED, "paris.py")
+    [dag] = listing(db_url, "--dags", str(dags))["dags"]
+    assert (dag["schedule"], dag["timezone"]) == ("30 2 * * *", "Europe/Paris")
+    assert dag["schedule_words"] == "every day at 02:30 Europe/Paris"
+    # catchup from 28 March: the first run is 28 March's, due on the spring-forward day
+    # at 03:00 (02:30 does not exist that night).
+    assert dag["next_logical_date"] == "2026-03-28T01:30:00+00:00"
+    assert dag["next_run"] == "2026-03-28 02:30 (due 2026-03-29 03:00)"
+
+    # The table, wide enough that rich keeps each cell on one line.
+    proc = cli("dags", "list", "--db", db_url, env=cli_env(COLUMNS="250"))
+    assert proc.returncode == 0, proc.stderr
+    assert "next run" in proc.stdout
+    assert "every day at 02:30 Europe/Paris" in proc.stdout
+    assert "2026-03-28 02:30 (due 2026-03-29 03:00)" in proc.stdout

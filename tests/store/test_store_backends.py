@@ -429,7 +429,10 @@ async def test_catalogue_reparse_keeps_paused_and_drops_what_a_file_no_longer_de
     assert rows["one"]["paused"] == 1 and rows["one"]["parse_error"] == "cannot import: boom"
     # Fixed, and now declaring only "one" with a schedule: "two" goes, "one" keeps its pause.
     await store.record_parse(
-        "/dags/a.py", 3.0, [DeclaredDag("one", "@daily", "Europe/Paris")], None
+        "/dags/a.py",
+        3.0,
+        [DeclaredDag("one", "@daily", "Europe/Paris", "2026-05-03T22:00:00+00:00")],
+        None,
     )
     [one] = await store.catalogue_dags()
     assert (one["dag_id"], one["paused"], one["schedule"], one["timezone"]) == (
@@ -438,6 +441,7 @@ async def test_catalogue_reparse_keeps_paused_and_drops_what_a_file_no_longer_de
         "@daily",
         "Europe/Paris",
     )
+    assert one["next_logical_date"] == "2026-05-03T22:00:00+00:00"
     assert one["parse_error"] is None and await store.broken_files() == []
     await store.set_paused("one", False)
     assert (await store.catalogue_dags())[0]["paused"] == 0

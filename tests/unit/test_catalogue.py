@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from support.helpers import async_wait_until, write_dag
 
 from executor.catalogue import ScanResult, scan
+from executor.schedules import Schedule
 from executor.store import Store
 
 LIMIT = 2.0  # seconds per file: short, so the endless loop is cut off quickly
@@ -229,3 +231,51 @@ async def test_files_outside_the_pattern_and_a_missing_folder(
     assert (result.parsed, result.errors) == ([], {})
     with pytest.raises(NotADirectoryError):
         await scan(store, tmp_path / "nowhere", timeout=LIMIT)
+
+
+SCHEDULED = """
+from datetime import datetime, timedelta
+
+from executor import DAG
+
+daily = DAG("daily", schedule="0 6 * * *", timezone="Europe/Paris")
+catching_up = DAG(
+    "catching_up", schedule=timedelta(hours=1), start_date=datetime(2026, 1, 1), catchup=True
+)
+bounded = DAG("bounded", schedule="@daily", start_date=datetime(2026, 1, 1),
+              end_date=datetime(2026, 1, 2))
+by_hand = DAG("by_hand")
+"""
+
+
+async def test_a_scheduled_dag_is_stored_with_its_schedule_zone_and_next_logical_date(
+    store: Store, folder: Path
+) -> None:
+    write_dag(folder, SCHEDULED, "scheduled.py")
+    before = datetime.now(UTC)
+    await scan(store, folder, timeout=10)
+    after = datetime.now(UTC)
+    rows = {d["dag_id"]: d for d in await store.catalogue_dags()}
+    assert {k: (r["schedule"], r["timezone"]) for k, r in rows.items()} == {
+        "daily": ("0 6 * * *", "Europe/Paris"),
+        "catching_up": ("PT1H", "UTC"),
+        "bounded": ("@daily", "UTC"),
+        "by_hand": (None, "UTC"),
+    }
+    # catchup=False: the latest complete interval as of the parse.
+    daily = Schedule.parse("0 6 * * *", timezone="Europe/Paris")
+    expected = {daily.latest_complete(t).logical_date for t in (before, after)}  # type: ignore[union-attr]
+    assert datetime.fromisoformat(rows["daily"]["next_logical_date"]) in expected
+    # catchup=True: the first interval from start_date, however long ago.
+    assert rows["catching_up"]["next_logical_date"] == "2026-01-01T00:00:00+00:00"
+    # end_date passed with catchup=False: the last interval, still not created.
+    assert rows["bounded"]["next_logical_date"] == "2026-01-02T00:00:00+00:00"
+    assert rows["by_hand"]["next_logical_date"] is None
+
+
+async def test_a_bad_schedule_is_the_files_error(store: Store, folder: Path) -> None:
+    write_dag(folder, 'from executor import DAG\n\nDAG("typo", schedule="0 6 * * 9")\n', "typo.py")
+    await scan(store, folder, timeout=10)
+    assert await dag_ids(store) == []
+    error = (await errors(store))["typo.py"]
+    assert "DAG 'typo': bad cron '0 6 * * 9': day-of-week 9 out of range 0-7" in error
