@@ -211,7 +211,7 @@ async def test_the_scan_does_not_block_the_event_loop(
         nonlocal ticks
         while True:
             ticks += 1
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the beat being measured, not a wait for something
 
     ticker = asyncio.create_task(tick())
     scanning = asyncio.create_task(scan(store, folder, timeout=5.0))
