@@ -6,6 +6,9 @@ alone, so a replayed event or a racing process changes nothing the second time),
 each change in ``task_event``, and, when rows reach a terminal state, settles their
 consequences in the same transaction: run bookkeeping, children's readiness counters,
 trigger rules, mapped-task expansion and aggregation.
+
+:func:`transition_run` is the same for a run's state; a run that ends starts the oldest
+QUEUED run of its DAG that fits under that run's ``max_active`` (executor/store/runs.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, Literal
 
 from .rows import MovedTask, TaskRow
 from .rules import Counts, Decision, aggregate, decide
-from .states import TERMINAL, State, check_transition
+from .states import TERMINAL, RunState, State, check_transition
 from .store.db import Tx
 
 Message = str | Mapping[int, str]
@@ -116,6 +119,18 @@ async def transition(
     if changed and new in TERMINAL:
         await _settle(tx, [(row, new) for row in changed], now)
     return changed
+
+
+async def transition_run(
+    tx: Tx, run_id: str, expected: RunState, new: RunState, *, now: float
+) -> bool:
+    """Move a run from ``expected`` to ``new`` (compare-and-set); whether it moved."""
+    check_transition(expected, new)
+    ended = now if new in (RunState.SUCCESS, RunState.FAILED) else None
+    moved = await tx.fetchone(
+        "cas_run", new=new.value, ended_at=ended, run_id=run_id, expected=expected.value
+    )
+    return moved is not None
 
 
 async def retry_or_fail(
@@ -221,13 +236,17 @@ async def _settle_batch(
             acc[0] += 1
             if row.is_leaf and state in (State.FAILED, State.UPSTREAM_FAILED):
                 acc[1] += 1
+    freed: set[str] = set()  # DAGs a run of which ended: a queued run may start
     for run_id, (done, leaves_failed) in per_run.items():
         left = await tx.fetchone(
             "run_tasks_done", done=done, leaves_failed=leaves_failed, run_id=run_id
         )
         if left is not None and left["tasks_unfinished"] <= 0:
-            final = "FAILED" if left["leaves_failed"] else "SUCCESS"
-            await tx.execute("finish_run", state=final, now=now, run_id=run_id)
+            final = RunState.FAILED if left["leaves_failed"] else RunState.SUCCESS
+            if await transition_run(tx, run_id, RunState.RUNNING, final, now=now):
+                freed.add(left["dag_id"])
+    for dag_id in sorted(freed):
+        follow.extend(await _start_queued(tx, dag_id, now))
 
     # 2. Mapped instances report to their template, summed per template.
     per_template: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
@@ -270,6 +289,20 @@ async def _settle_batch(
             )
             follow.extend(await _decide(tx, TaskRow.all(children), now))
     return follow
+
+
+async def _start_queued(tx: Tx, dag_id: str, now: float) -> list[tuple[MovedTask, State]]:
+    """Start the oldest QUEUED runs of ``dag_id`` while they fit under their limit."""
+    await tx.fetchone("lock_dag_runs", dag_id=dag_id)
+    ended: list[tuple[MovedTask, State]] = []
+    while (nxt := await tx.fetchone("next_queued_run", dag_id=dag_id)) is not None:
+        if nxt["running"] >= nxt["max_active"]:
+            break
+        if not await transition_run(tx, nxt["run_id"], RunState.QUEUED, RunState.RUNNING, now=now):
+            break  # cannot happen under the lock; never loop on it
+        tasks = TaskRow.all(await tx.fetch("run_tasks", run_id=nxt["run_id"]))
+        ended.extend(await _decide(tx, tasks, now))
+    return ended
 
 
 async def _decide(tx: Tx, rows: Sequence[TaskRow], now: float) -> list[tuple[MovedTask, State]]:

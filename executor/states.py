@@ -6,7 +6,9 @@ refuses anything it does not list.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 
 class State(StrEnum):
@@ -51,10 +53,29 @@ ALLOWED: dict[State, frozenset[State]] = {
 }
 
 
+class RunState(StrEnum):
+    """A run's states: QUEUED (created over its DAG's max_active_runs, nothing claimable)
+    -> RUNNING -> SUCCESS or FAILED when its last task ends."""
+
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+
+
+RUN_ALLOWED: dict[RunState, frozenset[RunState]] = {
+    RunState.QUEUED: frozenset({RunState.RUNNING}),
+    RunState.RUNNING: frozenset({RunState.SUCCESS, RunState.FAILED}),
+    RunState.SUCCESS: frozenset(),
+    RunState.FAILED: frozenset(),
+}
+
+
 class IllegalTransition(ValueError):
     """A transition the state machine does not allow (a bug in the caller, never user input)."""
 
 
-def check_transition(expected: State, new: State) -> None:
-    if new not in ALLOWED[expected]:
+def check_transition(expected: State | RunState, new: State | RunState) -> None:
+    table: Mapping[Any, frozenset[Any]] = ALLOWED if isinstance(expected, State) else RUN_ALLOWED
+    if new not in table[expected]:
         raise IllegalTransition(f"illegal transition {expected} -> {new}")

@@ -10,43 +10,24 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from ..outcomes import Deferred, Failed, Outcome, Rescheduled, SensorTimedOut, Succeeded
 from ..params import resolve
-from ..rows import MovedTask, TaskRow
-from ..statemachine import Carry, evaluate, retry_or_fail, transition
+from ..rows import MovedTask
+from ..schedules import Interval
+from ..statemachine import Carry, retry_or_fail, transition
 from ..states import State
 from .catalogue import CatalogueOps
 from .db import Database, Row, Tx
 from .inspecting import InspectOps
+from .runs import NewRun, RunShape, StartedRun, insert_run, manual_run_key, new_run_id
 
 if TYPE_CHECKING:
     from ..dag import DAG
 
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True, slots=True)
-class StartedRun:
-    """What :meth:`Store.start_run` did: the run (new, or the one holding the key)."""
-
-    run_id: str
-    run_key: str
-    created: bool
-
-
-def scheduled_run_key(logical_date: date) -> str:
-    """A schedule's run key: its logical date, so one run per date ever (``2026-04-25``)."""
-    return logical_date.isoformat()
-
-
-def manual_run_key(logical_date: date, token: str) -> str:
-    """A manual run's default key: the date and a random part (``2026-04-25~manual-3fa9c1``),
-    so that manual runs of one date are distinct and never take a schedule's key."""
-    return f"{logical_date.isoformat()}~manual-{token}"
 
 
 class Store(InspectOps, CatalogueOps):
@@ -93,6 +74,8 @@ class Store(InspectOps, CatalogueOps):
         conf: Mapping[str, Any] | None = None,
         dag_file: str | None = None,
         run_id: str | None = None,
+        interval: Interval | None = None,
+        max_active: int | None = None,
     ) -> StartedRun:
         """:meth:`create_run`, saying whether the run was created or already existed.
 
@@ -100,63 +83,24 @@ class Store(InspectOps, CatalogueOps):
         and a random part, so that two manual runs of one date are two runs); a schedule
         passes :func:`scheduled_run_key`. ``conf`` is checked against ``dag.params`` first
         (:class:`executor.params.BadConf`, nothing stored) and stored with the run.
+        ``interval`` is the run's data interval; with ``max_active`` the run is QUEUED while
+        its DAG has that many runs going (``slotless trigger`` and ``backfill`` pass the
+        DAG's ``max_active_runs``; the Python API sets no limit unless asked).
         """
         dag.validate()
         resolve(dag.params, conf, dag.dag_id)
         token = secrets.token_hex(3)
-        run_key = run_key or manual_run_key(logical_date, token)
-        run_id = run_id or f"{dag.dag_id}:{logical_date.isoformat()}:{token}"
-        now = self.clock()
-        specs = list(dag.tasks.values())
-        has_children = {p for spec in specs for p in spec.parents}
+        new = NewRun(
+            logical_date,
+            run_key or manual_run_key(logical_date, token),
+            interval=interval,
+            conf=conf,
+            dag_file=dag_file,
+            max_active=max_active,
+            run_id=run_id or new_run_id(dag.dag_id, logical_date, token),
+        )
         async with self.db.write() as tx:
-            inserted = await tx.fetchone(
-                "insert_run",
-                run_id=run_id,
-                dag_id=dag.dag_id,
-                logical_date=logical_date.isoformat(),
-                dag_file=dag_file,
-                now=now,
-                tasks=len(specs),
-                run_key=run_key,
-                conf=None if conf is None else json.dumps(dict(conf)),
-            )
-            if inserted is None:
-                # The key is taken. On PostgreSQL the insert waited for a concurrent one to
-                # commit; this read (READ COMMITTED: a new snapshot) sees its row.
-                existing = await tx.fetchone("run_by_key", dag_id=dag.dag_id, run_key=run_key)
-                assert existing is not None, f"run key {run_key!r} taken, yet no run has it"
-                return StartedRun(existing["run_id"], run_key, created=False)
-            await tx.executemany(
-                "insert_task",
-                [
-                    {
-                        "run_id": run_id,
-                        "task_id": s.task_id,
-                        "trigger_rule": s.trigger_rule.value,
-                        "priority": s.priority,
-                        "is_leaf": int(s.task_id not in has_children),
-                        "expand_from": s.expand,
-                        "map_cap": s.effective_map_cap(),
-                        "max_attempts": s.retries + 1,
-                        "n_parents": len(s.parents),
-                        "now": now,
-                    }
-                    for s in specs
-                ],
-            )
-            await tx.executemany(
-                "insert_edge",
-                [
-                    {"run_id": run_id, "parent": parent, "child": s.task_id}
-                    for s in specs
-                    for parent in s.parents
-                ],
-            )
-            await evaluate(tx, TaskRow.all(await tx.fetch("run_tasks", run_id=run_id)), now)
-            if not specs:  # no task will ever end to finish it
-                await tx.execute("finish_run", state="SUCCESS", now=now, run_id=run_id)
-        return StartedRun(run_id, run_key, created=True)
+            return await insert_run(tx, RunShape.of(dag), new, self.clock())
 
     async def run_info(self, run_id: str) -> Row | None:
         async with self.db.read() as tx:

@@ -18,13 +18,30 @@ VALUES (:worker_id, :slot, :task_row, :kind, :started_at, :ended_at);
 -- At most one run per (dag_id, run_key): a second insert of a key returns no row (and
 -- on PostgreSQL waits for a concurrent insert of the same key to commit or roll back).
 INSERT INTO dag_run (run_id, dag_id, logical_date, state, dag_file, created_at, tasks_unfinished,
-                     run_key, conf)
-VALUES (:run_id, :dag_id, :logical_date, 'RUNNING', :dag_file, :now, :tasks, :run_key, :conf)
+                     run_key, conf, data_interval_start, data_interval_end, start_event,
+                     max_active)
+VALUES (:run_id, :dag_id, :logical_date, :state, :dag_file, :now, :tasks, :run_key, :conf,
+        :data_interval_start, :data_interval_end, :start_event, :max_active)
 ON CONFLICT (dag_id, run_key) DO NOTHING
 RETURNING run_id;
 
 -- name: run_by_key
-SELECT run_id FROM dag_run WHERE dag_id = :dag_id AND run_key = :run_key;
+SELECT run_id, state FROM dag_run WHERE dag_id = :dag_id AND run_key = :run_key;
+
+-- name: dag_runs_going
+-- Read under lock_dag_runs: whether a new run of the DAG must queue.
+SELECT COALESCE(sum(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END), 0) AS running,
+       COALESCE(sum(CASE WHEN state = 'QUEUED' THEN 1 ELSE 0 END), 0) AS queued
+FROM dag_run WHERE dag_id = :dag_id AND state IN ('RUNNING', 'QUEUED');
+
+-- name: next_queued_run
+-- The DAG's oldest queued run (by interval, then creation), and how many runs it has going.
+SELECT r.run_id, r.max_active,
+       (SELECT count(*) FROM dag_run a WHERE a.dag_id = r.dag_id AND a.state = 'RUNNING')
+           AS running
+FROM dag_run r WHERE r.dag_id = :dag_id AND r.state = 'QUEUED'
+ORDER BY COALESCE(r.data_interval_start, r.logical_date), r.created_at, r.run_id
+LIMIT 1;
 
 -- name: insert_task
 INSERT INTO task (run_id, task_id, state, trigger_rule, priority, is_leaf, expand_from, map_cap,
@@ -56,10 +73,13 @@ SELECT * FROM task WHERE run_id = :run_id AND map_index = -1 ORDER BY id;
 UPDATE dag_run
 SET tasks_unfinished = tasks_unfinished - :done, leaves_failed = leaves_failed + :leaves_failed
 WHERE run_id = :run_id
-RETURNING tasks_unfinished, leaves_failed;
+RETURNING tasks_unfinished, leaves_failed, dag_id;
 
--- name: finish_run
-UPDATE dag_run SET state = :state, ended_at = :now WHERE run_id = :run_id AND state = 'RUNNING';
+-- name: cas_run
+-- A run's compare-and-set (executor.statemachine.transition_run).
+UPDATE dag_run SET state = :new, ended_at = :ended_at
+WHERE run_id = :run_id AND state = :expected
+RETURNING run_id;
 
 -- name: bump_template
 -- Instances of a mapped task ended: count them in the template's counters.

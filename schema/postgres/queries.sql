@@ -113,6 +113,11 @@ SELECT t.id, t.soft_fail, t.wait_started_at FROM task t JOIN trigger g ON g.id =
 WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
   AND g.shard = ANY(:shards::integer[]);
 
+-- name: lock_dag_runs
+-- Serializes the creation and starting of one DAG's runs until commit, so that two
+-- creators (or a creator and a run ending) never both see room under max_active_runs.
+SELECT pg_advisory_xact_lock(hashtext('slotless.dag_run:' || :dag_id::text)) IS NULL AS locked;
+
 -- name: migrate_lock
 -- One migrator at a time per schema; the others wait here, then find the work done.
 SELECT pg_advisory_xact_lock(hashtext('slotless.migrate:' || current_schema()));

@@ -84,6 +84,10 @@ SELECT t.id, t.soft_fail, t.wait_started_at FROM task t CROSS JOIN trigger g ON 
 WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
   AND g.shard = ANY(:shards);
 
+-- name: lock_dag_runs
+-- Nothing to take: a write transaction (BEGIN IMMEDIATE) already holds the file's lock.
+SELECT :dag_id IS NULL AS locked;
+
 -- name: migrate_lock
 -- Nothing to take: the migration's write transaction (BEGIN IMMEDIATE) holds the file's lock.
 SELECT 1;

@@ -16,7 +16,6 @@ from support.helpers import run_to_end
 from executor import DAG, TaskContext
 from executor.params import BadConf
 from executor.store import Store, open_store
-from executor.store.jobs import scheduled_run_key
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
 pg_server = backends.pg_server  # fixture
@@ -54,7 +53,7 @@ async def task_count(store: Store, run_id: str) -> int:
 
 async def test_a_key_creates_one_run_and_returns_it_again(store: Store) -> None:
     dag = two_tasks()
-    first = await store.start_run(dag, DAY, run_key=scheduled_run_key(DAY))
+    first = await store.start_run(dag, DAY, run_key="2026-04-25")
     again = await store.start_run(dag, DAY, run_key="2026-04-25", conf={"x": 1})
     assert first.created and not again.created
     assert again.run_id == first.run_id and again.run_key == "2026-04-25"
@@ -73,7 +72,7 @@ async def test_manual_runs_of_one_date_are_distinct_and_keep_the_dates_key_free(
     b = await store.start_run(dag, DAY)
     assert a.created and b.created and a.run_id != b.run_id
     assert a.run_key.startswith("2026-04-25~manual-") and a.run_key != b.run_key
-    scheduled = await store.start_run(dag, DAY, run_key=scheduled_run_key(DAY))
+    scheduled = await store.start_run(dag, DAY, run_key="2026-04-25")
     assert scheduled.created
     # Another DAG may use the same key.
     other = DAG("other")
