@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from functools import partial
 from typing import Any
 
@@ -46,6 +46,8 @@ class _RunInfo:
     logical_date: date
     problem: str | None = None
     params: Any = None  # the DAG's params with the run's conf (executor.params.resolve)
+    data_interval: tuple[datetime, datetime] | None = None
+    start_event: Any = None
 
 
 class Attempts:
@@ -97,6 +99,9 @@ class Attempts:
             event=json.loads(row.event) if row.event is not None else None,
             # Its own copy: a task that changes ctx.params changes nothing for another.
             params=copy.deepcopy(info.params),
+            data_interval_start=info.data_interval[0] if info.data_interval else None,
+            data_interval_end=info.data_interval[1] if info.data_interval else None,
+            start_event=copy.deepcopy(info.start_event),
         )
         if spec.sensor is not None:
             return await self._sense(row, owner, spec, spec.sensor, ctx, release)
@@ -270,7 +275,14 @@ class Attempts:
                     params = resolve(dag.params, conf, dag.dag_id)
                 except BadConf as exc:  # the DAG's params changed since the run was created
                     dag, problem = None, str(exc)
-            info = _RunInfo(dag, run["dag_id"], logical, problem, params)
+            interval = None
+            if run["data_interval_start"] is not None:
+                interval = (
+                    datetime.fromisoformat(run["data_interval_start"]),
+                    datetime.fromisoformat(run["data_interval_end"]),
+                )
+            event = None if run["start_event"] is None else json.loads(run["start_event"])
+            info = _RunInfo(dag, run["dag_id"], logical, problem, params, interval, event)
         self._runs[run_id] = info
         return info
 

@@ -28,9 +28,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .dag import DAG
 from .loader import DagImportError, import_dags
-from .schedules import Schedule
 from .store.catalogue import DeclaredDag
+from .store.runs import RunShape
 
 if TYPE_CHECKING:  # the child process imports this module, and needs no store
     from .store.jobs import Store
@@ -168,21 +169,35 @@ def _one_line(text: str) -> str:
     return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
 
 
-def _declared(dag: object, dag_id: str) -> dict[str, str | None]:
-    """What the catalogue stores of a DAG: its schedule's text, its zone, and the logical
-    date of the first run its schedule would create now (catchup respected), in UTC."""
-    schedule = getattr(dag, "schedule", None)
-    timezone = getattr(dag, "timezone", None)
+def _declared(dag: object, dag_id: str) -> dict[str, object]:
+    """What the catalogue stores of a DAG: when it starts (its schedule's text, zone and
+    dates, the logical date of the first run its schedule would create now, its start
+    condition) and its shape, so that the triggerer creates runs without importing it."""
+    assert isinstance(dag, DAG)
+    schedule = dag.schedule
     nxt = None
-    if isinstance(schedule, Schedule):
-        first = schedule.first_interval(datetime.now(UTC), catchup=getattr(dag, "catchup", False))
+    if schedule is not None:
+        first = schedule.first_interval(datetime.now(UTC), catchup=dag.catchup)
         nxt = None if first is None else first.logical_date.isoformat()
+    when = None
+    if dag.start_when is not None:
+        when = json.dumps(list(dag.start_when.serialize()), sort_keys=True)
     return {
         "dag_id": dag_id,
         "schedule": None if schedule is None else str(schedule),
-        "timezone": "UTC" if timezone is None else str(timezone),
+        "timezone": str(dag.timezone),
         "next_logical_date": nxt,
+        "start_date": _iso(None if schedule is None else schedule.start_date),
+        "end_date": _iso(None if schedule is None else schedule.end_date),
+        "catchup": dag.catchup,
+        "max_active_runs": dag.max_active_runs,
+        "start_when": when,
+        "shape": RunShape.of(dag).to_json(),
     }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 def _child(path: str, timeout: str) -> None:

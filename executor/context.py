@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .durations import Duration, seconds
@@ -51,6 +51,10 @@ class TaskContext:
     total: int | None = None
     event: Any = None  # payload of the trigger event that resumed this task, if any
     params: Any = field(default_factory=dict)  # the DAG's params with the run's conf
+    # A scheduled run's data interval [start, end), aware, UTC (None for a run by hand).
+    data_interval_start: datetime | None = None
+    data_interval_end: datetime | None = None
+    start_event: Any = None  # the payload of the start condition that started the run
     _logs: list[tuple[float, str]] = field(default_factory=list, repr=False)
 
     @property

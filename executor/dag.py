@@ -6,16 +6,16 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+from triggers.base import BaseTrigger
+from triggers.registry import TriggerLoadError, is_allowed
 
 from .context import TaskContext
 from .durations import Duration, seconds
 from .params import Params, check_declared
 from .rules import TriggerRule
 from .schedules import Schedule
-
-if TYPE_CHECKING:
-    from triggers.base import BaseTrigger
 
 DEFAULT_MAP_CAP = 50_000
 DEFAULT_SENSOR_TIMEOUT = 12 * 3600.0  # seed 000: 12 h by default, 14 h for files known to be late
@@ -147,6 +147,7 @@ class DAG:
         catchup: bool = False,
         max_active_runs: int = 16,
         params: Params = None,
+        start_when: BaseTrigger | None = None,
     ) -> None:
         if not dag_id or not dag_id.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise DagError(f"invalid DAG id {dag_id!r}: use letters, digits, _ - .")
@@ -158,14 +159,16 @@ class DAG:
         except TypeError as exc:
             raise DagError(f"DAG {dag_id!r}: {exc}") from None
         self.params: Params = params
-        # When runs are due (executor/schedules.py, docs/scheduling.md); nothing creates
-        # runs from it yet.
+        # When runs are due (executor/schedules.py, docs/scheduling.md); the triggerer
+        # starts them (executor/store/starts.py).
         self.schedule: Schedule | None = _schedule(
             dag_id, schedule, start_date, end_date, timezone, catchup, max_active_runs
         )
         self.timezone = timezone
         self.catchup = catchup
         self.max_active_runs = max_active_runs
+        # A trigger whose event starts a run (its string fields may use {{ ds }}).
+        self.start_when = _start_when(dag_id, start_when)
         self.tasks: dict[str, TaskSpec] = {}
         self._consumers: tuple[int, dict[str, list[TaskSpec]]] | None = None
 
@@ -340,6 +343,25 @@ def _schedule(
         return Schedule.parse(spec, timezone=timezone, start_date=start_date, end_date=end_date)
     except ValueError as exc:
         raise DagError(f"DAG {dag_id!r}: {exc}") from None
+
+
+def _start_when(dag_id: str, trigger: BaseTrigger | None) -> BaseTrigger | None:
+    """The start condition, checked at declaration as the triggerer will load it."""
+    if trigger is None:
+        return None
+    if not isinstance(trigger, BaseTrigger):
+        raise DagError(f"DAG {dag_id!r}: start_when must be a trigger, not {trigger!r}")
+    classpath = trigger.classpath()
+    if not is_allowed(classpath):
+        raise DagError(
+            f"DAG {dag_id!r}: start_when trigger class {classpath} is not allow-listed "
+            "(register it: docs/writing-triggers.md)"
+        )
+    try:
+        trigger.render({"ds": "2000-01-01", "ds_nodash": "20000101", "logical_date": "2000-01-01"})
+    except (KeyError, ValueError, TriggerLoadError) as exc:
+        raise DagError(f"DAG {dag_id!r}: start_when: {exc}") from None
+    return trigger
 
 
 def _ref(p: ParentRef) -> str:

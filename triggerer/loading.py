@@ -99,8 +99,10 @@ class Loader:
             sub = Subscriber(
                 task_row, trigger_id, trigger.poke_interval, row["next_method"] is not None
             )
+            # A re-armed start condition is not checked again before its interval passed.
+            at = max(now, row["not_before"] or now)
             try:  # first_check_at is the trigger's code
-                table.subscribe(row["poke_hash"], trigger, row["shard"], sub, now)
+                table.subscribe(row["poke_hash"], trigger, row["shard"], sub, at)
             except Exception as exc:
                 table.unsubscribe(task_row)
                 self._outbox.fail(

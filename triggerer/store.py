@@ -8,6 +8,7 @@ fire racing a timeout, changes nothing the second time.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -15,11 +16,21 @@ from dataclasses import dataclass, field
 from executor.statemachine import Carry, retry_or_fail, transition
 from executor.states import State
 from executor.store import Database, Row, Tx
+from executor.store.starts import fail_starts, fire_starts
 from triggers.base import SHARDS
 
 # The waits a check answers: task row -> the trigger row it waits on. A task that resumed
 # and deferred again since waits on another trigger, and a late event must not wake it.
+# A start wait (a schedule or start condition: executor/store/starts.py) is keyed by the
+# negative of its id, so that both kinds share one compact subscriber table.
 Waits = dict[int, int]
+
+
+def split_waits(waits: Waits) -> tuple[Waits, Waits]:
+    """(task row -> trigger id, start wait id -> trigger id)."""
+    tasks = {k: v for k, v in waits.items() if k > 0}
+    starts = {-k: v for k, v in waits.items() if k < 0}
+    return tasks, starts
 
 
 @dataclass(slots=True)
@@ -106,7 +117,8 @@ class TriggererStore:
         """Fire events, fail broken waits and write check logs, in one transaction."""
         now = self.clock()
         async with self.db.write() as tx:
-            if batch.logs:
+            logs = [(row, line) for row, line in batch.logs if row > 0]  # start waits: no log
+            if logs:
                 await tx.executemany(
                     "insert_event",
                     [
@@ -119,14 +131,17 @@ class TriggererStore:
                             "attempt": None,
                             "message": line,
                         }
-                        for row, line in batch.logs
+                        for row, line in logs
                     ],
                 )
             for fire in batch.fires:
+                waits, starts = split_waits(fire.waits)
                 if fire.error is not None:
                     await _fail_waits(tx, fire.waits, fire.error, now)
                     continue
-                rows = await _still_waiting(tx, fire.waits)
+                if starts:
+                    await fire_starts(tx, starts, json.loads(fire.payload_json), now)
+                rows = await _still_waiting(tx, waits)
                 sensors = [r["id"] for r in rows if r["next_method"] is None]
                 resumable = [r["id"] for r in rows if r["next_method"] is not None]
                 # A sensor is done when its condition holds: no worker round trip.
@@ -179,8 +194,12 @@ async def _still_waiting(tx: Tx, waits: Waits) -> list[Row]:
 
 
 async def _fail_waits(tx: Tx, waits: Waits, why: str, now: float) -> None:
-    """A trigger that cannot fire: its tasks fail (or retry, if they have attempts left)."""
-    for r in await _still_waiting(tx, waits):
+    """A trigger that cannot fire: its tasks fail (or retry, if they have attempts left);
+    a start wait is kept, re-armed after its interval, with the error on its DAG."""
+    tasks, starts = split_waits(waits)
+    if starts:
+        await fail_starts(tx, starts, why, now)
+    for r in await _still_waiting(tx, tasks):
         await retry_or_fail(
             tx, r["id"], State.DEFERRED, attempt=r["attempt"], max_attempts=r["max_attempts"],
             now=now, why=why,

@@ -130,6 +130,14 @@ class BaseTrigger(BaseModel):
         """
         raise NotImplementedError
 
+    def run_requests(self, payload: Any) -> list[tuple[str | None, Any]]:
+        """As a DAG's start condition (``DAG(start_when=...)``): the runs one event asks
+        for, as ``(run_key, start_event)`` pairs. A run is created once per key, so an
+        event seen again creates nothing. ``None`` keys the run by the date the condition
+        was rendered for (the default: one run per date). Runs in the triggerer, so keep
+        it a cheap function of the payload."""
+        return [(None, payload)]
+
     def render(self, values: Mapping[str, str]) -> BaseTrigger:
         """Fill ``{{ ds }}``-style placeholders in string fields (for sensors' templates)."""
         changed = {}

@@ -153,6 +153,15 @@ class S3KeyTrigger(BaseTrigger):
             payload={"bucket": self.bucket, "keys": found[:MAX_PAYLOAD_KEYS], "count": len(found)}
         )
 
+    def run_requests(self, payload: Any) -> list[tuple[str | None, Any]]:
+        """As a start condition, a glob or a prefix starts one run per matching object,
+        keyed ``s3://bucket/key`` (``ctx.start_event``: ``{"bucket", "key"}``), so each
+        object that lands starts its run once; an exact key starts one run per date."""
+        if not (self.is_prefix or has_magic(self.key)):
+            return [(None, payload)]
+        bucket = payload["bucket"]
+        return [(f"s3://{bucket}/{k}", {"bucket": bucket, "key": k}) for k in payload["keys"]]
+
     # -- checking -----------------------------------------------------------------------
 
     async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .db import Database, Row
+from .starts import arm, disarm
 
 
 class UnknownDag(LookupError):
@@ -25,6 +26,17 @@ class DeclaredDag:
     schedule: str | None = None  # Schedule.text: a cron, a preset or an ISO 8601 duration
     timezone: str = "UTC"
     next_logical_date: str | None = None  # ISO 8601, UTC: as of the parse
+    start_date: str | None = None  # ISO 8601, UTC
+    end_date: str | None = None
+    catchup: bool = False
+    max_active_runs: int = 16
+    start_when: str | None = None  # JSON [classpath, kwargs]: a start condition
+    shape: str | None = None  # JSON: executor.store.runs.RunShape
+
+    def starts(self) -> tuple[object, ...]:
+        """What decides when it starts: a change re-arms its start waits."""
+        return (self.schedule, self.timezone, self.start_date, self.end_date, self.catchup,
+                self.start_when)  # fmt: skip
 
 
 class CatalogueOps:
@@ -53,6 +65,10 @@ class CatalogueOps:
                     "upsert_dag_file", path=path, mtime=mtime, now=now, parse_error=error
                 )
                 await tx.execute("mark_file_dags_broken", file=path, parse_error=error, now=now)
+                # A broken file starts no run (a worker could not import it); fixed, it is
+                # armed again from its last run, its catchup deciding about the ones missed.
+                broken = await tx.fetch("dags_of_file", file=path)
+                await disarm(tx, [r["dag_id"] for r in broken])
                 return error
             taken: dict[str, str] = {}  # dag_id -> the file that holds it
             for dag in dags:
@@ -71,6 +87,7 @@ class CatalogueOps:
             )
             kept = [dag for dag in dags if dag.dag_id not in taken]
             for dag in kept:
+                before = await tx.fetchone("dag_start_spec", dag_id=dag.dag_id)
                 await tx.execute(
                     "upsert_dag",
                     dag_id=dag.dag_id,
@@ -80,7 +97,17 @@ class CatalogueOps:
                     next_logical_date=dag.next_logical_date,
                     file_mtime=mtime,
                     now=now,
+                    start_date=dag.start_date,
+                    end_date=dag.end_date,
+                    catchup=int(dag.catchup),
+                    max_active_runs=dag.max_active_runs,
+                    start_when=dag.start_when,
+                    shape=dag.shape,
                 )
+                if before is None or before["parse_error"] or _starts(before) != dag.starts():
+                    await arm(tx, dag.dag_id, now)
+            gone = await tx.fetch("undeclared_dags", file=path, keep=[d.dag_id for d in kept])
+            await disarm(tx, [r["dag_id"] for r in gone])
             await tx.execute("delete_undeclared_dags", file=path, keep=[d.dag_id for d in kept])
         return error
 
@@ -89,6 +116,8 @@ class CatalogueOps:
         if not paths:
             return
         async with self.db.write() as tx:
+            gone = await tx.fetch("dags_of_files", paths=list(paths))
+            await disarm(tx, [r["dag_id"] for r in gone])
             await tx.execute("delete_dags_of_files", paths=list(paths))
             await tx.execute("delete_dag_files", paths=list(paths))
 
@@ -103,12 +132,23 @@ class CatalogueOps:
             return await tx.fetch("catalogue_broken_files")
 
     async def set_paused(self, dag_id: str, paused: bool) -> None:
+        """Pause (no run starts; its start waits are dropped) or unpause (armed again: with
+        ``catchup=False`` only the latest missed interval runs, never a flood)."""
         async with self.db.write() as tx:
             if not await tx.execute("set_dag_paused", dag_id=dag_id, paused=int(paused)):
                 raise UnknownDag(
                     f"no DAG {dag_id!r} in the catalogue (`slotless dags list --dags DIR` "
                     "parses a folder into it)"
                 )
+            if paused:
+                await disarm(tx, [dag_id])
+            else:
+                await arm(tx, dag_id, self.clock())
+
+    async def start_waits(self) -> list[Row]:
+        """Every armed schedule and start condition, with what it waits for."""
+        async with self.db.read() as tx:
+            return await tx.fetch("start_waits")
 
     async def catalogue_dag(self, dag_id: str) -> Row:
         """One catalogued DAG (file, paused, parse_error); :class:`UnknownDag` if none."""
@@ -120,3 +160,9 @@ class CatalogueOps:
                 "a folder into it)"
             )
         return row
+
+
+def _starts(row: Row) -> tuple[object, ...]:
+    """:meth:`DeclaredDag.starts` of a stored row."""
+    return (row["schedule"], row["timezone"], row["start_date"], row["end_date"],
+            bool(row["catchup"]), row["start_when"])  # fmt: skip

@@ -297,6 +297,7 @@ async def _defer(tx: Tx, o: Deferred, now: float) -> None:
         shard=d.shard,
         now=now,
         description=d.description,
+        not_before=None,
     )
     assert row is not None
     limit = (

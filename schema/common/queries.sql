@@ -157,8 +157,8 @@ GROUP BY task_id, state;
 -- name: insert_trigger
 -- :description is the trigger's describe(), shown by `slotless status` and the web page.
 -- On PostgreSQL the INSERT wakes the triggerers (NOTIFY slotless_triggers, 001_init.sql).
-INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description)
-VALUES (:classpath, :kwargs, :poke_hash, :shard, :now, :description)
+INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description, not_before)
+VALUES (:classpath, :kwargs, :poke_hash, :shard, :now, :description, :not_before)
 RETURNING id;
 
 -- name: delete_trigger
@@ -197,7 +197,8 @@ UPDATE shard_lease SET owner = NULL, expires_at = NULL WHERE owner = :owner;
 -- name: delete_orphan_triggers
 DELETE FROM trigger
 WHERE shard = ANY(:shards)
-  AND NOT EXISTS (SELECT 1 FROM task t WHERE t.trigger_id = trigger.id AND t.state = 'DEFERRED');
+  AND NOT EXISTS (SELECT 1 FROM task t WHERE t.trigger_id = trigger.id AND t.state = 'DEFERRED')
+  AND NOT EXISTS (SELECT 1 FROM start_wait s WHERE s.trigger_id = trigger.id);
 
 -- name: max_trigger_id
 -- Where the next incremental load starts after a full reload read shard by shard.
@@ -355,12 +356,23 @@ SELECT file FROM dag WHERE dag_id = :dag_id;
 -- name: upsert_dag
 -- What a file declares; `paused` is the operator's and is kept.
 INSERT INTO dag (dag_id, file, schedule, timezone, next_logical_date, file_mtime, parsed_at,
-                 parse_error)
-VALUES (:dag_id, :file, :schedule, :timezone, :next_logical_date, :file_mtime, :now, NULL)
+                 parse_error, start_date, end_date, catchup, max_active_runs, start_when, shape)
+VALUES (:dag_id, :file, :schedule, :timezone, :next_logical_date, :file_mtime, :now, NULL,
+        :start_date, :end_date, :catchup, :max_active_runs, :start_when, :shape)
 ON CONFLICT (dag_id) DO UPDATE
 SET file = :file, schedule = :schedule, timezone = :timezone,
     next_logical_date = :next_logical_date, file_mtime = :file_mtime, parsed_at = :now,
-    parse_error = NULL;
+    parse_error = NULL, start_date = :start_date, end_date = :end_date, catchup = :catchup,
+    max_active_runs = :max_active_runs, start_when = :start_when, shape = :shape;
+
+-- name: undeclared_dags
+SELECT dag_id FROM dag WHERE file = :file AND NOT (dag_id = ANY(:keep));
+
+-- name: dags_of_file
+SELECT dag_id FROM dag WHERE file = :file;
+
+-- name: dags_of_files
+SELECT dag_id FROM dag WHERE file = ANY(:paths);
 
 -- name: delete_undeclared_dags
 -- DAGs a file declared before and no longer does.
@@ -394,3 +406,59 @@ UPDATE dag SET paused = :paused WHERE dag_id = :dag_id;
 -- name: catalogue_dag
 -- One DAG as the catalogue holds it (`slotless trigger`: its file, paused, parse error).
 SELECT dag_id, file, paused, parse_error, file_mtime FROM dag WHERE dag_id = :dag_id;
+
+-- ---------------------------------------------------------------- start waits
+-- executor/store/starts.py: schedules and start conditions held by the triggerer.
+
+-- name: dag_start_spec
+SELECT dag_id, file, schedule, timezone, start_date, end_date, catchup, max_active_runs, shape,
+       start_when, paused, parse_error
+FROM dag WHERE dag_id = :dag_id;
+
+-- name: last_interval_end
+-- Where a (re-)armed schedule goes on from: the end of the DAG's latest data interval.
+SELECT max(data_interval_end) AS last_end FROM dag_run
+WHERE dag_id = :dag_id AND data_interval_end IS NOT NULL
+HAVING max(data_interval_end) IS NOT NULL;
+
+-- name: insert_start_wait
+-- A concurrent arm of the same DAG (two processes scanning one folder) inserts nothing.
+INSERT INTO start_wait (dag_id, kind, trigger_id, logical_date, interval_end, armed_at)
+VALUES (:dag_id, :kind, :trigger_id, :logical_date, :interval_end, :now)
+ON CONFLICT (dag_id, kind) DO NOTHING;
+
+-- name: rearm_start_wait
+UPDATE start_wait
+SET trigger_id = :trigger_id, logical_date = :logical_date, interval_end = :interval_end,
+    armed_at = :now
+WHERE id = :id;
+
+-- name: set_start_error
+UPDATE dag SET start_error = :error, start_error_at = :now WHERE dag_id = :dag_id;
+
+-- name: clear_start_error
+UPDATE dag SET start_error = NULL, start_error_at = NULL
+WHERE dag_id = :dag_id AND start_error IS NOT NULL;
+
+-- name: copy_trigger
+-- The same wait again, not checked before :not_before (a start condition that failed).
+INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description, not_before)
+SELECT classpath, kwargs, poke_hash, shard, :now, description, :not_before
+FROM trigger WHERE id = :id
+RETURNING id;
+
+-- name: delete_start_wait
+DELETE FROM start_wait WHERE id = :id;
+
+-- name: delete_start_waits
+DELETE FROM start_wait WHERE dag_id = :dag_id;
+
+-- name: delete_start_waits_of
+DELETE FROM start_wait WHERE dag_id = ANY(:dag_ids);
+
+-- name: start_waits
+-- For people: every armed start wait, with what its trigger row says it waits for.
+SELECT s.dag_id, s.kind, s.logical_date, s.interval_end, s.armed_at, g.description,
+       g.not_before
+FROM start_wait s JOIN trigger g ON g.id = s.trigger_id
+ORDER BY s.dag_id, s.kind;

@@ -14,6 +14,8 @@ ALTER TABLE dag ADD COLUMN end_date TEXT;                -- ISO 8601, UTC
 ALTER TABLE dag ADD COLUMN catchup INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE dag ADD COLUMN max_active_runs INTEGER NOT NULL DEFAULT 16;
 ALTER TABLE dag ADD COLUMN start_when TEXT;              -- JSON [classpath, kwargs]: the condition
+ALTER TABLE dag ADD COLUMN start_error TEXT;             -- its start wait's last failure, one line
+ALTER TABLE dag ADD COLUMN start_error_at DOUBLE PRECISION;
 
 -- QUEUED: created over max_active_runs, its tasks not yet claimable; started when a run of
 -- its DAG ends. data_interval_*: the schedule's interval (ISO 8601, UTC; NULL for a run

@@ -96,11 +96,17 @@ WITH fresh AS (
     SELECT id FROM fresh
 )
 SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
-       t.next_method, t.wait_timeout_at
+       t.next_method, g.not_before
 FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
-ORDER BY g.id;
+UNION ALL
+-- A start wait is a subscriber too, under the negative of its id (triggerer/store.py).
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
+FROM wanted w
+JOIN trigger g ON g.id = w.id
+JOIN start_wait s ON s.trigger_id = g.id
+ORDER BY 1;
 
 -- name: deferred_rows
 -- Locked, so that the trigger they wait on cannot change before this transaction moves them.
@@ -117,6 +123,13 @@ WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
 -- Serializes the creation and starting of one DAG's runs until commit, so that two
 -- creators (or a creator and a run ending) never both see room under max_active_runs.
 SELECT pg_advisory_xact_lock(hashtext('slotless.dag_run:' || :dag_id::text)) IS NULL AS locked;
+
+-- name: armed_start_waits
+-- The start waits a fire is for, locked until commit: a concurrent fire of the same event
+-- (a takeover) waits, then sees the wait re-armed and does nothing.
+SELECT id, dag_id, kind, trigger_id, logical_date, interval_end FROM start_wait
+WHERE id = ANY(:ids) ORDER BY id
+FOR UPDATE;
 
 -- name: migrate_lock
 -- One migrator at a time per schema; the others wait here, then find the work done.

@@ -68,10 +68,15 @@ FROM json_each(:questions) AS q;
 -- name: load_triggers
 -- The waits of the given shards, from trigger id :after on (0 for a full reload).
 SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
-       t.next_method, t.wait_timeout_at
+       t.next_method, g.not_before
 FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
 WHERE g.shard = ANY(:shards) AND g.id > :after
-ORDER BY g.id;
+UNION ALL
+-- A start wait is a subscriber too, under the negative of its id (triggerer/store.py).
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
+FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
+WHERE g.shard = ANY(:shards) AND g.id > :after
+ORDER BY 1;
 
 -- name: deferred_rows
 SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at FROM task
@@ -87,6 +92,11 @@ WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
 -- name: lock_dag_runs
 -- Nothing to take: a write transaction (BEGIN IMMEDIATE) already holds the file's lock.
 SELECT :dag_id IS NULL AS locked;
+
+-- name: armed_start_waits
+-- The start waits a fire is for (the write transaction holds the lock: no concurrent fire).
+SELECT id, dag_id, kind, trigger_id, logical_date, interval_end FROM start_wait
+WHERE id = ANY(:ids) ORDER BY id;
 
 -- name: migrate_lock
 -- Nothing to take: the migration's write transaction (BEGIN IMMEDIATE) holds the file's lock.

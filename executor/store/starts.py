@@ -1,0 +1,321 @@
+"""Start waits: a DAG's schedule and its start condition, as waits the triggerer holds.
+
+A ``start_wait`` row (one per DAG and kind) points at a trigger row like a deferred task
+does, so the triggerer loads, de-duplicates, shards and takes it over like any wait: a
+schedule is a :class:`~triggers.temporal.DateTimeTrigger` at the end of the next interval
+(10,000 DAGs due at one minute are one check), a condition is the DAG's ``start_when``
+trigger rendered for a date.
+
+**Armed** by the catalogue (:func:`arm`): when a DAG is parsed with a new or changed
+schedule or condition, and when it is unpaused. Paused, broken or removed DAGs have no
+start waits. **Fired** by the triggerer (:func:`fire_starts`), in the transaction that
+writes the event: it creates the runs (once per (dag_id, run key): a replayed fire, two
+triggerers or a takeover create nothing more), then re-arms the wait on its next trigger
+row. The fire re-reads the wait under a row lock and acts only if it still points at the
+fired trigger, so a wait is re-armed once per fire.
+
+A schedule's fire creates every interval that has ended by now (catchup) in one go, up to
+:data:`MAX_RUNS_PER_FIRE`, then arms the first interval still to come; ``catchup=False``
+skips to the latest ended interval. A condition's fire creates the runs its trigger asks
+for (:meth:`~triggers.base.BaseTrigger.run_requests`: by default one, keyed by the date the
+condition was rendered for), then re-arms: for the next date when the run was keyed by
+date, else for the same date after one poke interval (a listing condition keeps finding
+new keys; the keys that already have a run create nothing).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from triggers.base import BaseTrigger, shard_of
+from triggers.registry import load_trigger
+from triggers.temporal import DateTimeTrigger
+
+from ..schedules import Interval, Schedule
+from .db import Row, Tx
+from .runs import NewRun, RunShape, insert_run, scheduled_run_key
+
+SCHEDULE = "schedule"
+CONDITION = "condition"
+# One fire creates at most this many catch-up runs; the wait is re-armed at once (its
+# moment has passed) and the next fire goes on, so one transaction stays short.
+MAX_RUNS_PER_FIRE = 500
+# A start wait whose trigger failed is checked again after this long (seconds).
+RETRY_AFTER = 60.0
+# The longest start error kept on a DAG's row (one line of `slotless dags list`).
+MAX_ERROR = 500
+
+
+@dataclass(frozen=True, slots=True)
+class StartSpec:
+    """What the catalogue holds about when a DAG starts (its ``dag`` row)."""
+
+    dag_id: str
+    file: str  # where workers import the DAG from
+    zone: ZoneInfo
+    schedule: Schedule | None
+    catchup: bool
+    max_active_runs: int
+    shape: RunShape | None
+    start_when: tuple[str, str] | None  # (classpath, kwargs JSON), not rendered
+    startable: bool  # not paused and its file not broken
+
+    @classmethod
+    def of(cls, row: Row) -> StartSpec:
+        schedule = None
+        if row["schedule"]:
+            schedule = Schedule.parse(
+                row["schedule"],
+                timezone=row["timezone"],
+                start_date=_instant(row["start_date"]),
+                end_date=_instant(row["end_date"]),
+            )
+        when = json.loads(row["start_when"]) if row["start_when"] else None
+        return cls(
+            dag_id=row["dag_id"],
+            file=row["file"],
+            zone=ZoneInfo(row["timezone"]),
+            schedule=schedule,
+            catchup=bool(row["catchup"]),
+            max_active_runs=row["max_active_runs"],
+            shape=RunShape.from_json(row["dag_id"], row["shape"]) if row["shape"] else None,
+            start_when=None if when is None else (when[0], json.dumps(when[1], sort_keys=True)),
+            startable=not row["paused"] and row["parse_error"] is None,
+        )
+
+    def today(self, now: float) -> date:
+        """The date on the DAG's clock at ``now``: what a start condition is rendered for."""
+        return datetime.fromtimestamp(now, self.zone).date()
+
+
+async def arm(tx: Tx, dag_id: str, now: float) -> None:
+    """(Re-)arm ``dag_id``'s start waits from its catalogue row and its runs so far."""
+    await tx.execute("delete_start_waits", dag_id=dag_id)
+    row = await tx.fetchone("dag_start_spec", dag_id=dag_id)
+    if row is None:
+        return
+    spec = StartSpec.of(row)
+    if not spec.startable or spec.shape is None:
+        return
+    if spec.schedule is not None:
+        last = await tx.fetchone("last_interval_end", dag_id=dag_id)
+        after = _instant(last["last_end"]) if last is not None else None
+        iv = _next_interval(spec, after, _at(now))
+        if iv is not None:
+            await _arm(tx, spec.dag_id, SCHEDULE, _schedule_trigger(iv), iv.start, iv, now)
+    if spec.start_when is not None:
+        await _arm_condition(tx, spec, spec.today(now), now, not_before=None)
+
+
+async def disarm(tx: Tx, dag_ids: list[str]) -> None:
+    """Forget the start waits of these DAGs (paused, broken, removed); their trigger rows
+    go with the triggerer's orphan sweep, and a fire already in flight finds no wait."""
+    await tx.execute("delete_start_waits_of", dag_ids=dag_ids)
+
+
+async def fire_starts(tx: Tx, waits: Mapping[int, int], payload: Any, now: float) -> int:
+    """The triggerer's fire for start waits (start_wait id -> fired trigger id): create the
+    runs and re-arm, in ``tx``. Returns how many runs were created."""
+    created = 0
+    for wait in await tx.fetch("armed_start_waits", ids=list(waits)):
+        if wait["trigger_id"] != waits[wait["id"]]:
+            continue  # re-armed by an earlier fire of the same event: nothing twice
+        row = await tx.fetchone("dag_start_spec", dag_id=wait["dag_id"])
+        spec = None if row is None else StartSpec.of(row)
+        if spec is None or not spec.startable or spec.shape is None:
+            await tx.execute("delete_start_wait", id=wait["id"])
+            continue
+        await tx.execute("clear_start_error", dag_id=spec.dag_id)
+        if wait["kind"] == SCHEDULE:
+            created += await _fire_schedule(tx, spec, wait, now)
+        else:
+            created += await _fire_condition(tx, spec, wait, payload, now)
+    return created
+
+
+async def fail_starts(tx: Tx, waits: Mapping[int, int], why: str, now: float) -> None:
+    """A start wait's trigger failed (raised, reported an error, could not be loaded): the
+    error goes on its DAG (``slotless dags list`` shows it) and the same wait is checked
+    again after :data:`RETRY_AFTER` seconds. No run is created, none is lost for good."""
+    for wait in await tx.fetch("armed_start_waits", ids=list(waits)):
+        if wait["trigger_id"] != waits[wait["id"]]:
+            continue
+        await tx.execute("set_start_error", dag_id=wait["dag_id"], error=_one_line(why), now=now)
+        copy = await tx.fetchone(
+            "copy_trigger", id=wait["trigger_id"], now=now, not_before=now + RETRY_AFTER
+        )
+        if copy is None:  # its trigger row is gone: arm from scratch
+            await arm(tx, wait["dag_id"], now)
+            continue
+        await tx.execute(
+            "rearm_start_wait",
+            trigger_id=copy["id"],
+            logical_date=wait["logical_date"],
+            interval_end=wait["interval_end"],
+            now=now,
+            id=wait["id"],
+        )
+
+
+async def _fire_schedule(tx: Tx, spec: StartSpec, wait: Row, now: float) -> int:
+    assert spec.schedule is not None and spec.shape is not None
+    at = _at(now)
+    iv: Interval | None = Interval(
+        _utc(wait["logical_date"]), _utc(wait["interval_end"]), spec.schedule.zone
+    )
+    created = 0
+    while iv is not None and iv.end <= at and created < MAX_RUNS_PER_FIRE:
+        new = NewRun(
+            logical_date=date.fromisoformat(iv.ds),
+            run_key=scheduled_run_key(iv),
+            interval=iv,
+            dag_file=spec.file,
+            max_active=spec.max_active_runs,
+        )
+        created += (await insert_run(tx, spec.shape, new, now)).created
+        iv = _next_interval(spec, iv.end, at)
+    if iv is None:  # past end_date: nothing more to arm
+        await tx.execute("delete_start_wait", id=wait["id"])
+    else:
+        await _rearm(tx, wait, _schedule_trigger(iv), iv.start, iv, now, not_before=None)
+    return created
+
+
+async def _fire_condition(tx: Tx, spec: StartSpec, wait: Row, payload: Any, now: float) -> int:
+    assert spec.start_when is not None and spec.shape is not None
+    armed = date.fromisoformat(wait["logical_date"])
+    trigger = load_trigger(*spec.start_when)
+    created = 0
+    keyed_by_date = True
+    for key, event in trigger.run_requests(payload):
+        keyed_by_date = keyed_by_date and key is None
+        new = NewRun(
+            logical_date=armed,
+            run_key=key or armed.isoformat(),
+            start_event=event,
+            dag_file=spec.file,
+            max_active=spec.max_active_runs,
+        )
+        created += (await insert_run(tx, spec.shape, new, now)).created
+    today = spec.today(now)
+    if keyed_by_date:
+        nxt, not_before = max(armed + timedelta(days=1), today), None
+    else:
+        nxt, not_before = today, now + trigger.poke_interval
+    rendered = _render(trigger, nxt)
+    await _rearm(tx, wait, rendered, nxt, None, now, not_before=not_before)
+    return created
+
+
+def _next_interval(spec: StartSpec, after: datetime | None, now: datetime) -> Interval | None:
+    """The interval to arm after the one ending at ``after`` (None: no run yet)."""
+    assert spec.schedule is not None
+    sched = spec.schedule
+    if after is None:
+        return sched.first_interval(now, catchup=spec.catchup)
+    iv = sched.next_interval(after)
+    if iv is not None and not spec.catchup and iv.end <= now:
+        latest = sched.latest_complete(now)  # without catchup, only the latest missed one
+        if latest is not None and latest.start >= iv.start:
+            iv = latest
+    return iv
+
+
+async def _arm_condition(
+    tx: Tx, spec: StartSpec, day: date, now: float, not_before: float | None
+) -> None:
+    assert spec.start_when is not None
+    rendered = _render(load_trigger(*spec.start_when), day)
+    await _arm(tx, spec.dag_id, CONDITION, rendered, day, None, now, not_before=not_before)
+
+
+async def _arm(
+    tx: Tx,
+    dag_id: str,
+    kind: str,
+    trigger: BaseTrigger,
+    logical: date | datetime,
+    iv: Interval | None,
+    now: float,
+    not_before: float | None = None,
+) -> None:
+    trigger_id = await _insert_trigger(tx, trigger, now, not_before)
+    await tx.execute(
+        "insert_start_wait",
+        dag_id=dag_id,
+        kind=kind,
+        trigger_id=trigger_id,
+        logical_date=logical.isoformat(),
+        interval_end=None if iv is None else iv.end.isoformat(),
+        now=now,
+    )
+
+
+async def _rearm(
+    tx: Tx,
+    wait: Row,
+    trigger: BaseTrigger,
+    logical: date | datetime,
+    iv: Interval | None,
+    now: float,
+    not_before: float | None,
+) -> None:
+    trigger_id = await _insert_trigger(tx, trigger, now, not_before)
+    await tx.execute(
+        "rearm_start_wait",
+        trigger_id=trigger_id,
+        logical_date=logical.isoformat(),
+        interval_end=None if iv is None else iv.end.isoformat(),
+        now=now,
+        id=wait["id"],
+    )
+
+
+async def _insert_trigger(
+    tx: Tx, trigger: BaseTrigger, now: float, not_before: float | None
+) -> int:
+    classpath, kwargs = trigger.serialize()
+    poke_hash = trigger.poke_hash()
+    row = await tx.fetchone(
+        "insert_trigger",
+        classpath=classpath,
+        kwargs=json.dumps(kwargs, sort_keys=True),
+        poke_hash=poke_hash,
+        shard=shard_of(poke_hash),
+        now=now,
+        description=trigger.describe(),
+        not_before=not_before,
+    )
+    assert row is not None
+    return int(row["id"])
+
+
+def _schedule_trigger(iv: Interval) -> BaseTrigger:
+    return DateTimeTrigger(moment=iv.end)
+
+
+def _render(trigger: BaseTrigger, day: date) -> BaseTrigger:
+    ds = day.isoformat()
+    return trigger.render({"ds": ds, "ds_nodash": ds.replace("-", ""), "logical_date": ds})
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
+
+
+def _at(now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC)
+
+
+def _utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+def _instant(text: str | None) -> datetime | None:
+    return None if text is None else _utc(text)

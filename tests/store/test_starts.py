@@ -1,0 +1,218 @@
+"""Schedules and start conditions on both backends: the catalogue arms start waits, a fire
+(as the triggerer commits it) creates the runs once per key and re-arms; catchup,
+max_active_runs, pause and unpause, a condition keyed by date."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from support import backends
+from support.helpers import FakeClock, ops, run_to_end, write_dag
+
+from executor.catalogue import Parsed, parse_file
+from executor.store import Store
+from executor.store.starts import MAX_RUNS_PER_FIRE
+from triggerer.store import Fire, TriggererBatch
+
+backend, url, store = backends.backend, backends.url, backends.store  # fixtures
+pg_server = backends.pg_server  # fixture
+
+T0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)  # the test's "now", on the hour
+
+
+def hourly(start: datetime, *, catchup: bool, max_active: int = 16) -> str:
+    return f"""
+from datetime import datetime, timezone
+from executor import DAG
+
+dag = DAG("hourly", schedule="@hourly", catchup={catchup}, max_active_runs={max_active},
+          start_date=datetime.fromisoformat("{start.isoformat()}"))
+
+@dag.task
+def work(ctx):
+    return [ctx.ds, ctx.data_interval_start.isoformat(), ctx.data_interval_end.isoformat()]
+"""
+
+
+async def catalogue(store: Store, path: Path) -> None:
+    parsed: Parsed = await parse_file(str(path))
+    assert parsed.error is None, parsed.error
+    assert await store.record_parse(str(path), path.stat().st_mtime, parsed.dags, None) is None
+
+
+async def fire_start_waits(store: Store, payload: object = None) -> dict[int, int]:
+    """Fire every armed start wait, as the triggerer does when their triggers fire."""
+    rows = await ops(store).load_triggers(range(64))
+    waits = {r["task_row"]: r["trigger_id"] for r in rows if r["task_row"] < 0}
+    await ops(store).triggerer_commit(
+        TriggererBatch(fires=[Fire(waits, json.dumps(payload), "fired")])
+    )
+    return waits
+
+
+async def replay(store: Store, waits: dict[int, int]) -> None:
+    await ops(store).triggerer_commit(TriggererBatch(fires=[Fire(waits, "null", "again")]))
+
+
+async def runs_by_state(store: Store) -> dict[str, int]:
+    async with store.db.read() as tx:
+        rows = await tx.fetch("list_runs", n=10_000)
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["state"]] = out.get(r["state"], 0) + 1
+    return out
+
+
+async def all_runs(store: Store) -> list[dict]:
+    async with store.db.read() as tx:
+        return [dict(r) for r in await tx.fetch("list_runs", n=10_000)]
+
+
+async def test_catchup_creates_every_interval_once_and_queues_over_max_active(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    clock.set(T0.timestamp())
+    path = write_dag(tmp_path, hourly(T0 - timedelta(days=3), catchup=True, max_active=4))
+    await catalogue(store, path)
+    [wait] = await store.start_waits()
+    assert wait["kind"] == "schedule" and wait["interval_end"] is not None
+
+    waits = await fire_start_waits(store)
+    assert await runs_by_state(store) == {"RUNNING": 4, "QUEUED": 68}  # 72 hourly intervals
+    keys = sorted(r["run_key"] for r in await all_runs(store))
+    assert keys[0] == "2026-11-17T12:00:00Z" and keys[-1] == "2026-11-20T11:00:00Z"
+    # Re-armed on the interval still running: [12:00, 13:00), due at 13:00.
+    [wait] = await store.start_waits()
+    assert datetime.fromisoformat(wait["interval_end"]) == T0 + timedelta(hours=1)
+
+    await replay(store, waits)  # the same fire again (a takeover, a retried batch)
+    assert sum((await runs_by_state(store)).values()) == 72
+    assert len(await store.start_waits()) == 1
+
+    # Runs end, queued ones start, never more than 4 at once.
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            most = max(most, (await runs_by_state(store)).get("RUNNING", 0))
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
+    oldest = min(await all_runs(store), key=lambda r: r["run_key"])
+    try:
+        for _ in range(72):
+            going = [r for r in await all_runs(store) if r["state"] == "RUNNING"]
+            if not going:
+                break
+            await run_to_end(store, going[0]["run_id"], slots=2)
+    finally:
+        watcher.cancel()
+    assert await runs_by_state(store) == {"SUCCESS": 72}
+    assert most <= 4
+    out = await store.run_tasks(oldest["run_id"])
+    assert json.loads(out[0]["output"]) == [
+        "2026-11-17",
+        "2026-11-17T12:00:00+00:00",
+        "2026-11-17T13:00:00+00:00",
+    ]
+
+
+async def test_without_catchup_only_the_latest_interval_runs(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    clock.set(T0.timestamp() + 600)
+    await catalogue(store, write_dag(tmp_path, hourly(T0 - timedelta(days=3), catchup=False)))
+    await fire_start_waits(store)
+    [run] = await all_runs(store)
+    assert run["run_key"] == "2026-11-20T11:00:00Z" and run["state"] == "RUNNING"
+    assert run["data_interval_end"] == (T0).isoformat()
+    # Not due yet: the next fire (before 13:00) creates nothing.
+    await fire_start_waits(store)
+    assert len(await all_runs(store)) == 1
+    clock.set((T0 + timedelta(hours=1, seconds=1)).timestamp())
+    await fire_start_waits(store)
+    assert sorted(r["run_key"] for r in await all_runs(store))[-1] == "2026-11-20T12:00:00Z"
+
+
+async def test_a_long_catchup_goes_on_over_several_fires(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    clock.set(T0.timestamp())
+    days = MAX_RUNS_PER_FIRE // 24 + 2
+    await catalogue(store, write_dag(tmp_path, hourly(T0 - timedelta(days=days), catchup=True)))
+    await fire_start_waits(store)
+    assert len(await all_runs(store)) == MAX_RUNS_PER_FIRE
+    await fire_start_waits(store)
+    assert len(await all_runs(store)) == days * 24
+
+
+async def test_pause_drops_the_wait_and_unpause_does_not_flood(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    clock.set(T0.timestamp())
+    await catalogue(store, write_dag(tmp_path, hourly(T0 - timedelta(days=1), catchup=False)))
+    waits = await fire_start_waits(store)
+    assert len(await all_runs(store)) == 1
+    await store.set_paused("hourly", True)
+    assert await store.start_waits() == []
+    clock.advance(3 * 86400)
+    await replay(store, waits)  # a fire of the old wait, already in flight: nothing
+    await fire_start_waits(store)
+    assert len(await all_runs(store)) == 1
+    await store.set_paused("hourly", False)
+    await fire_start_waits(store)
+    keys = sorted(r["run_key"] for r in await all_runs(store))
+    assert keys == ["2026-11-20T11:00:00Z", "2026-11-23T11:00:00Z"]  # the latest, not 72
+
+
+async def test_a_broken_file_starts_nothing_until_fixed(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    clock.set(T0.timestamp())
+    path = write_dag(tmp_path, hourly(T0 - timedelta(days=1), catchup=True))
+    await catalogue(store, path)
+    await store.record_parse(str(path), 1.0, [], "SyntaxError: invalid syntax")
+    assert await store.start_waits() == []
+    await catalogue(store, path)
+    await fire_start_waits(store)
+    assert len(await all_runs(store)) == 24
+
+
+async def test_a_condition_starts_one_run_per_date_with_its_event(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    clock.set(T0.timestamp())
+    path = write_dag(
+        tmp_path,
+        """
+from executor import DAG
+from triggers.files import FileTrigger
+
+dag = DAG("landing", start_when=FileTrigger(path="/in/{{ ds }}.csv", poke_interval=5))
+
+@dag.task
+def work(ctx):
+    return ctx.start_event
+""",
+    )
+    await catalogue(store, path)
+    [wait] = await store.start_waits()
+    assert wait["kind"] == "condition" and wait["logical_date"] == "2026-11-20"
+    assert "/in/2026-11-20.csv" in wait["description"]
+    waits = await fire_start_waits(store, {"path": "/in/2026-11-20.csv"})
+    [run] = await all_runs(store)
+    assert run["run_key"] == "2026-11-20" and run["logical_date"] == "2026-11-20"
+    assert json.loads(run["start_event"]) == {"path": "/in/2026-11-20.csv"}
+    # Re-armed for the next date; a replayed event creates nothing.
+    [wait] = await store.start_waits()
+    assert wait["logical_date"] == "2026-11-21" and "/in/2026-11-21.csv" in wait["description"]
+    await replay(store, waits)
+    assert len(await all_runs(store)) == 1
+    info = await run_to_end(store, run["run_id"])
+    assert info["state"] == "SUCCESS"
+    [task] = await store.run_tasks(run["run_id"])
+    assert json.loads(task["output"]) == {"path": "/in/2026-11-20.csv"}
