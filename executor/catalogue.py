@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +38,8 @@ if TYPE_CHECKING:  # the child process imports this module, and needs no store
     from .store.jobs import Store
 
 DEFAULT_PARSE_TIMEOUT = 30.0
+# How often a service with --dags lists its folder for changed files (mtimes only: cheap).
+DEFAULT_RESCAN = 10.0
 DAGS_ENV = "SLOTLESS_DAGS"
 # A file's error is one line of the listing; a traceback-sized message is cut here.
 MAX_ERROR = 500
@@ -117,6 +120,39 @@ async def scan(
             errors[path] = stored
     unchanged = sorted(set(found) - set(changed))
     return ScanResult(changed, unchanged, removed, errors)
+
+
+async def keep_scanning(
+    store: Store,
+    folder: str | Path,
+    *,
+    every: float = DEFAULT_RESCAN,
+    timeout: float = DEFAULT_PARSE_TIMEOUT,
+    say: Callable[[str], None] = print,
+) -> None:
+    """:func:`scan` every ``every`` seconds until cancelled (a service's ``--dags DIR``):
+    changed files are parsed again, which re-arms the schedules they changed. Each file
+    that breaks is reported once through ``say``; a scan that fails (the database is down,
+    the folder is gone) is reported and tried again, never ending the service."""
+    reported: dict[str, str] = {}
+    while True:
+        try:
+            result = await scan(store, folder, timeout=timeout)
+        except Exception as exc:
+            say(f"cannot scan DAG folder {folder}: {type(exc).__name__}: {exc}")
+        else:
+            for path in result.parsed:
+                error = result.errors.get(path)
+                if error is None:
+                    reported.pop(path, None)
+                elif reported.get(path) != error:
+                    say(f"DAG file {path} is broken: {error}")
+                    reported[path] = error
+            for path in result.removed:
+                reported.pop(path, None)
+            if result.parsed:
+                say(f"parsed {len(result.parsed)} DAG file(s) of {folder}")
+        await asyncio.sleep(every)
 
 
 async def parse_file(path: str, timeout: float = DEFAULT_PARSE_TIMEOUT) -> Parsed:

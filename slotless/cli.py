@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from executor.catalogue import DEFAULT_PARSE_TIMEOUT, dags_folder, scan
+from executor.catalogue import (
+    DEFAULT_PARSE_TIMEOUT,
+    DEFAULT_RESCAN,
+    dags_folder,
+    keep_scanning,
+    scan,
+)
 from executor.dag import DagError
 from executor.loader import DagImportError, load_dag
 from executor.schedules import describe_stored, stored_next_run
@@ -113,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds without heartbeat after which a worker counts as dead",
     )
     _metrics_opts(worker)
+    _dags_opts(worker)
     worker.set_defaults(func=cmd_worker)
 
     trig = sub.add_parser("triggerer", help="serve as a triggerer: hold and check deferred waits")
@@ -124,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds after which a silent triggerer's shards are taken over",
     )
     _metrics_opts(trig)
+    _dags_opts(trig)
     trig.set_defaults(func=cmd_triggerer)
 
     status = sub.add_parser(
@@ -145,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=8765)
     ui.add_argument("--refresh", type=float, default=2.0, help="seconds between live refreshes")
+    _dags_opts(ui)
     ui.set_defaults(func=cmd_ui)
 
     up = sub.add_parser(
@@ -157,6 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8765, help="the web page's port")
     up.add_argument("--worker-metrics-port", type=int, default=None)
     up.add_argument("--triggerer-metrics-port", type=int, default=None)
+    _dags_opts(up)
     up.set_defaults(func=cmd_up)
 
     dags = sub.add_parser("dags", help="the DAG catalogue: list DAGs and broken files, pause")
@@ -396,7 +408,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         async with worker_metrics(worker, args.metrics_host, args.metrics_port) as metrics:
             if metrics is not None:
                 print(f"slotless worker: metrics on {metrics.url}", file=sys.stderr, flush=True)
-            await worker.run()
+            async with _scanning(store, args):
+                await worker.run()
     finally:
         await store.close()
     return 0
@@ -415,10 +428,58 @@ async def cmd_triggerer(args: argparse.Namespace) -> int:
         async with triggerer_metrics(triggerer, args.metrics_host, args.metrics_port) as metrics:
             if metrics is not None:
                 print(f"slotless triggerer: metrics on {metrics.url}", file=sys.stderr, flush=True)
-            await triggerer.run()
+            async with _scanning(store, args):
+                await triggerer.run()
     finally:
         await store.close()
     return 0
+
+
+@contextlib.asynccontextmanager
+async def _scanning(store: Store, args: argparse.Namespace) -> AsyncIterator[None]:
+    """Keep the catalogue up to date with ``--dags DIR`` (or $SLOTLESS_DAGS) meanwhile."""
+    folder = dags_folder(args.dags)
+    if folder is None:
+        yield
+        return
+    if not folder.is_dir():
+        raise NotADirectoryError(f"DAG folder {folder} is not a directory")
+    name = args.func.__name__.removeprefix("cmd_")
+
+    def say(line: str) -> None:
+        print(f"slotless {name}: {line}", file=sys.stderr, flush=True)
+
+    task = asyncio.create_task(
+        keep_scanning(store, folder, every=args.rescan, timeout=args.parse_timeout, say=say)
+    )
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _dags_opts(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--dags",
+        metavar="DIR",
+        help="keep the DAG catalogue up to date with this folder (default: $SLOTLESS_DAGS)",
+    )
+    sp.add_argument(
+        "--rescan",
+        type=float,
+        default=DEFAULT_RESCAN,
+        metavar="SECONDS",
+        help=f"how often to look for changed DAG files (default {DEFAULT_RESCAN:g})",
+    )
+    sp.add_argument(
+        "--parse-timeout",
+        type=float,
+        default=DEFAULT_PARSE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"time limit to import one file (default {DEFAULT_PARSE_TIMEOUT:g})",
+    )
 
 
 def _on_signals(stop: Any) -> None:
@@ -444,7 +505,14 @@ async def cmd_trigger(args: argparse.Namespace) -> int:
 async def cmd_ui(args: argparse.Namespace) -> int:
     from .web import serve_ui
 
-    return await serve_ui(args)
+    if dags_folder(args.dags) is None:
+        return await serve_ui(args)
+    store = await open_store(args.db)
+    try:
+        async with _scanning(store, args):
+            return await serve_ui(args)
+    finally:
+        await store.close()
 
 
 async def cmd_up(args: argparse.Namespace) -> int:

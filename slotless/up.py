@@ -17,6 +17,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
+from executor.catalogue import dags_folder
 from executor.loader import load_dag
 from executor.store import open_store, resolve_url
 
@@ -41,6 +42,11 @@ async def up(args: argparse.Namespace) -> int:
         worker += ["--metrics-port", str(args.worker_metrics_port)]
     if args.triggerer_metrics_port is not None:
         triggerer += ["--metrics-port", str(args.triggerer_metrics_port)]
+    folder = dags_folder(args.dags)
+    if folder is not None:
+        # One process keeps the catalogue (and so the schedules) up to date: the triggerer.
+        triggerer += ["--dags", str(folder.resolve()), "--rescan", str(args.rescan)]
+        triggerer += ["--parse-timeout", str(args.parse_timeout)]
     ui = [*cli, "ui", "--db", url, "--host", args.host, "--port", str(args.port)]
     return await Stack({"worker": worker, "triggerer": triggerer, "ui": ui}).run()
 
