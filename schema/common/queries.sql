@@ -374,3 +374,20 @@ UPDATE dag SET paused = :paused WHERE dag_id = :dag_id;
 -- name: catalogue_dag
 -- One DAG as the catalogue holds it (`slotless trigger`: its file, paused, parse error).
 SELECT dag_id, file, paused, parse_error, file_mtime FROM dag WHERE dag_id = :dag_id;
+
+-- ---------------------------------------------------------------- dags page
+-- The web page's DAG list (slotless/web) through executor/store/inspecting.py.
+
+-- name: dags_page_runs
+-- The newest :n runs of each catalogued DAG (its grid of squares), oldest first; run_id
+-- breaks a tie between runs created in the same instant.
+SELECT dag_id, run_id, logical_date, state, created_at
+FROM (
+    SELECT r.dag_id, r.run_id, r.logical_date, r.state, r.created_at,
+           ROW_NUMBER() OVER (PARTITION BY r.dag_id
+                              ORDER BY r.created_at DESC, r.run_id DESC) AS newest
+    FROM dag_run r
+    WHERE r.dag_id IN (SELECT dag_id FROM dag)
+) ranked
+WHERE newest <= :n
+ORDER BY dag_id, created_at, run_id;
