@@ -206,8 +206,8 @@ SQUARE_RGB = {
 @pytest.fixture(scope="module")
 def dags_ui(tmp_path_factory: pytest.TempPathFactory):
     """A catalogued folder: a scheduled DAG with three runs (SUCCESS, FAILED, RUNNING,
-    oldest first), a DAG whose file broke after it was catalogued, a file that never
-    parsed; and `slotless ui` serving them."""
+    oldest first), a paused DAG whose file broke after it was catalogued, a file that
+    never parsed; and `slotless ui` serving them."""
     tmp = tmp_path_factory.mktemp("dags-web")
     url = f"sqlite:///{tmp / 'dags.db'}"
     folder = tmp / "dags"
@@ -222,6 +222,7 @@ def dags_ui(tmp_path_factory: pytest.TempPathFactory):
     os.utime(weekly, (1.0, 1.0))  # an mtime the catalogue has not seen: parsed again
     listed = cli(*listing, "--json")
     assert listed.returncode == 0, listed.stderr
+    assert cli("dags", "pause", "weekly", "--db", url).returncode == 0
     runs = asyncio.run(_nightly_runs(url, nightly))
     port = free_port()
     log = tmp / "ui.log"
@@ -286,6 +287,7 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
     assert 'data-live="1"' in html  # a run is RUNNING: the page refreshes
     # A DAG whose file broke keeps its row, with the error on it.
     assert rows["weekly"].startswith(' class="broken">')
+    assert '<span class="paused">paused</span>' in rows["weekly"]
     assert "file broken: " in rows["weekly"] and '<span class="empty">no runs yet' in rows["weekly"]
     # Both broken files, in the box at the top, their errors escaped.
     box = re.search(r'<div class="panel errors">(.*?)</ul></div>', html, re.DOTALL)
