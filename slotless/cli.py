@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -31,12 +30,13 @@ from executor.catalogue import (
 )
 from executor.dag import DagError
 from executor.loader import DagImportError, load_dag
-from executor.schedules import describe_stored, stored_next_run
 from executor.states import TERMINAL
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store import UnknownBackend as _UnknownBackend
 from executor.store.catalogue import UnknownDag
 from executor.worker import Worker
+
+from .schedule_shown import schedule_shown
 
 USER_ERRORS = (
     DagImportError,
@@ -538,7 +538,7 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
                 {
                     "dags": [
                         {k: d[k] for k in _DAG_FIELDS}
-                        | {"paused": bool(d["paused"]), **_schedule_shown(d)}
+                        | {"paused": bool(d["paused"]), **schedule_shown(d)}
                         for d in dags
                     ],
                     "broken_files": [
@@ -555,7 +555,7 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
         last = d["last_run_state"] or "-"
         if d["parse_error"]:
             last += " (file broken, see below)"
-        shown = _schedule_shown(d)
+        shown = schedule_shown(d)
         table.add_row(
             d["dag_id"],
             d["file"],
@@ -578,23 +578,6 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
 _DAG_FIELDS = (
     "dag_id", "file", "schedule", "timezone", "next_logical_date", "parse_error", "last_run_state",
 )  # fmt: skip
-
-
-def _schedule_shown(d: Any) -> dict[str, str | None]:
-    """A catalogue row's schedule in words, and its next run: the logical date and when
-    it is due, on the DAG's wall clock (as of the file's last parse)."""
-    if d["schedule"] is None:
-        return {"schedule_words": None, "next_run": None}
-    words = describe_stored(d["schedule"], d["timezone"])
-    if d["next_logical_date"] is None:
-        return {"schedule_words": words, "next_run": None}
-    logical = datetime.fromisoformat(d["next_logical_date"])
-    interval = stored_next_run(d["schedule"], d["timezone"], logical)
-    zone = ZoneInfo(d["timezone"])
-    shown = f"{logical.astimezone(zone):%Y-%m-%d %H:%M}"
-    if interval is not None:
-        shown += f" (due {interval.end.astimezone(zone):%Y-%m-%d %H:%M})"
-    return {"schedule_words": words, "next_run": shown}
 
 
 async def cmd_dags_pause(args: argparse.Namespace) -> int:

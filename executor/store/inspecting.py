@@ -14,6 +14,8 @@ from .db import Database, Row
 
 # A mapped task's page lists at most this many instances (the counts cover them all).
 INSTANCES_SHOWN = 500
+# The DAGs page draws this many runs of each DAG, the newest (Airflow's grid shows 25).
+RUNS_PER_DAG = 25
 
 
 @dataclass(slots=True)
@@ -33,6 +35,13 @@ class TaskDetail:
     waiters: int = 0  # tasks waiting on the same check, this one included
     instances: list[Row] = field(default_factory=list)  # a mapped task's instances
     instance_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class DagsPage:
+    dags: list[Row]  # the catalogue's rows, by dag_id, as `catalogue_dags` reads them
+    runs: dict[str, list[Row]]  # dag_id -> its newest runs, oldest first
+    broken_files: list[Row]  # files whose last parse failed, with their error
 
 
 class InspectOps:
@@ -83,6 +92,16 @@ class InspectOps:
             for r in await tx.fetch("ops_run_counts", n=limit):
                 counts[r["run_id"]][r["state"]] = r["n"]
         return [(run, counts[run["run_id"]]) for run in runs]
+
+    async def dags_page(self, runs_per_dag: int = RUNS_PER_DAG) -> DagsPage:
+        """Every catalogued DAG with its newest runs, and the files whose parse failed."""
+        async with self.db.read() as tx:
+            dags = await tx.fetch("catalogue_dags")
+            runs: dict[str, list[Row]] = defaultdict(list)
+            for r in await tx.fetch("dags_page_runs", n=runs_per_dag):
+                runs[r["dag_id"]].append(r)
+            broken = await tx.fetch("catalogue_broken_files")
+        return DagsPage(dags, dict(runs), broken)
 
     async def run_graph(self, run_id: str) -> RunGraph | None:
         async with self.db.read() as tx:

@@ -407,6 +407,26 @@ UPDATE dag SET paused = :paused WHERE dag_id = :dag_id;
 -- One DAG as the catalogue holds it (`slotless trigger`: its file, paused, parse error).
 SELECT dag_id, file, paused, parse_error, file_mtime FROM dag WHERE dag_id = :dag_id;
 
+-- ---------------------------------------------------------------- dags page
+-- The web page's DAG list (slotless/web) through executor/store/inspecting.py.
+
+-- name: dags_page_runs
+-- The :n latest runs of each catalogued DAG by logical date (its grid of squares, as in
+-- Airflow: a backfill of old dates lands on the left), oldest first; created_at, then
+-- run_id, break a tie between runs of one date.
+SELECT dag_id, run_id, logical_date, state, created_at
+FROM (
+    SELECT r.dag_id, r.run_id, r.logical_date, r.state, r.created_at,
+           COALESCE(r.data_interval_start, r.logical_date) AS moment,
+           ROW_NUMBER() OVER (PARTITION BY r.dag_id
+                              ORDER BY COALESCE(r.data_interval_start, r.logical_date) DESC,
+                                       r.created_at DESC, r.run_id DESC) AS newest
+    FROM dag_run r
+    WHERE r.dag_id IN (SELECT dag_id FROM dag)
+) ranked
+WHERE newest <= :n
+ORDER BY dag_id, moment, created_at, run_id;
+
 -- ---------------------------------------------------------------- start waits
 -- executor/store/starts.py: schedules and start conditions held by the triggerer.
 

@@ -1,6 +1,7 @@
 """The web page's routes: read-only GETs over the store, HTML rendered on the server.
 
 /                                       runs, waiting tasks, triggerers
+/dags                                   the catalogued DAGs, their newest runs, broken files
 /runs/{run_id}                          the run's tasks as a graph and a table
 /runs/{run_id}/tasks/{task_id}          a task: attempts, wait, log (a mapped task: instances)
 /runs/{run_id}/tasks/{task_id}/{index}  one instance of a mapped task
@@ -33,6 +34,7 @@ def make_app(store: Store, *, db_label: str = "", refresh: float = 2.0) -> web.A
     app[STORE] = store
     app[SETTINGS] = {"db": db_label or store.url, "refresh": refresh, "runs": 50}
     app.router.add_get("/", index)
+    app.router.add_get("/dags", dags)
     app.router.add_get("/runs/{run_id}", run)
     app.router.add_get("/runs/{run_id}/tasks/{task_id}", task)
     app.router.add_get(r"/runs/{run_id}/tasks/{task_id}/{index:\d+}", task)
@@ -59,6 +61,11 @@ async def index(request: web.Request) -> web.Response:
     data = await collect(store, limit)
     main, live = pages.index(data)
     return _html(request, "runs", main, live)
+
+
+async def dags(request: web.Request) -> web.Response:
+    main, live = pages.dags_page(await request.app[STORE].dags_page())
+    return _html(request, "DAGs", main, live)
 
 
 async def run(request: web.Request) -> web.Response:

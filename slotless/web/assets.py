@@ -2,7 +2,8 @@
 
 # Waiting that is healthy (DEFERRED, SENSING) is drawn in cool colours with a dashed
 # outline; trouble (RETRYING, FAILED, UPSTREAM_FAILED) in warm colours with a heavy
-# solid one. The state's name is always written too, so colour is never the only cue.
+# solid one. The state's name is always written too, so colour is never the only cue
+# (a run's square on the DAGs page carries its state's mark and says it in its title).
 CSS = """
 :root { --fg: #1d2330; --muted: #5f6b7a; --line: #d7dce3; --bg: #f7f8fa; }
 * { box-sizing: border-box; }
@@ -75,6 +76,26 @@ svg rect.seg.st-SKIPPED { fill: #bdbdbd; }
 .panel dl { display: grid; grid-template-columns: max-content 1fr; gap: .2em 1em; margin: 0; }
 .panel dt { color: var(--muted); }
 .panel dd { margin: 0; }
+.errors { border-left-color: #b71c1c; }
+.errors ul { margin: 0; padding-left: 1.2em; }
+.errors li { margin: .3em 0; }
+.err { color: #7f1010; white-space: pre-wrap; word-break: break-word; }
+table.dags td { vertical-align: middle; }
+table.dags td:first-child { min-width: 18em; max-width: 36em; }
+table.dags tr.broken td:first-child { border-left: 4px solid #b71c1c; }
+.dag-id { font-weight: 600; }
+.paused { color: var(--muted); font-weight: 600; }
+.active { color: #2e7d32; font-weight: 600; }
+.grid { display: flex; flex-wrap: wrap; gap: 3px; max-width: 472px; }  /* 25 a line */
+.sq { display: inline-block; width: 16px; height: 16px; border-radius: 3px; font-size: 11px;
+      line-height: 14px; text-align: center; color: #fff; text-decoration: none;
+      border: 1px solid #757575; background: #9e9e9e; }
+a.sq:hover { outline: 2px solid #1d2330; outline-offset: 1px; }
+.legend .sq { vertical-align: middle; }
+.sq.st-QUEUED { background: #cfd8dc; border: 1px dashed #546e7a; color: #37474f; }
+.sq.st-RUNNING { background: #1e88e5; border: 1px solid #0d47a1; }
+.sq.st-SUCCESS { background: #43a047; border: 1px solid #1b5e20; }
+.sq.st-FAILED { background: #e53935; border: 1px solid #7f0000; }
 .log td.msg { white-space: pre-wrap; word-break: break-word; max-width: 80em; }
 .log tr.k-error td { background: #fff3f3; }
 .log tr.k-check td.msg { color: #4a126b; }

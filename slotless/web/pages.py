@@ -12,13 +12,18 @@ from urllib.parse import quote
 
 from executor.states import TERMINAL
 from executor.store import Row
-from executor.store.inspecting import INSTANCES_SHOWN, RunGraph, TaskDetail
+from executor.store.inspecting import INSTANCES_SHOWN, RUNS_PER_DAG, DagsPage, RunGraph, TaskDetail
 
+from ..schedule_shown import schedule_shown
 from ..status import failure_cause, human_seconds, shard_ranges
 from . import graph
 from .assets import JS
 
 ALL_STATES = graph.STATE_ORDER
+# A run's states, as the DAGs page's squares draw them. QUEUED (a run waiting for its turn)
+# is drawn before any run is queued, so that the page is ready when runs start to queue.
+RUN_STATES = ("QUEUED", "RUNNING", "SUCCESS", "FAILED")
+RUN_MARK = {"QUEUED": "\u2026", "RUNNING": "\u25b6", "SUCCESS": "\u2713", "FAILED": "\u2717"}
 
 
 # -- small pieces ----------------------------------------------------------------------
@@ -81,7 +86,7 @@ def page(title: str, main: str, *, live: bool, db: str, refresh: float) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{CSS}</style></head>"
         f'<body data-live="{int(live)}" data-refresh="{refresh:g}">'
-        '<header><a href="/">slotless</a><a href="/">runs</a>'
+        '<header><a href="/">slotless</a><a href="/dags">DAGs</a><a href="/">runs</a>'
         f'<span class="db">{escape(db)}</span>'
         f'<span id="live" class="live{" on" if live else ""}">'
         f"{'live, refreshing' if live else 'not live'}</span></header>"
@@ -94,6 +99,93 @@ def not_found(what: str) -> str:
     return (
         f'<h1>Not found</h1><p class="warn">{escape(what)}</p>'
         '<p><a href="/">back to the runs</a></p>'
+    )
+
+
+# -- the DAG list ----------------------------------------------------------------------
+
+
+def dags_page(data: DagsPage) -> tuple[str, bool]:
+    """One row per catalogued DAG (schedule, next run, paused, its newest runs as squares),
+    under a box naming each file that failed to parse."""
+    parts = ["<h1>DAGs</h1>"]
+    if data.broken_files:
+        n = len(data.broken_files)
+        items = "".join(
+            f'<li><span class="mono">{escape(b["path"])}</span>'
+            f'<div class="mono err">{escape(b["parse_error"])}</div></li>'
+            for b in data.broken_files
+        )
+        parts.append(
+            f'<div class="panel errors"><h2>{n} broken DAG file{"s" if n != 1 else ""}</h2>'
+            f"<ul>{items}</ul></div>"
+        )
+    if not data.dags:
+        parts.append(
+            '<p class="empty">No DAGs in the catalogue: <span class="mono">slotless dags list '
+            "--dags DIR</span> parses a folder into it.</p>"
+        )
+        return "".join(parts), False
+    parts.append(
+        '<div class="legend">'
+        + "".join(f"<span>{square(s)} {escape(s.lower())}</span>" for s in RUN_STATES)
+        + "</div>"
+    )
+    rows = []
+    live = False
+    for d in data.dags:
+        runs = data.runs.get(d["dag_id"], [])
+        live = live or any(r["state"] in ("QUEUED", "RUNNING") for r in runs)
+        shown = schedule_shown(d)
+        dag = (
+            f'<span class="dag-id">{escape(d["dag_id"])}</span>'
+            f'<div class="muted mono">{escape(d["file"])}</div>'
+        )
+        if d["parse_error"]:
+            dag += f'<div class="mono err">file broken: {escape(d["parse_error"])}</div>'
+        if d["schedule"] is None:
+            sched = '<span class="muted">none: started by hand</span>'
+        else:
+            sched = (
+                f"{escape(shown['schedule_words'] or '')}"
+                f'<div class="mono muted">{escape(d["schedule"])}</div>'
+            )
+        paused = (
+            '<span class="paused">paused</span>'
+            if d["paused"]
+            else '<span class="active">active</span>'
+        )
+        grid = (
+            '<div class="grid">' + "".join(square(r["state"], r) for r in runs) + "</div>"
+            if runs
+            else '<span class="empty">no runs yet</span>'
+        )
+        broken = ' class="broken"' if d["parse_error"] else ""
+        rows.append(
+            f'<tr data-dag="{escape(d["dag_id"])}"{broken}>'
+            f"<td>{dag}</td><td>{sched}</td><td>{escape(shown['next_run'] or '-')}</td>"
+            f"<td>{paused}</td><td>{grid}</td></tr>"
+        )
+    head = "".join(
+        f"<th>{escape(h)}</th>"
+        for h in ("DAG", "schedule", "next run", "state", f"last {RUNS_PER_DAG} runs, oldest first")
+    )
+    parts.append(
+        f'<table class="dags"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
+    return "".join(parts), live
+
+
+def square(state: str, run: Row | None = None) -> str:
+    """A run as a square coloured by its state, linking to the run; without a run, the
+    legend's square."""
+    mark = RUN_MARK.get(state, "?")
+    if run is None:
+        return f'<span class="sq st-{escape(state)}">{mark}</span>'
+    title = f"{run['logical_date']} \u00b7 {state}"
+    return (
+        f'<a class="sq st-{escape(state)}" href="{run_href(run["run_id"])}" '
+        f'title="{escape(title)}" data-state="{escape(state)}">{mark}</a>'
     )
 
 

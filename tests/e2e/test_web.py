@@ -1,10 +1,14 @@
 """`slotless ui` tested live: the run list, a run's graph with a DEFERRED task, a task's log,
-404s, a database it cannot open, a port already taken; in headless Chromium (screenshots
-saved under test-artifacts/); and `slotless up` starting and stopping the stack together."""
+the DAGs page (schedules, runs as squares, broken files), 404s, a database it cannot open, a
+port already taken; in headless Chromium (screenshots saved under test-artifacts/; a square
+clicked through the DevTools protocol); and `slotless up` starting and stopping the stack
+together."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -14,11 +18,26 @@ import subprocess
 import textwrap
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
+from datetime import date
+from html import escape
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 import pytest
-from support.helpers import REPO, cli, free_port, sql, start_cli, stop_process
+from support.helpers import (
+    REPO,
+    async_wait_until,
+    attempt_of,
+    cli,
+    free_port,
+    sql,
+    start_cli,
+    stop_process,
+    write_dag,
+)
 from support.ops import (
     SETTLED,
     http_get,
@@ -28,6 +47,8 @@ from support.ops import (
     write_ops_dag,
 )
 
+from executor.loader import load_dag
+from executor.outcomes import Failed, Succeeded
 from executor.store import open_store
 
 pytestmark = pytest.mark.slow
@@ -155,6 +176,129 @@ def test_it_is_read_only(live_ui):
     assert sql(live_ui["db"], "SELECT count(*) AS n FROM task_event")[0]["n"] == before
 
 
+# -- the DAGs page ----------------------------------------------------------------------
+
+NIGHTLY = """
+from executor import DAG
+
+dag = DAG("nightly", schedule="0 6 * * *", timezone="Europe/Paris")
+
+
+@dag.task
+def work(ctx):
+    return 1
+"""
+WEEKLY = """
+from executor import DAG
+
+dag = DAG("weekly", schedule="@weekly")
+"""
+# Errors are user input on the page: they must come out as text, not markup.
+BROKEN = 'raise RuntimeError("<b>boom</b> & co")\n'
+# The squares' colours (assets.CSS), as the browser computes them.
+SQUARE_RGB = {
+    "SUCCESS": "rgb(67, 160, 71)",
+    "FAILED": "rgb(229, 57, 53)",
+    "RUNNING": "rgb(30, 136, 229)",
+}
+
+
+@pytest.fixture(scope="module")
+def dags_ui(tmp_path_factory: pytest.TempPathFactory):
+    """A catalogued folder: a scheduled DAG with three runs (SUCCESS, FAILED, RUNNING,
+    oldest first), a paused DAG whose file broke after it was catalogued, a file that
+    never parsed; and `slotless ui` serving them."""
+    tmp = tmp_path_factory.mktemp("dags-web")
+    url = f"sqlite:///{tmp / 'dags.db'}"
+    folder = tmp / "dags"
+    folder.mkdir()
+    nightly = write_dag(folder, NIGHTLY, "nightly.py")
+    weekly = write_dag(folder, WEEKLY, "weekly.py")
+    write_dag(folder, BROKEN, "broken.py")
+    listing = ("dags", "list", "--db", url, "--dags", str(folder), "--parse-timeout", "10")
+    listed = cli(*listing)
+    assert listed.returncode == 0, listed.stderr
+    write_dag(folder, WEEKLY + "raise ValueError('<i>typo</i>')\n", "weekly.py")
+    os.utime(weekly, (1.0, 1.0))  # an mtime the catalogue has not seen: parsed again
+    listed = cli(*listing, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert cli("dags", "pause", "weekly", "--db", url).returncode == 0
+    runs = asyncio.run(_nightly_runs(url, nightly))
+    port = free_port()
+    log = tmp / "ui.log"
+    proc = start_cli("ui", "--db", url, "--port", str(port), log=log)
+    base = f"http://127.0.0.1:{port}"
+    wait_for_http(base + "/dags", proc, log)
+    yield {
+        "base": base,
+        "runs": runs,
+        "folder": folder.resolve(),
+        "tmp": tmp,
+        "listed": json.loads(listed.stdout)["dags"],
+    }
+    code = stop_process(proc)
+    assert code == 0, log.read_text()
+
+
+async def _nightly_runs(url: str, path: Path) -> list[tuple[str, str, str]]:
+    """(run_id, logical date, state) of three runs: one succeeded, one failed, one running."""
+    store = await open_store(url)
+    try:
+        dag = load_dag(str(path), None)
+        runs = []
+        for day, ending in ((1, "SUCCESS"), (2, "FAILED"), (3, "RUNNING")):
+            run_id = await store.create_run(dag, date(2026, 4, day), dag_file=str(path))
+            if ending != "RUNNING":
+                [row] = await store.claim("test", 1)
+                await store.complete(
+                    [
+                        Succeeded(**attempt_of(row), output_json="1")
+                        if ending == "SUCCESS"
+                        else Failed(**attempt_of(row), message="boom")
+                    ]
+                )
+            info = await store.run_info(run_id)
+            assert info is not None and info["state"] == ending
+            runs.append((run_id, f"2026-04-0{day}", ending))
+        return runs
+    finally:
+        await store.close()
+
+
+def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui):
+    status, html = http_get(dags_ui["base"] + "/dags")
+    assert status == 200
+    assert '<a href="/dags">DAGs</a>' in html  # the nav links to it
+    # One row, for the DAG the good file declares: schedule in words and as written, when
+    # it runs next (as `slotless dags list` says), active, its runs oldest first.
+    rows = dict(re.findall(r'<tr data-dag="([^"]+)"(.*?)</tr>', html, re.DOTALL))
+    assert list(rows) == ["nightly", "weekly"]
+    row = rows["nightly"]
+    assert "every day at 06:00 Europe/Paris" in row and "0 6 * * *" in row
+    listed = {d["dag_id"]: d for d in dags_ui["listed"]}
+    assert listed["nightly"]["next_run"]
+    assert f"<td>{escape(listed['nightly']['next_run'])}</td>" in row
+    assert '<span class="active">active</span>' in row
+    squares = re.findall(r'<a class="sq st-([A-Z]+)" href="([^"]+)" title="([^"]+)"', row)
+    assert squares == [
+        (state, f"/runs/{quote(run_id, safe='')}", f"{day} \u00b7 {state}")
+        for run_id, day, state in dags_ui["runs"]
+    ]
+    assert 'data-live="1"' in html  # a run is RUNNING: the page refreshes
+    # A DAG whose file broke keeps its row, with the error on it.
+    assert rows["weekly"].startswith(' class="broken">')
+    assert '<span class="paused">paused</span>' in rows["weekly"]
+    assert "file broken: " in rows["weekly"] and '<span class="empty">no runs yet' in rows["weekly"]
+    # Both broken files, in the box at the top, their errors escaped.
+    box = re.search(r'<div class="panel errors">(.*?)</ul></div>', html, re.DOTALL)
+    assert box is not None and "2 broken DAG files</h2>" in box.group(1)
+    files = re.findall(r'<li><span class="mono">([^<]+)</span>', box.group(1))
+    assert files == [str(dags_ui["folder"] / name) for name in ("broken.py", "weekly.py")]
+    assert "RuntimeError: &lt;b&gt;boom&lt;/b&gt; &amp; co" in box.group(1)
+    assert rows["weekly"].count("ValueError: &lt;i&gt;typo&lt;/i&gt;") == 1
+    assert "<b>boom" not in html and "<i>typo" not in html
+
+
 # -- in a real browser -----------------------------------------------------------------
 
 
@@ -223,6 +367,137 @@ def test_in_chromium_the_graph_shows_a_deferred_task(live_ui):
         colours = {c for _, c in img.convert("RGB").getcolors(1_000_000) or []}
     assert (0xE1, 0xBE, 0xE7) in colours
     assert (0xFF, 0xE0, 0xB2) in colours
+
+
+class DevTools:
+    """One page of a headless Chromium, driven over the DevTools protocol (a websocket)."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.last_id = 0
+
+    async def send(self, method: str, **params: Any) -> dict[str, Any]:
+        self.last_id += 1
+        await self.ws.send_json({"id": self.last_id, "method": method, "params": params})
+        async for msg in self.ws:
+            answer = json.loads(msg.data)
+            if answer.get("id") == self.last_id:  # anything else is an event: not asked for
+                if "error" in answer:
+                    raise AssertionError(f"{method}: {answer['error']}")
+                return dict(answer["result"])
+        raise AssertionError(f"{method}: the browser closed the connection")
+
+    async def eval(self, expression: str) -> Any:
+        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise AssertionError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def eval_when(self, expression: str, what: str) -> Any:
+        """``expression``'s value once it is truthy; while the page loads, the expression
+        may fail (no document yet, or the one being left): that only means not yet."""
+
+        async def value() -> Any:
+            with contextlib.suppress(AssertionError):
+                return await self.eval(expression)
+            return None
+
+        return await async_wait_until(value, what=what)
+
+    async def click(self, x: float, y: float) -> None:
+        """A left click at (x, y) in the page's coordinates, as a person's mouse makes it."""
+        for kind in ("mousePressed", "mouseReleased"):
+            await self.send(
+                "Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1
+            )
+
+
+@contextlib.asynccontextmanager
+async def devtools(tmp: Path, url: str) -> AsyncIterator[DevTools]:
+    profile = tmp / "chromium-devtools"
+    shutil.rmtree(profile, ignore_errors=True)  # a stale DevToolsActivePort would mislead
+    proc = subprocess.Popen(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",  # Chromium picks one and writes it in the profile
+            "--window-size=1280,900",
+            url,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        port_file = profile / "DevToolsActivePort"
+        port = await async_wait_until(
+            lambda: port_file.exists() and port_file.read_text().split("\n")[0],
+            what="Chromium's DevTools port",
+        )
+        async with aiohttp.ClientSession() as http:
+
+            async def pages() -> list[dict[str, Any]]:
+                async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
+                    return [t for t in await r.json() if t["type"] == "page"]
+
+            [page] = await async_wait_until(pages, what="Chromium's page")
+            async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                yield DevTools(ws)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+async def test_in_chromium_the_dags_page_colours_runs_and_a_square_opens_its_run(dags_ui):
+    tmp, base = dags_ui["tmp"], dags_ui["base"]
+    async with devtools(tmp, base + "/dags") as page:
+        squares = await page.eval_when(
+            """(() => {
+                const sq = [...document.querySelectorAll('tr[data-dag="nightly"] a.sq')];
+                return sq.length && sq.map(a => [
+                    a.dataset.state, a.title, getComputedStyle(a).backgroundColor]);
+            })()""",
+            "the nightly row's squares",
+        )
+        assert squares == [
+            [state, f"{day} \u00b7 {state}", SQUARE_RGB[state]] for _, day, state in dags_ui["runs"]
+        ]
+        # The errors box is drawn at the top, above the table.
+        assert await page.eval(
+            "document.querySelector('.errors').getBoundingClientRect().bottom"
+            " <= document.querySelector('table.dags').getBoundingClientRect().top"
+        )
+        run_id = next(r for r, _, state in dags_ui["runs"] if state == "FAILED")
+        x, y = await page.eval(
+            """(() => {
+                const r = document.querySelector('a.sq[data-state="FAILED"]')
+                    .getBoundingClientRect();
+                return [r.x + r.width / 2, r.y + r.height / 2];
+            })()"""
+        )
+        await page.click(x, y)
+        path = f"/runs/{quote(run_id, safe='')}"
+        assert (
+            await page.eval_when(
+                f"location.pathname === {json.dumps(path)} && document.readyState === 'complete'"
+                " && document.querySelector('h1').textContent",
+                "the run's page",
+            )
+            == f"{run_id} \u2717 FAILED"
+        )
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "web-dags.png"
+    shot.unlink(missing_ok=True)
+    done = browse(tmp, base + "/dags", f"--screenshot={shot}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # -- starting it wrong ------------------------------------------------------------------

@@ -12,7 +12,7 @@ import json
 import secrets
 import sqlite3
 import time
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -464,6 +464,57 @@ async def test_catalogue_refuses_a_dag_id_held_by_another_file_and_forgets_files
     assert [d["file"] for d in await store.catalogue_dags()] == ["/dags/b.py"]
     await store.forget_files(["/dags/b.py"])
     assert await store.catalogue_dags() == [] and await store.catalogue_files() == {}
+
+
+async def test_the_dags_page_reads_each_dags_newest_runs_and_the_broken_files(
+    store: Store, clock: FakeClock
+) -> None:
+    nightly = DAG("nightly")
+    nightly.task(noop, task_id="work")
+    await store.record_parse(
+        "/dags/nightly.py",
+        1.0,
+        [DeclaredDag("nightly", "0 6 * * *", "Europe/Paris", "2026-05-03T04:00:00+00:00")],
+        None,
+    )
+    await store.record_parse("/dags/idle.py", 1.0, [DeclaredDag("idle")], None)
+    await store.record_parse("/dags/broken.py", 2.0, [], "cannot import: SyntaxError (line 1)")
+    # 27 runs of nightly, a second apart: the first ends SUCCESS, the second FAILED.
+    for day in range(27):
+        clock.advance(1)
+        await store.create_run(nightly, DAY + timedelta(days=day), run_id=f"nightly-{day:02d}")
+        if day < 2:
+            [row] = await store.claim("w", 5)
+            await store.complete([outcome(row) if day == 0 else failure(row, "boom")])
+    # A run of a DAG the catalogue does not hold is on no row.
+    await store.create_run(etl_dag(), DAY, run_id="etl-1")
+
+    page = await store.dags_page()
+    assert [d["dag_id"] for d in page.dags] == ["idle", "nightly"]
+    assert page.dags[1]["schedule"] == "0 6 * * *" and page.dags[1]["last_run_state"] == "RUNNING"
+    assert set(page.runs) == {"nightly"}  # idle never ran; etl is not catalogued
+    shown = page.runs["nightly"]
+    # The newest 25, oldest first: the two that ended are older than those.
+    assert [r["run_id"] for r in shown] == [f"nightly-{d:02d}" for d in range(2, 27)]
+    assert {r["state"] for r in shown} == {"RUNNING"}
+    assert shown[-1]["logical_date"] == (DAY + timedelta(days=26)).isoformat()
+    every = await store.dags_page(runs_per_dag=27)
+    assert [r["state"] for r in every.runs["nightly"][:3]] == ["SUCCESS", "FAILED", "RUNNING"]
+    [broken] = page.broken_files
+    assert (broken["path"], broken["parse_error"]) == (
+        "/dags/broken.py",
+        "cannot import: SyntaxError (line 1)",
+    )
+
+    # Squares go by logical date: a run of an old date (a backfill) lands on the left.
+    await store.create_run(nightly, DAY - timedelta(days=1), run_id="backfilled")
+    assert (await store.dags_page(runs_per_dag=28)).runs["nightly"][0]["run_id"] == "backfilled"
+    # Runs of one date created in the same instant are ordered by run_id, on both backends.
+    clock.advance(1)
+    for run_id in ("same-b", "same-a"):
+        await store.create_run(nightly, DAY + timedelta(days=26), run_id=run_id)
+    tail = (await store.dags_page(runs_per_dag=3)).runs["nightly"]
+    assert [r["run_id"] for r in tail] == ["nightly-26", "same-a", "same-b"]
 
 
 # ------------------------------------------------------------------------------ misc

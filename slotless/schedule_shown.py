@@ -1,0 +1,30 @@
+"""A catalogue row's schedule as people read it: in words, and its next run.
+
+Shared by `slotless dags list` and the web page's DAGs list, so that both say the same
+thing about when a DAG runs next.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from executor.schedules import describe_stored, stored_next_run
+
+
+def schedule_shown(d: Any) -> dict[str, str | None]:
+    """A catalogue row's schedule in words, and its next run: the logical date and when
+    it is due, on the DAG's wall clock (as of the file's last parse)."""
+    if d["schedule"] is None:
+        return {"schedule_words": None, "next_run": None}
+    words = describe_stored(d["schedule"], d["timezone"])
+    if d["next_logical_date"] is None:
+        return {"schedule_words": words, "next_run": None}
+    logical = datetime.fromisoformat(d["next_logical_date"])
+    interval = stored_next_run(d["schedule"], d["timezone"], logical)
+    zone = ZoneInfo(d["timezone"])
+    shown = f"{logical.astimezone(zone):%Y-%m-%d %H:%M}"
+    if interval is not None:
+        shown += f" (due {interval.end.astimezone(zone):%Y-%m-%d %H:%M})"
+    return {"schedule_words": words, "next_run": shown}
