@@ -550,17 +550,22 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"{len(dags)} DAGs")
     for col in ("dag", "file", "paused", "schedule", "next run", "last run"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for d in dags:
         last = d["last_run_state"] or "-"
         if d["parse_error"]:
             last += " (file broken, see below)"
+        if d["start_error"]:
+            last += f"; cannot start: {d['start_error']}"
         shown = schedule_shown(d)
+        starts = shown["schedule_words"] or "-"
+        if d["waiting_for"]:
+            starts += f"; when {d['waiting_for']}"
         table.add_row(
             d["dag_id"],
             d["file"],
             "yes" if d["paused"] else "no",
-            shown["schedule_words"] or "-",
+            starts,
             shown["next_run"] or "-",
             last,
         )
@@ -577,6 +582,7 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
 
 _DAG_FIELDS = (
     "dag_id", "file", "schedule", "timezone", "next_logical_date", "parse_error", "last_run_state",
+    "waiting_for", "start_error",
 )  # fmt: skip
 
 

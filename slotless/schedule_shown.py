@@ -15,15 +15,24 @@ from executor.schedules import describe_stored, stored_next_run
 
 def schedule_shown(d: Any) -> dict[str, str | None]:
     """A catalogue row's schedule in words, and its next run: the logical date and when
-    it is due, on the DAG's wall clock (as of the file's last parse)."""
+    it is due, on the DAG's wall clock. The next run is the one the triggerer holds a
+    wait for; before any is armed (a listing that only parsed), the one the schedule
+    would start as of the file's last parse; a paused DAG has none."""
     if d["schedule"] is None:
         return {"schedule_words": None, "next_run": None}
     words = describe_stored(d["schedule"], d["timezone"])
-    if d["next_logical_date"] is None:
+    zone = ZoneInfo(d["timezone"])
+    if d["armed_due"] is not None:
+        logical = datetime.fromisoformat(d["armed_logical_date"])
+        due = datetime.fromisoformat(d["armed_due"])
+        shown = (
+            f"{logical.astimezone(zone):%Y-%m-%d %H:%M} (due {due.astimezone(zone):%Y-%m-%d %H:%M})"
+        )
+        return {"schedule_words": words, "next_run": shown}
+    if d["next_logical_date"] is None or d["paused"]:
         return {"schedule_words": words, "next_run": None}
     logical = datetime.fromisoformat(d["next_logical_date"])
     interval = stored_next_run(d["schedule"], d["timezone"], logical)
-    zone = ZoneInfo(d["timezone"])
     shown = f"{logical.astimezone(zone):%Y-%m-%d %H:%M}"
     if interval is not None:
         shown += f" (due {interval.end.astimezone(zone):%Y-%m-%d %H:%M})"

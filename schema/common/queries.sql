@@ -390,10 +390,17 @@ DELETE FROM dag_file WHERE path = ANY(:paths);
 
 -- name: catalogue_dags
 -- Every DAG, with the state of its newest run (NULL: it never ran).
+-- armed_*: the schedule's wait the triggerer holds; waiting_for: the start condition's.
 SELECT d.dag_id, d.file, d.schedule, d.timezone, d.paused, d.next_logical_date,
-       d.parse_error, d.file_mtime, d.parsed_at,
+       d.parse_error, d.file_mtime, d.parsed_at, d.start_error,
        (SELECT r.state FROM dag_run r WHERE r.dag_id = d.dag_id
-        ORDER BY r.created_at DESC LIMIT 1) AS last_run_state
+        ORDER BY r.created_at DESC LIMIT 1) AS last_run_state,
+       (SELECT s.logical_date FROM start_wait s
+        WHERE s.dag_id = d.dag_id AND s.kind = 'schedule') AS armed_logical_date,
+       (SELECT s.interval_end FROM start_wait s
+        WHERE s.dag_id = d.dag_id AND s.kind = 'schedule') AS armed_due,
+       (SELECT g.description FROM start_wait s JOIN trigger g ON g.id = s.trigger_id
+        WHERE s.dag_id = d.dag_id AND s.kind = 'condition') AS waiting_for
 FROM dag d ORDER BY d.dag_id;
 
 -- name: catalogue_broken_files

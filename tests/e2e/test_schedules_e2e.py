@@ -160,3 +160,68 @@ async def test_a_paused_dag_creates_no_run_and_unpausing_does_not_flood(
 
 async def _has_runs(store: Store, dag_id: str, n: int) -> bool:
     return len(await run_keys(store, dag_id)) >= n
+
+
+async def test_an_s3_start_condition_starts_one_run_per_key_and_never_twice(
+    tmp_path: Path,
+) -> None:
+    from support.servers import MotoS3Server, s3_conn_uri
+
+    moto = MotoS3Server().start()
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "landing.py").write_text(
+        """
+from executor import DAG
+from triggers.s3 import S3KeyTrigger
+
+dag = DAG("landing", start_when=S3KeyTrigger(bucket="drop", key="in/*.csv", conn_id="s3t",
+                                             poke_interval=0.5))
+
+@dag.task
+def load(ctx):
+    return ctx.start_event["key"]
+"""
+    )
+    moto.make_bucket("drop", [])
+    env = cli_env(SLOTLESS_CONN_S3T=s3_conn_uri(moto.endpoint))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slotless", "triggerer", "--db", url, "--dags", str(dags),
+         "--rescan", "0.5"],
+        cwd=REPO, env=env, stdout=(tmp_path / "t.log").open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    store = await open_store(url)
+
+    async def armed_at() -> float:
+        waits = await store.start_waits()
+        return waits[0]["armed_at"] if waits else 0.0
+
+    try:
+        await async_wait_until(armed_at, 30, interval=0.1, what="the condition armed")
+        moto.put("drop", "in/a.csv")
+        await async_wait_until(lambda: _has_runs(store, "landing", 1), 30, what="a run for a.csv")
+        moto.put("drop", "in/b.csv")
+        moto.put("drop", "in/c.csv")
+        moto.put("drop", "in/notes.txt")  # does not match the glob
+        await async_wait_until(lambda: _has_runs(store, "landing", 3), 30, what="b and c")
+        # The listing keeps finding the same three objects: each finding is a fire that
+        # re-arms the wait; wait for three of them, then no fourth run may exist.
+        for _ in range(3):
+            seen = await armed_at()
+            await async_wait_until(
+                lambda seen=seen: _later(armed_at, seen), 30, interval=0.05, what="a re-fire"
+            )
+        keys = await run_keys(store, "landing")
+        async with store.db.read() as tx:
+            events = [json.loads(r["start_event"]) for r in await tx.fetch("list_runs", n=10)]
+    finally:
+        stop_process(proc)
+        await store.close()
+        moto.stop()
+    assert keys == ["s3://drop/in/a.csv", "s3://drop/in/b.csv", "s3://drop/in/c.csv"]
+    assert sorted(e["key"] for e in events) == ["in/a.csv", "in/b.csv", "in/c.csv"]
+
+
+async def _later(read, seen: float) -> bool:  # type: ignore[no-untyped-def]
+    return await read() > seen
