@@ -27,6 +27,7 @@ WAITING = ("DEFERRED", "SENSING", "RETRYING")
 STALE_AFTER = 30.0
 
 STATE_STYLE = {
+    "QUEUED": "dim cyan",
     "PENDING": "white",
     "RUNNING": "bold green",
     "SUCCESS": "green",

@@ -63,6 +63,8 @@ async def trigger_command(args: argparse.Namespace) -> int:
             run_key=args.run_key,
             conf=conf,
             dag_file=entry["file"],
+            # A run by hand counts against max_active_runs, as in Airflow: QUEUED over it.
+            max_active=dag.max_active_runs,
         )
     finally:
         await store.close()
@@ -74,8 +76,14 @@ async def trigger_command(args: argparse.Namespace) -> int:
                     "run_id": started.run_id,
                     "run_key": started.run_key,
                     "created": started.created,
+                    "state": started.state,
                 }
             )
+        )
+    elif started.created and started.state == "QUEUED":
+        print(
+            f"{started.run_id}: created QUEUED (run key {started.run_key}): {args.dag_id} has "
+            f"max_active_runs runs going; it starts when one ends"
         )
     elif started.created:
         print(f"{started.run_id}: created (run key {started.run_key})")
