@@ -7,6 +7,7 @@ import glob
 import os
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import field_validator
 
@@ -38,6 +39,14 @@ class FileTrigger(BaseTrigger):
     @property
     def is_glob(self) -> bool:
         return glob.has_magic(self.path)
+
+    def run_requests(self, payload: Any) -> list[tuple[str | None, Any]]:
+        """As a start condition, a glob starts one run per matching file, keyed
+        ``file://PATH`` (``ctx.start_event``: ``{"path": ...}``); a plain path starts one
+        run per date."""
+        if not self.is_glob:
+            return [(None, payload)]
+        return [(f"file://{p}", {"path": p}) for p in payload["paths"]]
 
     @classmethod
     async def poke_many(
