@@ -242,8 +242,8 @@ async def _settle_batch(
             "run_tasks_done", done=done, leaves_failed=leaves_failed, run_id=run_id
         )
         if left is not None and left["tasks_unfinished"] <= 0:
-            final = RunState.FAILED if left["leaves_failed"] else RunState.SUCCESS
-            if await transition_run(tx, run_id, RunState.RUNNING, final, now=now):
+            ended_as = RunState.FAILED if left["leaves_failed"] else RunState.SUCCESS
+            if await transition_run(tx, run_id, RunState.RUNNING, ended_as, now=now):
                 freed.add(left["dag_id"])
     for dag_id in sorted(freed):
         follow.extend(await _start_queued(tx, dag_id, now))
@@ -293,7 +293,7 @@ async def _settle_batch(
 
 async def _start_queued(tx: Tx, dag_id: str, now: float) -> list[tuple[MovedTask, State]]:
     """Start the oldest QUEUED runs of ``dag_id`` while they fit under their limit."""
-    await tx.fetchone("lock_dag_runs", dag_id=dag_id)
+    await tx.fetch("lock_dags_runs", dag_ids=[dag_id])
     ended: list[tuple[MovedTask, State]] = []
     while (nxt := await tx.fetchone("next_queued_run", dag_id=dag_id)) is not None:
         if nxt["running"] >= nxt["max_active"]:

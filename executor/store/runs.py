@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date
 from typing import TYPE_CHECKING, Any
@@ -125,72 +125,111 @@ def new_run_id(dag_id: str, logical_date: date, token: str | None = None) -> str
 
 async def insert_run(tx: Tx, shape: RunShape, new: NewRun, now: float) -> StartedRun:
     """Insert ``new`` as a run of ``shape`` in ``tx``; nothing when its key is taken.
+    :func:`insert_runs` for one run."""
+    [started] = await insert_runs(tx, [(shape, new)], now)
+    return started
 
-    With ``new.max_active``, the run is QUEUED if its DAG has that many RUNNING runs or
-    any QUEUED one (first come, first started); the DAG's runs are locked for the check
-    (on PostgreSQL an advisory lock per DAG), so concurrent creators never overshoot.
+
+async def insert_runs(
+    tx: Tx, requests: Sequence[tuple[RunShape, NewRun]], now: float
+) -> list[StartedRun]:
+    """Insert many runs in ``tx``, in a few statements whatever their number (a minute
+    tick of 10,000 scheduled DAGs is one transaction); a run whose key is taken is not
+    created, and the run holding the key is returned instead.
+
+    With ``max_active``, a run is QUEUED if its DAG has that many RUNNING runs or any
+    QUEUED one (first come, first started), counting the runs created before it in the
+    batch. The DAGs' runs are locked for the check (on PostgreSQL an advisory lock per
+    DAG, taken in dag_id order), so concurrent creators never overshoot.
     """
-    dag_id = shape.dag_id
-    state = RunState.RUNNING
-    if new.max_active is not None and shape.tasks:
-        await tx.fetchone("lock_dag_runs", dag_id=dag_id)
-        going = await tx.fetchone("dag_runs_going", dag_id=dag_id)
-        assert going is not None
-        if going["running"] >= new.max_active or going["queued"] > 0:
-            state = RunState.QUEUED
-    run_id = new.run_id or new_run_id(dag_id, new.logical_date)
-    iv = new.interval
-    inserted = await tx.fetchone(
-        "insert_run",
-        run_id=run_id,
-        dag_id=dag_id,
-        logical_date=new.logical_date.isoformat(),
-        state=state.value,
-        dag_file=new.dag_file,
-        now=now,
-        tasks=len(shape.tasks),
-        run_key=new.run_key,
-        conf=None if new.conf is None else json.dumps(dict(new.conf)),
-        data_interval_start=None if iv is None else iv.start.isoformat(),
-        data_interval_end=None if iv is None else iv.end.isoformat(),
-        start_event=None if new.start_event is None else json.dumps(new.start_event),
-        max_active=new.max_active,
-    )
-    if inserted is None:
-        # The key is taken. On PostgreSQL the insert waited for a concurrent one to commit;
-        # this read (READ COMMITTED: a new snapshot) sees its row.
-        existing = await tx.fetchone("run_by_key", dag_id=dag_id, run_key=new.run_key)
-        assert existing is not None, f"run key {new.run_key!r} taken, yet no run has it"
-        return StartedRun(existing["run_id"], new.run_key, False, existing["state"])
-    has_children = {p for t in shape.tasks for p in t.parents}
-    await tx.executemany(
-        "insert_task",
-        [
+    states = await _states(tx, requests)
+    run_ids = [new.run_id or new_run_id(shape.dag_id, new.logical_date) for shape, new in requests]
+    rows = []
+    for (shape, new), state, run_id in zip(requests, states, run_ids, strict=True):
+        iv = new.interval
+        rows.append(
             {
                 "run_id": run_id,
-                "task_id": t.task_id,
-                "trigger_rule": t.trigger_rule,
-                "priority": t.priority,
-                "is_leaf": int(t.task_id not in has_children),
-                "expand_from": t.expand_from,
-                "map_cap": t.map_cap,
-                "max_attempts": t.max_attempts,
-                "n_parents": len(t.parents),
+                "dag_id": shape.dag_id,
+                "logical_date": new.logical_date.isoformat(),
+                "state": state.value,
+                "dag_file": new.dag_file,
                 "now": now,
+                "tasks": len(shape.tasks),
+                "run_key": new.run_key,
+                "conf": None if new.conf is None else json.dumps(dict(new.conf)),
+                "data_interval_start": None if iv is None else iv.start.isoformat(),
+                "data_interval_end": None if iv is None else iv.end.isoformat(),
+                "start_event": None if new.start_event is None else json.dumps(new.start_event),
+                "max_active": new.max_active,
             }
-            for t in shape.tasks
-        ],
-    )
-    await tx.executemany(
-        "insert_edge",
-        [
+        )
+    await tx.executemany("insert_run", rows)
+    # Which were inserted: the others' keys were taken (ON CONFLICT DO NOTHING). On
+    # PostgreSQL an insert of a key being inserted concurrently waited for that commit.
+    ours = {r["run_id"] for r in await tx.fetch("runs_by_id", ids=run_ids)}
+    out: list[StartedRun] = []
+    tasks: list[dict[str, Any]] = []
+    edges: list[dict[str, Any]] = []
+    to_start: list[str] = []
+    empty: list[str] = []
+    for (shape, new), state, run_id in zip(requests, states, run_ids, strict=True):
+        if run_id not in ours:
+            existing = await tx.fetchone("run_by_key", dag_id=shape.dag_id, run_key=new.run_key)
+            assert existing is not None, f"run key {new.run_key!r} taken, yet no run has it"
+            out.append(StartedRun(existing["run_id"], new.run_key, False, existing["state"]))
+            continue
+        out.append(StartedRun(run_id, new.run_key, True, state.value))
+        has_children = {p for t in shape.tasks for p in t.parents}
+        tasks += [_task_row(run_id, t, t.task_id not in has_children, now) for t in shape.tasks]
+        edges += [
             {"run_id": run_id, "parent": parent, "child": t.task_id}
             for t in shape.tasks
             for parent in t.parents
-        ],
-    )
-    if not shape.tasks:  # no task will ever end to finish it
+        ]
+        if not shape.tasks:  # no task will ever end to finish it
+            empty.append(run_id)
+        elif state is RunState.RUNNING:
+            to_start.append(run_id)
+    await tx.executemany("insert_task", tasks)
+    await tx.executemany("insert_edge", edges)
+    for run_id in empty:
         await transition_run(tx, run_id, RunState.RUNNING, RunState.SUCCESS, now=now)
-    elif state is RunState.RUNNING:
-        await evaluate(tx, TaskRow.all(await tx.fetch("run_tasks", run_id=run_id)), now)
-    return StartedRun(run_id, new.run_key, True, state.value)
+    if to_start:
+        await evaluate(tx, TaskRow.all(await tx.fetch("runs_tasks", ids=to_start)), now)
+    return out
+
+
+async def _states(tx: Tx, requests: Sequence[tuple[RunShape, NewRun]]) -> list[RunState]:
+    """RUNNING or QUEUED for each request, per its DAG's runs going and its limit."""
+    limited = sorted({shape.dag_id for shape, new in requests if new.max_active is not None})
+    going: dict[str, list[int]] = {d: [0, 0] for d in limited}  # dag_id -> [running, queued]
+    if limited:
+        await tx.fetch("lock_dags_runs", dag_ids=limited)
+        for r in await tx.fetch("dags_runs_going", dag_ids=limited):
+            going[r["dag_id"]] = [r["running"], r["queued"]]
+    states = []
+    for shape, new in requests:
+        state = RunState.RUNNING
+        if new.max_active is not None and shape.tasks:
+            counts = going[shape.dag_id]
+            if counts[0] >= new.max_active or counts[1] > 0:
+                state = RunState.QUEUED
+            counts[0 if state is RunState.RUNNING else 1] += 1
+        states.append(state)
+    return states
+
+
+def _task_row(run_id: str, t: TaskShape, is_leaf: bool, now: float) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "task_id": t.task_id,
+        "trigger_rule": t.trigger_rule,
+        "priority": t.priority,
+        "is_leaf": int(is_leaf),
+        "expand_from": t.expand_from,
+        "map_cap": t.map_cap,
+        "max_attempts": t.max_attempts,
+        "n_parents": len(t.parents),
+        "now": now,
+    }

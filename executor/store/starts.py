@@ -25,6 +25,7 @@ new keys; the keys that already have a run create nothing).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from triggers.temporal import DateTimeTrigger
 
 from ..schedules import Interval, Schedule
 from .db import Row, Tx
-from .runs import NewRun, RunShape, insert_run, scheduled_run_key
+from .runs import NewRun, RunShape, TaskShape, insert_run, insert_runs, scheduled_run_key
 
 SCHEDULE = "schedule"
 CONDITION = "condition"
@@ -69,11 +70,8 @@ class StartSpec:
     def of(cls, row: Row) -> StartSpec:
         schedule = None
         if row["schedule"]:
-            schedule = Schedule.parse(
-                row["schedule"],
-                timezone=row["timezone"],
-                start_date=_instant(row["start_date"]),
-                end_date=_instant(row["end_date"]),
+            schedule = _schedule(
+                row["schedule"], row["timezone"], row["start_date"], row["end_date"]
             )
         when = json.loads(row["start_when"]) if row["start_when"] else None
         return cls(
@@ -83,7 +81,7 @@ class StartSpec:
             schedule=schedule,
             catchup=bool(row["catchup"]),
             max_active_runs=row["max_active_runs"],
-            shape=RunShape.from_json(row["dag_id"], row["shape"]) if row["shape"] else None,
+            shape=RunShape(row["dag_id"], _tasks(row["shape"])) if row["shape"] else None,
             start_when=None if when is None else (when[0], json.dumps(when[1], sort_keys=True)),
             startable=not row["paused"] and row["parse_error"] is None,
         )
@@ -91,6 +89,17 @@ class StartSpec:
     def today(self, now: float) -> date:
         """The date on the DAG's clock at ``now``: what a start condition is rendered for."""
         return datetime.fromtimestamp(now, self.zone).date()
+
+
+# Many DAGs declare the same schedule and the same shape: parse each text once.
+@functools.lru_cache(maxsize=4096)
+def _schedule(text: str, zone: str, start: str | None, end: str | None) -> Schedule:
+    return Schedule.parse(text, timezone=zone, start_date=_instant(start), end_date=_instant(end))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tasks(text: str) -> tuple[TaskShape, ...]:
+    return RunShape.from_json("", text).tasks
 
 
 async def arm(tx: Tx, dag_id: str, now: float) -> None:
@@ -120,22 +129,103 @@ async def disarm(tx: Tx, dag_ids: list[str]) -> None:
 
 async def fire_starts(tx: Tx, waits: Mapping[int, int], payload: Any, now: float) -> int:
     """The triggerer's fire for start waits (start_wait id -> fired trigger id): create the
-    runs and re-arm, in ``tx``. Returns how many runs were created."""
+    runs and re-arm, in ``tx``. Returns how many runs were created.
+
+    Schedules are handled as one batch, so that 10,000 DAGs due at one minute cost a few
+    statements: their specs are read at once, equal schedules are planned once, the runs
+    are inserted together (:func:`insert_runs`) and waits re-armed on the same moment share
+    one trigger row."""
+    armed = [
+        w
+        for w in await tx.fetch("armed_start_waits", ids=sorted(waits))
+        # Re-armed by an earlier fire of the same event: nothing twice.
+        if w["trigger_id"] == waits[w["id"]]
+    ]
+    if not armed:
+        return 0
+    dag_ids = sorted({w["dag_id"] for w in armed})
+    specs = {
+        r["dag_id"]: StartSpec.of(r) for r in await tx.fetch("dag_start_specs", dag_ids=dag_ids)
+    }
+    await tx.execute("clear_start_errors", dag_ids=dag_ids)
+    batch = _ScheduleBatch(_at(now))
     created = 0
-    for wait in await tx.fetch("armed_start_waits", ids=list(waits)):
-        if wait["trigger_id"] != waits[wait["id"]]:
-            continue  # re-armed by an earlier fire of the same event: nothing twice
-        row = await tx.fetchone("dag_start_spec", dag_id=wait["dag_id"])
-        spec = None if row is None else StartSpec.of(row)
+    for wait in armed:
+        spec = specs.get(wait["dag_id"])
         if spec is None or not spec.startable or spec.shape is None:
-            await tx.execute("delete_start_wait", id=wait["id"])
-            continue
-        await tx.execute("clear_start_error", dag_id=spec.dag_id)
-        if wait["kind"] == SCHEDULE:
-            created += await _fire_schedule(tx, spec, wait, now)
+            batch.drop.append(wait["id"])
+        elif wait["kind"] == SCHEDULE:
+            batch.add(spec, wait)
         else:
             created += await _fire_condition(tx, spec, wait, payload, now)
-    return created
+    return created + await batch.write(tx, now)
+
+
+class _ScheduleBatch:
+    """The runs and re-arms of the schedules one fire answers, written together."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+        self.runs: list[tuple[RunShape, NewRun]] = []
+        self.rearm: list[tuple[int, Interval]] = []  # start wait id, the interval to arm
+        self.drop: list[int] = []  # start wait ids with nothing more to arm
+        self._plans: dict[tuple[Any, ...], tuple[list[Interval], Interval | None]] = {}
+
+    def add(self, spec: StartSpec, wait: Row) -> None:
+        assert spec.schedule is not None and spec.shape is not None
+        key = (spec.schedule, spec.catchup, wait["logical_date"], wait["interval_end"])
+        plan = self._plans.get(key)
+        if plan is None:
+            fired = Interval(
+                _utc(wait["logical_date"]), _utc(wait["interval_end"]), spec.schedule.zone
+            )
+            plan = self._plans[key] = _due(spec, fired, self.at)
+        due, nxt = plan
+        for iv in due:
+            new = NewRun(
+                logical_date=date.fromisoformat(iv.ds),
+                run_key=scheduled_run_key(iv),
+                interval=iv,
+                dag_file=spec.file,
+                max_active=spec.max_active_runs,
+            )
+            self.runs.append((spec.shape, new))
+        if nxt is None:  # past end_date: nothing more to arm
+            self.drop.append(wait["id"])
+        else:
+            self.rearm.append((wait["id"], nxt))
+
+    async def write(self, tx: Tx, now: float) -> int:
+        if self.drop:
+            await tx.execute("delete_start_waits_by_id", ids=self.drop)
+        started = await insert_runs(tx, self.runs, now) if self.runs else []
+        moments: dict[datetime, int] = {}  # one trigger row per moment, shared by its waits
+        rows = []
+        for wait_id, iv in self.rearm:
+            if iv.end not in moments:
+                moments[iv.end] = await _insert_trigger(tx, _schedule_trigger(iv), now, None)
+            rows.append(
+                {
+                    "trigger_id": moments[iv.end],
+                    "logical_date": iv.start.isoformat(),
+                    "interval_end": iv.end.isoformat(),
+                    "now": now,
+                    "id": wait_id,
+                }
+            )
+        await tx.executemany("rearm_start_wait", rows)
+        return sum(s.created for s in started)
+
+
+def _due(spec: StartSpec, fired: Interval, at: datetime) -> tuple[list[Interval], Interval | None]:
+    """The intervals to create from ``fired`` on (those ended by ``at``, at most
+    :data:`MAX_RUNS_PER_FIRE`), and the interval to arm after them."""
+    due: list[Interval] = []
+    iv: Interval | None = fired
+    while iv is not None and iv.end <= at and len(due) < MAX_RUNS_PER_FIRE:
+        due.append(iv)
+        iv = _next_interval(spec, iv.end, at)
+    return due, iv
 
 
 async def fail_starts(tx: Tx, waits: Mapping[int, int], why: str, now: float) -> None:
@@ -160,30 +250,6 @@ async def fail_starts(tx: Tx, waits: Mapping[int, int], why: str, now: float) ->
             now=now,
             id=wait["id"],
         )
-
-
-async def _fire_schedule(tx: Tx, spec: StartSpec, wait: Row, now: float) -> int:
-    assert spec.schedule is not None and spec.shape is not None
-    at = _at(now)
-    iv: Interval | None = Interval(
-        _utc(wait["logical_date"]), _utc(wait["interval_end"]), spec.schedule.zone
-    )
-    created = 0
-    while iv is not None and iv.end <= at and created < MAX_RUNS_PER_FIRE:
-        new = NewRun(
-            logical_date=date.fromisoformat(iv.ds),
-            run_key=scheduled_run_key(iv),
-            interval=iv,
-            dag_file=spec.file,
-            max_active=spec.max_active_runs,
-        )
-        created += (await insert_run(tx, spec.shape, new, now)).created
-        iv = _next_interval(spec, iv.end, at)
-    if iv is None:  # past end_date: nothing more to arm
-        await tx.execute("delete_start_wait", id=wait["id"])
-    else:
-        await _rearm(tx, wait, _schedule_trigger(iv), iv.start, iv, now, not_before=None)
-    return created
 
 
 async def _fire_condition(tx: Tx, spec: StartSpec, wait: Row, payload: Any, now: float) -> int:

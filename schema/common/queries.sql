@@ -28,11 +28,20 @@ RETURNING run_id;
 -- name: run_by_key
 SELECT run_id, state FROM dag_run WHERE dag_id = :dag_id AND run_key = :run_key;
 
--- name: dag_runs_going
--- Read under lock_dag_runs: whether a new run of the DAG must queue.
-SELECT COALESCE(sum(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END), 0) AS running,
+-- name: dags_runs_going
+-- Read under lock_dags_runs: whether new runs of these DAGs must queue.
+SELECT dag_id,
+       COALESCE(sum(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END), 0) AS running,
        COALESCE(sum(CASE WHEN state = 'QUEUED' THEN 1 ELSE 0 END), 0) AS queued
-FROM dag_run WHERE dag_id = :dag_id AND state IN ('RUNNING', 'QUEUED');
+FROM dag_run WHERE dag_id = ANY(:dag_ids) AND state IN ('RUNNING', 'QUEUED')
+GROUP BY dag_id;
+
+-- name: runs_by_id
+-- Which of a batch's runs were inserted (the others' run keys were taken).
+SELECT run_id FROM dag_run WHERE run_id = ANY(:ids);
+
+-- name: runs_tasks
+SELECT * FROM task WHERE run_id = ANY(:ids) AND map_index = -1 ORDER BY id;
 
 -- name: next_queued_run
 -- The DAG's oldest queued run (by interval, then creation), and how many runs it has going.
@@ -442,6 +451,11 @@ SELECT dag_id, file, schedule, timezone, start_date, end_date, catchup, max_acti
        start_when, paused, parse_error
 FROM dag WHERE dag_id = :dag_id;
 
+-- name: dag_start_specs
+SELECT dag_id, file, schedule, timezone, start_date, end_date, catchup, max_active_runs, shape,
+       start_when, paused, parse_error
+FROM dag WHERE dag_id = ANY(:dag_ids);
+
 -- name: last_interval_end
 -- Where a (re-)armed schedule goes on from: the end of the DAG's latest data interval.
 SELECT max(data_interval_end) AS last_end FROM dag_run
@@ -463,9 +477,9 @@ WHERE id = :id;
 -- name: set_start_error
 UPDATE dag SET start_error = :error, start_error_at = :now WHERE dag_id = :dag_id;
 
--- name: clear_start_error
+-- name: clear_start_errors
 UPDATE dag SET start_error = NULL, start_error_at = NULL
-WHERE dag_id = :dag_id AND start_error IS NOT NULL;
+WHERE dag_id = ANY(:dag_ids) AND start_error IS NOT NULL;
 
 -- name: copy_trigger
 -- The same wait again, not checked before :not_before (a start condition that failed).
@@ -474,8 +488,8 @@ SELECT classpath, kwargs, poke_hash, shard, :now, description, :not_before
 FROM trigger WHERE id = :id
 RETURNING id;
 
--- name: delete_start_wait
-DELETE FROM start_wait WHERE id = :id;
+-- name: delete_start_waits_by_id
+DELETE FROM start_wait WHERE id = ANY(:ids);
 
 -- name: delete_start_waits
 DELETE FROM start_wait WHERE dag_id = :dag_id;

@@ -119,10 +119,12 @@ SELECT t.id, t.soft_fail, t.wait_started_at FROM task t JOIN trigger g ON g.id =
 WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
   AND g.shard = ANY(:shards::integer[]);
 
--- name: lock_dag_runs
--- Serializes the creation and starting of one DAG's runs until commit, so that two
+-- name: lock_dags_runs
+-- Serializes the creation and starting of these DAGs' runs until commit, so that two
 -- creators (or a creator and a run ending) never both see room under max_active_runs.
-SELECT pg_advisory_xact_lock(hashtext('slotless.dag_run:' || :dag_id::text)) IS NULL AS locked;
+-- Taken in dag_id order (the sorted subquery), so two batches cannot deadlock.
+SELECT pg_advisory_xact_lock(hashtext('slotless.dag_run:' || d)) IS NULL AS locked
+FROM (SELECT d FROM unnest(:dag_ids::text[]) AS d ORDER BY d) AS sorted;
 
 -- name: armed_start_waits
 -- The start waits a fire is for, locked until commit: a concurrent fire of the same event

@@ -89,9 +89,9 @@ SELECT t.id, t.soft_fail, t.wait_started_at FROM task t CROSS JOIN trigger g ON 
 WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
   AND g.shard = ANY(:shards);
 
--- name: lock_dag_runs
+-- name: lock_dags_runs
 -- Nothing to take: a write transaction (BEGIN IMMEDIATE) already holds the file's lock.
-SELECT :dag_id IS NULL AS locked;
+SELECT count(*) AS locked FROM dag WHERE dag_id = ANY(:dag_ids);
 
 -- name: armed_start_waits
 -- The start waits a fire is for (the write transaction holds the lock: no concurrent fire).

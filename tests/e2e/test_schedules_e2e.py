@@ -11,11 +11,13 @@ the good DAG keeps running on schedule, and a paused DAG creates no run.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -210,7 +212,7 @@ def load(ctx):
         for _ in range(3):
             seen = await armed_at()
             await async_wait_until(
-                lambda seen=seen: _later(armed_at, seen), 30, interval=0.05, what="a re-fire"
+                functools.partial(_later, armed_at, seen), 30, interval=0.05, what="a re-fire"
             )
         keys = await run_keys(store, "landing")
         async with store.db.read() as tx:
@@ -223,5 +225,5 @@ def load(ctx):
     assert sorted(e["key"] for e in events) == ["in/a.csv", "in/b.csv", "in/c.csv"]
 
 
-async def _later(read, seen: float) -> bool:  # type: ignore[no-untyped-def]
+async def _later(read: Callable[[], Awaitable[float]], seen: float) -> bool:
     return await read() > seen
