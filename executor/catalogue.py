@@ -211,7 +211,7 @@ class _Parser:
         self._timeout = timeout
         self._server: _ForkServer | None = None
         self._starting = asyncio.Lock()
-        self._broken: str | None = None  # why a forkserver could not fork anything
+        self._broken: str | None = None  # why a forkserver could not start
 
     async def parse(self, path: str) -> Parsed:
         why = ""
@@ -231,7 +231,7 @@ class _Parser:
         async with self._starting:
             if self._server is not None and not self._server.alive:
                 await self._server.close()
-                if self._server.forks == 0:
+                if not self._server.ready:
                     self._broken = f"the process that imports DAG files failed: {self._server.why}"
                 self._server = None
             if self._server is None:
@@ -259,7 +259,7 @@ class _ForkServer:
         self._proc = proc
         self._jobs: dict[int, _Job] = {}
         self._ids = itertools.count()
-        self.forks = 0
+        self.ready = False  # it has imported slotless and serves
         self.why: str | None = None  # set when it ended: why, from its stderr
         assert proc.stderr is not None
         # Read all along: a forkserver blocked on a full stderr pipe would stop serving.
@@ -319,12 +319,14 @@ class _ForkServer:
             while True:
                 size = int.from_bytes(await self._proc.stdout.readexactly(4), "big")
                 report = json.loads(await self._proc.stdout.readexactly(size))
+                if "ready" in report:
+                    self.ready = True
+                    continue
                 job = self._jobs.get(report["id"])
                 if job is None:
                     continue  # the late report of a file already given up on
                 if "pid" in report:
                     job.pid = report["pid"]
-                    self.forks += 1
                 elif not job.reply.done():
                     job.reply.set_result(report)
         except asyncio.IncompleteReadError:
@@ -453,6 +455,7 @@ def _serve() -> None:
     # grandchild would otherwise write to (and so copy) every page they live on.
     gc.freeze()
     server = _Server(requests, replies, devnull)
+    server.reply({"ready": True})
     while server.serving:
         for key, _ in server.selector.select():
             key.data()
@@ -499,14 +502,15 @@ class _Server:
     def _fork(self, key: int, path: str, timeout: float) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _grandchild(path, timeout, self._devnull, out_w, err_w)
+            _grandchild(path, timeout, self._devnull, (go_r, go_w), out_w, err_w)
         # Its own process group, here as well as in the grandchild: whichever runs first,
         # the group exists before anyone is told the pid and may kill it.
         os.setpgid(pid, pid)
-        os.close(out_w)
-        os.close(err_w)
+        for fd in (go_r, out_w, err_w):
+            os.close(fd)
         child = _Grandchild(key, pid, os.pidfd_open(pid), out_r, err_r)
         self._children[pid] = child
         for fd, on_ready in (
@@ -516,7 +520,11 @@ class _Server:
         ):
             os.set_blocking(fd, False)
             self.selector.register(fd, selectors.EVENT_READ, on_ready)
-        self._reply({"id": key, "pid": pid})
+        self.reply({"id": key, "pid": pid})
+        # Only now may the file run: the caller knows its pid, and can kill its group even
+        # if the file kills this process first.
+        os.write(go_w, b"x")
+        os.close(go_w)
 
     def _on_output(self, child: _Grandchild, which: str) -> None:
         """Read what is there now; at EOF stop watching the pipe."""
@@ -554,7 +562,7 @@ class _Server:
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
         del self._children[child.pid]
-        self._reply(
+        self.reply(
             {
                 "id": child.key,
                 "code": os.waitstatus_to_exitcode(status),
@@ -563,7 +571,7 @@ class _Server:
             }
         )
 
-    def _reply(self, message: dict[str, Any]) -> None:
+    def reply(self, message: dict[str, Any]) -> None:
         frame = _frame(message)
         while frame:
             frame = frame[os.write(self._replies, frame) :]
@@ -575,11 +583,16 @@ class _Server:
             os.waitpid(pid, 0)
 
 
-def _grandchild(path: str, timeout: float, devnull: int, out_w: int, err_w: int) -> NoReturn:
+def _grandchild(
+    path: str, timeout: float, devnull: int, go: tuple[int, int], out_w: int, err_w: int
+) -> NoReturn:
     try:
         # A process group of its own: one kill ends the file and what it started. (No new
         # session needed: the forkserver's has no terminal for a file to read or be hung up by.)
         os.setpgid(0, 0)
+        os.close(go[1])
+        if not os.read(go[0], 1):
+            os._exit(70)  # the forkserver died first: no one would know of this process
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
