@@ -199,6 +199,15 @@ async def keep_scanning(
         await asyncio.sleep(every)
 
 
+async def parse_file(path: str, timeout: float = DEFAULT_PARSE_TIMEOUT) -> Parsed:
+    """Import one file as :func:`scan` does, in a forkserver started for it alone."""
+    parser = _Parser(timeout)
+    try:
+        return await parser.parse(path)
+    finally:
+        await parser.close()
+
+
 class _ServerDied(Exception):
     """The forkserver ended with files in flight; the message says why, in one line."""
 
