@@ -20,10 +20,11 @@ pydantic, cronsim, the triggers) once and then forks one grandchild per DAG file
 a process that has imported all that costs ~1 ms, and each grandchild still starts from a
 state no DAG file has touched: nothing one file imports or patches is seen by the next.
 The grandchild is :func:`_child` as before (its own process group, the import
-within a faulthandler time limit, a JSON result on a pipe, ``os._exit``); the forkserver
-reads its pipes, and when it exits kills what is left of its group, reaps it and reports
-its exit status and output to the caller. The caller still enforces the limit from outside:
-a grandchild not done shortly after it is killed with its process group (SIGKILL), so a
+within a faulthandler time limit, a JSON result on a pipe, ``os._exit``); it starts the
+import only once the caller has been told its pid. The forkserver reads its pipes, and
+when it exits kills what is left of its group, reaps it and reports its exit status and
+output to the caller. The caller still enforces the limit from outside: a grandchild not
+done :data:`KILL_GRACE` after its limit is killed with its process group (SIGKILL), so a
 forkserver that is slow or stuck cannot stretch a file's limit.
 
 Why not the alternatives: ``multiprocessing``'s forkserver gives no process group per task
@@ -32,11 +33,13 @@ would copy its event loop, threads and database connections into user code; a po
 long-lived interpreters that import files one after another would let one file's imports
 and monkey-patches leak into the next.
 
-The forkserver lives for one scan (an unchanged folder starts none). If it dies, every
-file in flight in it (their groups killed at once) is tried once more in a fresh one, then
-listed with the reason; a forkserver that dies before forking anything (it cannot import
-slotless) fails the rest of the scan's files with its error at once rather than start again
-for each file.
+The forkserver lives for one scan (an unchanged folder starts none): a service rescans its
+folder every few seconds and most rescans parse nothing, so one kept between scans would
+mostly idle, and one per scan needs no restart logic beyond the retry below. If it dies,
+every file in flight in it (their groups killed at once) is tried once more in a fresh
+one, then listed with the reason; a forkserver that dies before it says it is ready (it
+cannot import slotless) fails the rest of the scan's files with its error at once rather
+than start again for each file.
 
 Linux only: ``os.fork``, ``os.pidfd_open`` (Linux 5.3) and process groups.
 """
