@@ -236,7 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-BENCHES = ("slots", "capacity", "dedup", "fanout", "throughput")
+BENCHES = ("slots", "capacity", "dedup", "fanout", "throughput", "schedules")
 
 
 async def cmd_bench(args: argparse.Namespace) -> int:

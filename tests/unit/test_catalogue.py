@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from support.helpers import async_wait_until, write_dag
+from support.helpers import async_wait_until, pid_alive, write_dag
 
+from executor import catalogue
 from executor.catalogue import ScanResult, scan
 from executor.schedules import Schedule
 from executor.store import Store
@@ -279,3 +281,150 @@ async def test_a_bad_schedule_is_the_files_error(store: Store, folder: Path) -> 
     assert await dag_ids(store) == []
     error = (await errors(store))["typo.py"]
     assert "DAG 'typo': bad cron '0 6 * * 9': day-of-week 9 out of range 0-7" in error
+
+
+# Files parse in grandchildren forked by one forkserver per scan: a file may kill that
+# forkserver, leave processes behind, or the forkserver may be killed from outside.
+
+# Records its pid and its parent's (the forkserver), then waits for GO: the test's cue.
+WAITS_FOR_GO = """
+import os
+import time
+from pathlib import Path
+
+from executor import DAG
+
+with open({marker!r}, "a") as f:
+    f.write(f"{{os.getpid()}} {{os.getppid()}}\\n")
+while not Path({go!r}).exists():
+    time.sleep(0.01)
+
+dag = DAG({dag_id!r})
+"""
+
+
+def pids(marker: Path) -> list[list[int]]:
+    return [[int(p) for p in line.split()] for line in marker.read_text().splitlines()]
+
+
+async def test_a_forkserver_killed_mid_scan_kills_its_files_and_they_are_parsed_again(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    markers = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
+    for name, marker in markers.items():
+        source = WAITS_FOR_GO.format(marker=str(marker), go=str(go), dag_id=name)
+        write_dag(folder, source, f"{name}.py")
+    scanning = asyncio.create_task(scan(store, folder, timeout=60, jobs=2))
+    await async_wait_until(
+        lambda: all(imports(m) == 1 for m in markers.values()), what="both files importing"
+    )
+    first = [pids(m)[0] for m in markers.values()]
+    [forkserver] = {parent for _, parent in first}
+    os.kill(forkserver, signal.SIGKILL)
+
+    # Orphans now: the scan kills them at once (their limit is a minute away).
+    await async_wait_until(
+        lambda: not any(pid_alive(pid) for pid, _ in first), timeout=20, what="orphans killed"
+    )
+    await async_wait_until(
+        lambda: all(imports(m) == 2 for m in markers.values()), what="both files imported again"
+    )
+    second = [pids(m)[1] for m in markers.values()]
+    assert forkserver not in {parent for _, parent in second}
+    go.touch()
+    result = await scanning
+    assert (result.errors, await dag_ids(store)) == ({}, ["a", "b"])
+
+
+# Records its pid, then kills the forkserver that forked it; an orphan, it loops.
+KILLS_ITS_FORKSERVER = """
+import os
+import signal
+import time
+
+with open({marker!r}, "a") as f:
+    f.write(f"{{os.getpid()}}\\n")
+os.kill(os.getppid(), signal.SIGKILL)
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_files_that_kill_their_forkserver_or_themselves_are_each_an_error_line(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    good_file(folder, tmp_path / "a.log", dag_id="a", name="a.py")
+    killer = tmp_path / "killer.log"
+    write_dag(folder, KILLS_ITS_FORKSERVER.format(marker=str(killer)), "b_kills_forkserver.py")
+    write_dag(folder, "import os\nimport signal\n\nos.kill(os.getpid(), signal.SIGKILL)\n", "c.py")
+    write_dag(folder, "import os\n\nos._exit(4)\n", "d.py")
+    good_file(folder, tmp_path / "e.log", dag_id="e", name="e.py")
+
+    # One file at a time: the killer takes down the forkserver of no other file.
+    result = await scan(store, folder, timeout=60, jobs=1)
+    assert await dag_ids(store) == ["a", "e"]
+    broken = await errors(store)
+    assert sorted(broken) == ["b_kills_forkserver.py", "c.py", "d.py"]
+    assert broken["b_kills_forkserver.py"].endswith(
+        "b_kills_forkserver.py: the process that imports it died twice: exited with status -9"
+    )
+    assert broken["c.py"].endswith("c.py: killed by signal 9: no output")
+    assert broken["d.py"].endswith("d.py: exited with status 4: no output")
+    assert len(result.errors) == 3
+    # Tried twice, and each orphan was killed when its forkserver died, not at its limit.
+    tried = [pid for [pid] in pids(killer)]
+    assert len(tried) == 2
+    await async_wait_until(
+        lambda: not any(pid_alive(pid) for pid in tried), timeout=20, what="orphans killed"
+    )
+
+
+# Forks a child that hangs in the file's process group, records its pid, then THEN.
+SPAWNS = """
+import os
+import signal
+import time
+
+from executor import DAG
+
+child = os.fork()
+if child == 0:
+    signal.pause()
+    os._exit(0)
+with open({marker!r}, "a") as f:
+    f.write(f"{{child}}\\n")
+{then}
+"""
+
+
+async def test_what_a_file_started_is_killed_whether_the_file_ends_or_hangs(
+    store: Store, folder: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "spawned.log"
+    write_dag(folder, SPAWNS.format(marker=str(marker), then='dag = DAG("spawner")'), "ends.py")
+    hangs = "while True:\n    time.sleep(0.05)"
+    write_dag(folder, SPAWNS.format(marker=str(marker), then=hangs), "hangs.py")
+    result = await scan(store, folder, timeout=LIMIT)
+    assert await dag_ids(store) == ["spawner"]
+    assert list(result.errors) == [str((folder / "hangs.py").resolve())]
+    assert f"did not finish within {LIMIT:g} s (line 15)" in (await errors(store))["hangs.py"]
+    spawned = [pid for [pid] in pids(marker)]
+    assert len(spawned) == 2
+    await async_wait_until(
+        lambda: not any(pid_alive(pid) for pid in spawned), what="the spawned children killed"
+    )
+
+
+async def test_a_forkserver_that_cannot_start_fails_the_files_with_its_reason(
+    store: Store, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalogue, "_SERVE", "import sys; sys.exit('no slotless here')")
+    for name in ("a", "b", "c"):
+        good_file(folder, tmp_path / f"{name}.log", dag_id=name, name=f"{name}.py")
+    result = await scan(store, folder, timeout=LIMIT)
+    assert len(result.errors) == 3
+    for error in (await errors(store)).values():
+        assert error.endswith(
+            ": the process that imports DAG files failed: exited with status 1: no slotless here"
+        )
