@@ -242,8 +242,8 @@ async def _settle_batch(
             "run_tasks_done", done=done, leaves_failed=leaves_failed, run_id=run_id
         )
         if left is not None and left["tasks_unfinished"] <= 0:
-            final = RunState.FAILED if left["leaves_failed"] else RunState.SUCCESS
-            if await transition_run(tx, run_id, RunState.RUNNING, final, now=now):
+            run_end = RunState.FAILED if left["leaves_failed"] else RunState.SUCCESS
+            if await transition_run(tx, run_id, RunState.RUNNING, run_end, now=now):
                 freed.add(left["dag_id"])
     for dag_id in sorted(freed):
         follow.extend(await _start_queued(tx, dag_id, now))
