@@ -97,7 +97,10 @@ def test_five_days_two_at_a_time_then_again_creates_nothing(
         most = max(most, running[0]["n"])
         return proc.poll() is not None
 
-    wait_until(ended, 25, interval=0.01, what="the backfill to end")
+    try:
+        wait_until(ended, 25, interval=0.01, what="the backfill to end")
+    finally:
+        stop_process(proc)  # a failed wait must not leave it following forever
     out = log.read_text()
     assert proc.returncode == 0, out
     assert most == 2, out  # two ran at once, never three
