@@ -224,6 +224,51 @@ def _parser() -> argparse.ArgumentParser:
     trig_run.add_argument("--json", action="store_true", help="print one JSON object")
     trig_run.set_defaults(func=cmd_trigger)
 
+    back = sub.add_parser(
+        "backfill",
+        help="a run of a scheduled DAG for each past interval from --from to --to; follows them",
+    )
+    back.add_argument("dag_id", metavar="DAG")
+    back.add_argument(
+        "--from",
+        dest="date_from",
+        required=True,
+        metavar="D1",
+        help="the first logical date: YYYY-MM-DD or an ISO datetime, on the DAG's clock",
+    )
+    back.add_argument(
+        "--to",
+        dest="date_to",
+        required=True,
+        metavar="D2",
+        help="the last logical date, included (a date: its whole day)",
+    )
+    back.add_argument(
+        "--max-active",
+        type=_slots,
+        metavar="N",
+        help="at most N of its runs at once, the rest wait queued (default: max_active_runs)",
+    )
+    back.add_argument(
+        "--rerun-failed",
+        action="store_true",
+        help="a new run for each interval whose run ended FAILED (default: left alone)",
+    )
+    back.add_argument(
+        "--no-wait", action="store_true", help="create the runs and exit, without following them"
+    )
+    back.add_argument("--json", action="store_true", help="print one JSON object")
+    db_opt(back)
+    back.add_argument("--dags", metavar="DIR", help="parse this folder's changed DAG files first")
+    back.add_argument(
+        "--parse-timeout",
+        type=float,
+        default=DEFAULT_PARSE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"time limit to import one file (default {DEFAULT_PARSE_TIMEOUT:g})",
+    )
+    back.set_defaults(func=cmd_backfill)
+
     bench = sub.add_parser(
         "bench",
         help="run a benchmark (source checkout): JSON and PNG in benchmarks/results/",
@@ -500,6 +545,12 @@ async def cmd_trigger(args: argparse.Namespace) -> int:
     from .trigger import trigger_command
 
     return await trigger_command(args)
+
+
+async def cmd_backfill(args: argparse.Namespace) -> int:
+    from .backfill import backfill_command
+
+    return await backfill_command(args)
 
 
 async def cmd_ui(args: argparse.Namespace) -> int:

@@ -23,13 +23,14 @@ import contextlib
 import json
 import sys
 import threading
+from collections.abc import AsyncIterator
 from datetime import date
 
 from executor.catalogue import dags_folder, scan
 from executor.dag import DAG
 from executor.loader import DagImportError, load_dag
 from executor.params import parse_conf
-from executor.store import open_store
+from executor.store import Store, open_store
 
 
 class DagPaused(ValueError):
@@ -38,13 +39,7 @@ class DagPaused(ValueError):
 
 async def trigger_command(args: argparse.Namespace) -> int:
     conf = parse_conf(args.conf)  # bad JSON: refused before the database is even opened
-    folder = dags_folder(args.dags)
-    # Without a folder to parse this reads the catalogue as stored: a mistyped --db must
-    # not leave a new, empty database behind.
-    store = await open_store(args.db, create=folder is not None)
-    try:
-        if folder is not None:
-            await scan(store, folder, timeout=args.parse_timeout)
+    async with catalogued(args) as store:
         entry = await store.catalogue_dag(args.dag_id)
         if entry["parse_error"]:
             raise DagImportError(
@@ -66,8 +61,6 @@ async def trigger_command(args: argparse.Namespace) -> int:
             # A run by hand counts against max_active_runs, as in Airflow: QUEUED over it.
             max_active=dag.max_active_runs,
         )
-    finally:
-        await store.close()
     if args.json:
         print(
             json.dumps(
@@ -90,6 +83,24 @@ async def trigger_command(args: argparse.Namespace) -> int:
     else:
         print(f"{started.run_id}: already exists for run key {started.run_key}; nothing created")
     return 0
+
+
+@contextlib.asynccontextmanager
+async def catalogued(args: argparse.Namespace) -> AsyncIterator[Store]:
+    """The store of ``--db``, its catalogue first brought up to date with the folder of
+    ``--dags`` (or $SLOTLESS_DAGS) when one is given: ``slotless trigger`` and ``backfill``.
+
+    Without a folder to parse, the catalogue is read as stored, and a mistyped --db must
+    not leave a new, empty database behind.
+    """
+    folder = dags_folder(args.dags)
+    store = await open_store(args.db, create=folder is not None)
+    try:
+        if folder is not None:
+            await scan(store, folder, timeout=args.parse_timeout)
+        yield store
+    finally:
+        await store.close()
 
 
 async def import_dag(path: str, dag_id: str, timeout: float) -> DAG:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .db import Database, Row
-from .starts import arm, disarm
+from .starts import StartSpec, arm, disarm
 
 
 class UnknownDag(LookupError):
@@ -155,11 +155,24 @@ class CatalogueOps:
         async with self.db.read() as tx:
             row = await tx.fetchone("catalogue_dag", dag_id=dag_id)
         if row is None:
-            raise UnknownDag(
-                f"no DAG {dag_id!r} in the catalogue (`--dags DIR` or $SLOTLESS_DAGS parses "
-                "a folder into it)"
-            )
+            raise _unknown(dag_id)
         return row
+
+    async def start_spec(self, dag_id: str) -> StartSpec:
+        """What the catalogue holds about starting ``dag_id`` (schedule, shape, file, limits);
+        :class:`UnknownDag` if none."""
+        async with self.db.read() as tx:
+            row = await tx.fetchone("dag_start_spec", dag_id=dag_id)
+        if row is None:
+            raise _unknown(dag_id)
+        return StartSpec.of(row)
+
+
+def _unknown(dag_id: str) -> UnknownDag:
+    return UnknownDag(
+        f"no DAG {dag_id!r} in the catalogue (`--dags DIR` or $SLOTLESS_DAGS parses a folder "
+        "into it)"
+    )
 
 
 def _starts(row: Row) -> tuple[object, ...]:

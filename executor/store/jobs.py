@@ -19,10 +19,12 @@ from ..rows import MovedTask
 from ..schedules import Interval
 from ..statemachine import Carry, retry_or_fail, transition
 from ..states import State
+from .backfills import BATCH, Backfilled, backfill_runs
 from .catalogue import CatalogueOps
 from .db import Database, Row, Tx
 from .inspecting import InspectOps
 from .runs import NewRun, RunShape, StartedRun, insert_run, manual_run_key, new_run_id
+from .starts import StartSpec
 
 if TYPE_CHECKING:
     from ..dag import DAG
@@ -101,6 +103,36 @@ class Store(InspectOps, CatalogueOps):
         )
         async with self.db.write() as tx:
             return await insert_run(tx, RunShape.of(dag), new, self.clock())
+
+    async def backfill(
+        self,
+        spec: StartSpec,
+        intervals: Sequence[Interval],
+        *,
+        max_active: int,
+        rerun_failed: bool = False,
+    ) -> list[Backfilled]:
+        """A run of ``spec``'s stored shape for each interval, keyed as its schedule keys it:
+        :func:`~executor.store.backfills.backfill_runs`, :data:`BATCH` intervals per
+        transaction (a rerun of the whole backfill finds what an interrupted one made)."""
+        done: list[Backfilled] = []
+        for i in range(0, len(intervals), BATCH):
+            async with self.db.write() as tx:
+                done += await backfill_runs(
+                    tx,
+                    spec,
+                    intervals[i : i + BATCH],
+                    max_active=max_active,
+                    rerun_failed=rerun_failed,
+                    now=self.clock(),
+                )
+        return done
+
+    async def runs_states(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """run_id -> state, for the runs that exist."""
+        async with self.db.read() as tx:
+            rows = await tx.fetch("runs_states", run_ids=list(run_ids))
+        return {r["run_id"]: r["state"] for r in rows}
 
     async def run_info(self, run_id: str) -> Row | None:
         async with self.db.read() as tx:

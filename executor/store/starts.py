@@ -64,7 +64,8 @@ class StartSpec:
     max_active_runs: int
     shape: RunShape | None
     start_when: tuple[str, str] | None  # (classpath, kwargs JSON), not rendered
-    startable: bool  # not paused and its file not broken
+    paused: bool
+    parse_error: str | None  # its file's last parse failed (the shape is the last good one)
 
     @classmethod
     def of(cls, row: Row) -> StartSpec:
@@ -83,8 +84,14 @@ class StartSpec:
             max_active_runs=row["max_active_runs"],
             shape=RunShape(row["dag_id"], _tasks(row["shape"])) if row["shape"] else None,
             start_when=None if when is None else (when[0], json.dumps(when[1], sort_keys=True)),
-            startable=not row["paused"] and row["parse_error"] is None,
+            paused=bool(row["paused"]),
+            parse_error=row["parse_error"],
         )
+
+    @property
+    def startable(self) -> bool:
+        """Whether its schedule and condition may start runs: not paused, file not broken."""
+        return not self.paused and self.parse_error is None
 
     def today(self, now: float) -> date:
         """The date on the DAG's clock at ``now``: what a start condition is rendered for."""

@@ -503,3 +503,10 @@ SELECT s.dag_id, s.kind, s.logical_date, s.interval_end, s.armed_at, g.descripti
        g.not_before
 FROM start_wait s JOIN trigger g ON g.id = s.trigger_id
 ORDER BY s.dag_id, s.kind;
+
+-- ---------------------------------------------------------------- backfill
+-- executor/store/backfills.py creates the runs; `slotless backfill` follows them.
+
+-- name: runs_states
+-- The state of each of these runs: a backfill's progress, polled.
+SELECT run_id, state FROM dag_run WHERE run_id = ANY(:run_ids);
