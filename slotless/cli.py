@@ -411,7 +411,7 @@ async def _watch(store: Store, run_id: str, worker: Worker, show: bool) -> None:
                     completed=done,
                     states=" ".join(f"{s.lower()}={n}" for s, n in sorted(counts.items())),
                 )
-            if info is None or info["state"] != "RUNNING":
+            if info is None or info["state"] not in ("RUNNING", "QUEUED"):
                 worker.stop()
                 return
             await asyncio.sleep(pause)

@@ -229,6 +229,12 @@ def _due(spec: StartSpec, fired: Interval, at: datetime) -> tuple[list[Interval]
     :data:`MAX_RUNS_PER_FIRE`), and the interval to arm after them."""
     due: list[Interval] = []
     iv: Interval | None = fired
+    if not spec.catchup and fired.end <= at and spec.schedule is not None:
+        # The fire came late (a triggerer outage, a takeover): without catchup, only the
+        # latest ended interval runs, not every one since the fired one.
+        latest = spec.schedule.latest_complete(at)
+        if latest is not None and latest.start > fired.start:
+            iv = latest
     while iv is not None and iv.end <= at and len(due) < MAX_RUNS_PER_FIRE:
         due.append(iv)
         iv = _next_interval(spec, iv.end, at)

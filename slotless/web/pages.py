@@ -196,7 +196,7 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
     now = data["now"]
     runs = data["runs"]
     waiting = data["waiting"]
-    live = any(r["state"] == "RUNNING" for r in runs)
+    live = any(r["state"] in ("RUNNING", "QUEUED") for r in runs)
     parts = ["<h1>Runs</h1>", '<div class="meta">']
     by_state = data["runs_by_state"]
     parts.append(
@@ -379,7 +379,7 @@ def run_page(g: RunGraph, now: float) -> tuple[str, bool]:
     parts.append(
         table(["task", "state", "attempt", "started", "duration", "detail"], rows, "tasks")
     )
-    return "".join(parts), run["state"] == "RUNNING"
+    return "".join(parts), run["state"] in ("RUNNING", "QUEUED")
 
 
 # -- a task ----------------------------------------------------------------------------

@@ -136,6 +136,11 @@ async def test_without_catchup_only_the_latest_interval_runs(
     clock.set((T0 + timedelta(hours=1, seconds=1)).timestamp())
     await fire_start_waits(store)
     assert sorted(r["run_key"] for r in await all_runs(store))[-1] == "2026-11-20T12:00:00Z"
+    # A fire five hours late (the triggerers were down): the latest interval only.
+    clock.set((T0 + timedelta(hours=7, minutes=30)).timestamp())
+    await fire_start_waits(store)
+    keys = sorted(r["run_key"] for r in await all_runs(store))
+    assert keys[-2:] == ["2026-11-20T12:00:00Z", "2026-11-20T18:00:00Z"]
 
 
 async def test_a_long_catchup_goes_on_over_several_fires(

@@ -187,7 +187,7 @@ async def run_to_end(store: Store, run_id: str, timeout: float = 30.0, **worker_
 
     async def ended() -> bool:
         info = await store.run_info(run_id)
-        return info is not None and info["state"] != "RUNNING"
+        return info is not None and info["state"] not in ("RUNNING", "QUEUED")
 
     await asyncio.wait_for(worker.run(until=ended), timeout)
     info = await store.run_info(run_id)
