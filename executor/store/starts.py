@@ -39,7 +39,15 @@ from triggers.temporal import DateTimeTrigger
 
 from ..schedules import Interval, Schedule
 from .db import Row, Tx
-from .runs import NewRun, RunShape, TaskShape, insert_run, insert_runs, scheduled_run_key
+from .runs import (
+    NewRun,
+    RunShape,
+    TaskShape,
+    insert_run,
+    insert_runs,
+    interval_text,
+    scheduled_run_key,
+)
 
 SCHEDULE = "schedule"
 CONDITION = "condition"
@@ -176,7 +184,10 @@ class _ScheduleBatch:
         self.runs: list[tuple[RunShape, NewRun]] = []
         self.rearm: list[tuple[int, Interval]] = []  # start wait id, the interval to arm
         self.drop: list[int] = []  # start wait ids with nothing more to arm
-        self._plans: dict[tuple[Any, ...], tuple[list[Interval], Interval | None]] = {}
+        # Planned once per (schedule, fired interval): DAGs due together share the plan.
+        self._plans: dict[
+            tuple[Any, ...], tuple[list[tuple[Interval, date, str]], Interval | None]
+        ] = {}
 
     def add(self, spec: StartSpec, wait: Row) -> None:
         assert spec.schedule is not None and spec.shape is not None
@@ -186,12 +197,14 @@ class _ScheduleBatch:
             fired = Interval(
                 _utc(wait["logical_date"]), _utc(wait["interval_end"]), spec.schedule.zone
             )
-            plan = self._plans[key] = _due(spec, fired, self.at)
-        due, nxt = plan
-        for iv in due:
+            due, after = _due(spec, fired, self.at)
+            plan = [(iv, date.fromisoformat(iv.ds), scheduled_run_key(iv)) for iv in due], after
+            self._plans[key] = plan
+        due_runs, nxt = plan
+        for iv, logical_date, run_key in due_runs:
             new = NewRun(
-                logical_date=date.fromisoformat(iv.ds),
-                run_key=scheduled_run_key(iv),
+                logical_date=logical_date,
+                run_key=run_key,
                 interval=iv,
                 dag_file=spec.file,
                 max_active=spec.max_active_runs,
@@ -211,11 +224,12 @@ class _ScheduleBatch:
         for wait_id, iv in self.rearm:
             if iv.end not in moments:
                 moments[iv.end] = await _insert_trigger(tx, _schedule_trigger(iv), now, None)
+            start, end = interval_text(iv)
             rows.append(
                 {
                     "trigger_id": moments[iv.end],
-                    "logical_date": iv.start.isoformat(),
-                    "interval_end": iv.end.isoformat(),
+                    "logical_date": start,
+                    "interval_end": end,
                     "now": now,
                     "id": wait_id,
                 }

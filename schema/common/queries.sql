@@ -53,10 +53,11 @@ ORDER BY COALESCE(r.data_interval_start, r.logical_date), r.created_at, r.run_id
 LIMIT 1;
 
 -- name: insert_task
+-- :ready_at is set for the tasks a new RUNNING run starts at once (executor/store/runs.py).
 INSERT INTO task (run_id, task_id, state, trigger_rule, priority, is_leaf, expand_from, map_cap,
-                  max_attempts, n_parents, updated_at)
+                  max_attempts, n_parents, ready_at, updated_at)
 VALUES (:run_id, :task_id, 'PENDING', :trigger_rule, :priority, :is_leaf, :expand_from,
-        :map_cap, :max_attempts, :n_parents, :now);
+        :map_cap, :max_attempts, :n_parents, :ready_at, :now);
 
 -- name: insert_edge
 INSERT INTO edge (run_id, parent, child) VALUES (:run_id, :parent, :child);
