@@ -43,7 +43,6 @@ from .runs import (
     NewRun,
     RunShape,
     TaskShape,
-    insert_run,
     insert_runs,
     interval_text,
     scheduled_run_key,
@@ -54,6 +53,8 @@ CONDITION = "condition"
 # One fire creates at most this many catch-up runs; the wait is re-armed at once (its
 # moment has passed) and the next fire goes on, so one transaction stays short.
 MAX_RUNS_PER_FIRE = 500
+# The longest run key a start condition may ask for (an S3 key is at most 1,024 bytes).
+MAX_RUN_KEY = 2048
 # A start wait whose trigger failed is checked again after this long (seconds).
 RETRY_AFTER = 60.0
 # The longest start error kept on a DAG's row (one line of `slotless dags list`).
@@ -133,7 +134,14 @@ async def arm(tx: Tx, dag_id: str, now: float) -> None:
         if iv is not None:
             await _arm(tx, spec.dag_id, SCHEDULE, _schedule_trigger(iv), iv.start, iv, now)
     if spec.start_when is not None:
-        await _arm_condition(tx, spec, spec.today(now), now, not_before=None)
+        try:
+            rendered = _render(load_trigger(*spec.start_when), spec.today(now))
+        except Exception as exc:  # its class left the allow-list, or changed its fields
+            why = f"cannot arm start condition {spec.start_when[0]}: {type(exc).__name__}: {exc}"
+            await tx.execute("set_start_error", dag_id=dag_id, error=_one_line(why), now=now)
+            return
+        day = spec.today(now)
+        await _arm(tx, spec.dag_id, CONDITION, rendered, day, None, now, not_before=None)
 
 
 async def disarm(tx: Tx, dag_ids: list[str]) -> None:
@@ -260,49 +268,67 @@ async def fail_starts(tx: Tx, waits: Mapping[int, int], why: str, now: float) ->
     error goes on its DAG (``slotless dags list`` shows it) and the same wait is checked
     again after :data:`RETRY_AFTER` seconds. No run is created, none is lost for good."""
     for wait in await tx.fetch("armed_start_waits", ids=list(waits)):
-        if wait["trigger_id"] != waits[wait["id"]]:
-            continue
-        await tx.execute("set_start_error", dag_id=wait["dag_id"], error=_one_line(why), now=now)
-        copy = await tx.fetchone(
-            "copy_trigger", id=wait["trigger_id"], now=now, not_before=now + RETRY_AFTER
-        )
-        if copy is None:  # its trigger row is gone: arm from scratch
-            await arm(tx, wait["dag_id"], now)
-            continue
-        await tx.execute(
-            "rearm_start_wait",
-            trigger_id=copy["id"],
-            logical_date=wait["logical_date"],
-            interval_end=wait["interval_end"],
-            now=now,
-            id=wait["id"],
-        )
+        if wait["trigger_id"] == waits[wait["id"]]:
+            await _retry_later(tx, wait, why, now)
+
+
+async def _retry_later(tx: Tx, wait: Row, why: str, now: float) -> None:
+    """Keep ``why`` on the wait's DAG and check the same wait again after a while."""
+    await tx.execute("set_start_error", dag_id=wait["dag_id"], error=_one_line(why), now=now)
+    copy = await tx.fetchone(
+        "copy_trigger", id=wait["trigger_id"], now=now, not_before=now + RETRY_AFTER
+    )
+    if copy is None:  # its trigger row is gone: arm from scratch
+        await arm(tx, wait["dag_id"], now)
+        return
+    await tx.execute(
+        "rearm_start_wait",
+        trigger_id=copy["id"],
+        logical_date=wait["logical_date"],
+        interval_end=wait["interval_end"],
+        now=now,
+        id=wait["id"],
+    )
 
 
 async def _fire_condition(tx: Tx, spec: StartSpec, wait: Row, payload: Any, now: float) -> int:
     assert spec.start_when is not None and spec.shape is not None
     armed = date.fromisoformat(wait["logical_date"])
-    trigger = load_trigger(*spec.start_when)
-    created = 0
-    keyed_by_date = True
-    for key, event in trigger.run_requests(payload):
-        keyed_by_date = keyed_by_date and key is None
-        new = NewRun(
+    try:  # the trigger class's code (a user's own, maybe): its failure is this DAG's alone
+        trigger = load_trigger(*spec.start_when)
+        requests = [(_run_key(key), json.loads(json.dumps(event)))
+                    for key, event in trigger.run_requests(payload)]  # fmt: skip
+        keyed_by_date = all(key is None for key, _ in requests)
+        today = spec.today(now)
+        if keyed_by_date:
+            nxt, not_before = max(armed + timedelta(days=1), today), None
+        else:
+            nxt, not_before = today, now + trigger.poke_interval
+        rendered = _render(trigger, nxt)
+    except Exception as exc:
+        why = f"start condition {spec.start_when[0]}: {type(exc).__name__}: {exc}"
+        await _retry_later(tx, wait, why, now)
+        return 0
+    runs = [
+        NewRun(
             logical_date=armed,
             run_key=key or armed.isoformat(),
             start_event=event,
             dag_file=spec.file,
             max_active=spec.max_active_runs,
         )
-        created += (await insert_run(tx, spec.shape, new, now)).created
-    today = spec.today(now)
-    if keyed_by_date:
-        nxt, not_before = max(armed + timedelta(days=1), today), None
-    else:
-        nxt, not_before = today, now + trigger.poke_interval
-    rendered = _render(trigger, nxt)
+        for key, event in requests
+    ]
+    started = await insert_runs(tx, [(spec.shape, new) for new in runs], now)
     await _rearm(tx, wait, rendered, nxt, None, now, not_before=not_before)
-    return created
+    return sum(s.created for s in started)
+
+
+def _run_key(key: object) -> str | None:
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_RUN_KEY):
+        raise ValueError(f"run_requests() gave the run key {key!r}: a string of 1 to "
+                         f"{MAX_RUN_KEY} characters, or None")  # fmt: skip
+    return key
 
 
 def _next_interval(spec: StartSpec, after: datetime | None, now: datetime) -> Interval | None:
@@ -317,14 +343,6 @@ def _next_interval(spec: StartSpec, after: datetime | None, now: datetime) -> In
         if latest is not None and latest.start >= iv.start:
             iv = latest
     return iv
-
-
-async def _arm_condition(
-    tx: Tx, spec: StartSpec, day: date, now: float, not_before: float | None
-) -> None:
-    assert spec.start_when is not None
-    rendered = _render(load_trigger(*spec.start_when), day)
-    await _arm(tx, spec.dag_id, CONDITION, rendered, day, None, now, not_before=not_before)
 
 
 async def _arm(

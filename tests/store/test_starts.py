@@ -12,10 +12,15 @@ from pathlib import Path
 from support import backends
 from support.helpers import FakeClock, ops, run_to_end, write_dag
 
-from executor.catalogue import Parsed, parse_file
+from executor import DAG
+from executor.catalogue import Parsed, _declared, parse_file
 from executor.store import Store
-from executor.store.starts import MAX_RUNS_PER_FIRE
+from executor.store.catalogue import DeclaredDag
+from executor.store.starts import MAX_RUNS_PER_FIRE, RETRY_AFTER
 from triggerer.store import Fire, TriggererBatch
+from triggers.base import BaseTrigger, TriggerEvent
+from triggers.context import TriggerContext
+from triggers.registry import register
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
 pg_server = backends.pg_server  # fixture
@@ -221,3 +226,52 @@ def work(ctx):
     assert info["state"] == "SUCCESS"
     [task] = await store.run_tasks(run["run_id"])
     assert json.loads(task["output"]) == {"path": "/in/2026-11-20.csv"}
+
+
+@register
+class KeyedBadly(BaseTrigger):
+    """A start condition whose run_requests() is wrong: a run key that is not a string."""
+
+    name: str = "x"
+
+    async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
+        return None
+
+    def run_requests(self, payload: object) -> list[tuple[str | None, object]]:
+        return [(42, payload)]  # type: ignore[list-item]
+
+
+async def catalogue_in_process(store: Store, dag: DAG) -> None:
+    """Record a DAG as the catalogue would, without a child (its trigger class is this
+    module's, which a child process could not import)."""
+    declared = DeclaredDag(**_declared(dag, dag.dag_id))  # type: ignore[arg-type]
+    assert await store.record_parse(f"/dags/{dag.dag_id}.py", 1.0, [declared], None) is None
+
+
+async def test_a_condition_that_fails_is_its_dags_error_and_nothing_else(
+    store: Store, clock: FakeClock
+) -> None:
+    clock.set(T0.timestamp())
+    good = DAG("good", schedule="@hourly", start_date=T0 - timedelta(hours=2))
+    good.task(lambda ctx: None, task_id="work")
+    bad = DAG("bad", start_when=KeyedBadly())
+    bad.task(lambda ctx: None, task_id="work")
+    for dag in (good, bad):
+        await catalogue_in_process(store, dag)
+    # Fired together, in one batch: the good DAG's run is created, the bad one's error kept.
+    await fire_start_waits(store, {"anything": 1})
+    assert [r["dag_id"] for r in await all_runs(store)] == ["good"]
+    rows = {r["dag_id"]: r for r in await store.catalogue_dags()}
+    assert "run key 42" in rows["bad"]["start_error"] and rows["good"]["start_error"] is None
+    [wait] = [w for w in await store.start_waits() if w["dag_id"] == "bad"]
+    assert wait["not_before"] == T0.timestamp() + RETRY_AFTER  # checked again, later
+    # A trigger that reports an error (or raises) is the same: kept on the DAG, retried.
+    rows_before = await ops(store).load_triggers(range(64))
+    waits = {r["task_row"]: r["trigger_id"] for r in rows_before if r["task_row"] < 0}
+    await ops(store).triggerer_commit(
+        TriggererBatch(fires=[Fire(waits, "null", "boom", error="the bucket is gone")])
+    )
+    rows = {r["dag_id"]: r for r in await store.catalogue_dags()}
+    assert rows["bad"]["start_error"] == "the bucket is gone"
+    assert rows["good"]["start_error"] == "the bucket is gone"  # its schedule wait was fired too
+    assert len(await store.start_waits()) == 2
