@@ -150,7 +150,7 @@ async def insert_runs(
     batch. The DAGs' runs are locked for the check (on PostgreSQL an advisory lock per
     DAG, taken in dag_id order), so concurrent creators never overshoot.
     """
-    states = await _states(tx, requests)
+    states = [state.value for state in await _states(tx, requests)]
     run_ids = [new.run_id or new_run_id(shape.dag_id, new.logical_date) for shape, new in requests]
     rows = []
     for (shape, new), state, run_id in zip(requests, states, run_ids, strict=True):
@@ -160,7 +160,7 @@ async def insert_runs(
                 "run_id": run_id,
                 "dag_id": shape.dag_id,
                 "logical_date": new.logical_date.isoformat(),
-                "state": state.value,
+                "state": state,
                 "dag_file": new.dag_file,
                 "now": now,
                 "tasks": len(shape.tasks),
@@ -187,9 +187,9 @@ async def insert_runs(
             assert existing is not None, f"run key {new.run_key!r} taken, yet no run has it"
             out.append(StartedRun(existing["run_id"], new.run_key, False, existing["state"]))
             continue
-        out.append(StartedRun(run_id, new.run_key, True, state.value))
+        out.append(StartedRun(run_id, new.run_key, True, state))
         has_children = {p for t in shape.tasks for p in t.parents}
-        going = state is RunState.RUNNING
+        going = state == RunState.RUNNING.value
         for t in shape.tasks:
             ready = going and _runs_at_once(t)
             if ready and t.expand_from:
@@ -216,7 +216,12 @@ def _runs_at_once(t: TaskShape) -> bool:
     """Whether a new run's trigger rules start this task at once (no parent has ended):
     decided here, as :func:`executor.statemachine.evaluate` would, so that inserting
     10,000 runs reads none of their rows back."""
-    return decide(t.trigger_rule, Counts(total=len(t.parents))) is Decision.RUN
+    return _starts_at_once(t.trigger_rule, len(t.parents))
+
+
+@functools.lru_cache(maxsize=64)
+def _starts_at_once(rule: str, parents: int) -> bool:
+    return decide(rule, Counts(total=parents)) is Decision.RUN
 
 
 async def _states(tx: Tx, requests: Sequence[tuple[RunShape, NewRun]]) -> list[RunState]:

@@ -15,15 +15,16 @@ VALUES (:worker_id, :slot, :task_row, :kind, :started_at, :ended_at);
 -- ---------------------------------------------------------------- runs and their tasks
 
 -- name: insert_run
--- At most one run per (dag_id, run_key): a second insert of a key returns no row (and
--- on PostgreSQL waits for a concurrent insert of the same key to commit or roll back).
+-- At most one run per (dag_id, run_key): a second insert of a key inserts nothing (and on
+-- PostgreSQL waits for a concurrent insert of the same key to commit or roll back).
+-- Run as executemany over a batch, without RETURNING (2.5 times slower on SQLite there):
+-- runs_by_id says which were inserted.
 INSERT INTO dag_run (run_id, dag_id, logical_date, state, dag_file, created_at, tasks_unfinished,
                      run_key, conf, data_interval_start, data_interval_end, start_event,
                      max_active)
 VALUES (:run_id, :dag_id, :logical_date, :state, :dag_file, :now, :tasks, :run_key, :conf,
         :data_interval_start, :data_interval_end, :start_event, :max_active)
-ON CONFLICT (dag_id, run_key) DO NOTHING
-RETURNING run_id;
+ON CONFLICT (dag_id, run_key) DO NOTHING;
 
 -- name: run_by_key
 SELECT run_id, state FROM dag_run WHERE dag_id = :dag_id AND run_key = :run_key;

@@ -143,13 +143,20 @@ def dags_page(data: DagsPage) -> tuple[str, bool]:
         )
         if d["parse_error"]:
             dag += f'<div class="mono err">file broken: {escape(d["parse_error"])}</div>'
-        if d["schedule"] is None:
+        if d["schedule"] is None and d["waiting_for"] is None:
             sched = '<span class="muted">none: started by hand</span>'
+        elif d["schedule"] is None:
+            sched = ""
         else:
             sched = (
                 f"{escape(shown['schedule_words'] or '')}"
                 f'<div class="mono muted">{escape(d["schedule"])}</div>'
             )
+        if d["waiting_for"] is not None:
+            what = escape(d["waiting_for"])
+            sched += f'<div class="when">when <span class="mono">{what}</span></div>'
+        if d["start_error"]:
+            sched += f'<div class="mono err">cannot start: {escape(d["start_error"])}</div>'
         paused = (
             '<span class="paused">paused</span>'
             if d["paused"]

@@ -193,6 +193,17 @@ from executor import DAG
 
 dag = DAG("weekly", schedule="@weekly")
 """
+LANDING = """
+from executor import DAG
+from triggers.files import FileTrigger
+
+dag = DAG("landing", start_when=FileTrigger(path="/srv/inbox/*.csv"))
+
+
+@dag.task
+def load(ctx):
+    return 1
+"""
 # Errors are user input on the page: they must come out as text, not markup.
 BROKEN = 'raise RuntimeError("<b>boom</b> & co")\n'
 # The squares' colours (assets.CSS), as the browser computes them.
@@ -215,6 +226,7 @@ def dags_ui(tmp_path_factory: pytest.TempPathFactory):
     nightly = write_dag(folder, NIGHTLY, "nightly.py")
     weekly = write_dag(folder, WEEKLY, "weekly.py")
     write_dag(folder, BROKEN, "broken.py")
+    write_dag(folder, LANDING, "landing.py")
     listing = ("dags", "list", "--db", url, "--dags", str(folder), "--parse-timeout", "10")
     listed = cli(*listing)
     assert listed.returncode == 0, listed.stderr
@@ -272,7 +284,9 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
     # One row, for the DAG the good file declares: schedule in words and as written, when
     # it runs next (as `slotless dags list` says), active, its runs oldest first.
     rows = dict(re.findall(r'<tr data-dag="([^"]+)"(.*?)</tr>', html, re.DOTALL))
-    assert list(rows) == ["nightly", "weekly"]
+    assert list(rows) == ["landing", "nightly", "weekly"]
+    # A DAG started by a condition says what it waits for.
+    assert 'when <span class="mono">file:///srv/inbox/*.csv</span>' in rows["landing"]
     row = rows["nightly"]
     assert "every day at 06:00 Europe/Paris" in row and "0 6 * * *" in row
     listed = {d["dag_id"]: d for d in dags_ui["listed"]}
