@@ -590,7 +590,7 @@ def plot_ticks(ax: Any, doc: dict[str, Any]) -> None:
             f"{doc['schedules']:,} DAGs on * * * * *, one triggerer: runs after the tick T\n"
             f"committed p50 {doc['run_created_p50_s']:.2f} s, p99 "
             f"{doc['run_created_p99_s']:.2f} s; fire began (dotted) p99 "
-            f"{doc['fire_began_p99_s']:.3f} s; CPU {doc['cpu_per_tick_s']:.2f} s/tick"
+            f"{doc['fire_began_p99_s']:.3f} s\nCPU {doc['cpu_per_tick_s']:.2f} s per tick"
         ),
         xlabel="seconds after T",
         ylabel="runs (solid: committed, seen by a reader)",
