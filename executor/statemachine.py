@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from .rows import MovedTask, TaskRow
 from .rules import Counts, Decision, aggregate, decide
-from .states import TERMINAL, RunState, State, check_transition
+from .states import RUN_TERMINAL, TERMINAL, RunState, State, check_transition
 from .store.db import Tx
 
 Message = str | Mapping[int, str]
@@ -126,7 +126,7 @@ async def transition_run(
 ) -> bool:
     """Move a run from ``expected`` to ``new`` (compare-and-set); whether it moved."""
     check_transition(expected, new)
-    ended = now if new in (RunState.SUCCESS, RunState.FAILED) else None
+    ended = now if new in RUN_TERMINAL else None
     moved = await tx.fetchone(
         "cas_run", new=new.value, ended_at=ended, run_id=run_id, expected=expected.value
     )
@@ -289,6 +289,13 @@ async def _settle_batch(
             )
             follow.extend(await _decide(tx, TaskRow.all(children), now))
     return follow
+
+
+async def start_queued(tx: Tx, dag_id: str, now: float) -> None:
+    """Start ``dag_id``'s queued runs that fit (a run of it ended, or was cancelled)."""
+    ended = await _start_queued(tx, dag_id, now)
+    if ended:
+        await _settle(tx, ended, now)
 
 
 async def _start_queued(tx: Tx, dag_id: str, now: float) -> list[tuple[MovedTask, State]]:

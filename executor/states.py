@@ -52,22 +52,44 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.SKIPPED: frozenset(),
 }
 
+# What operators may do besides (executor/store/control.py), each a compare-and-set too:
+# clear (back to PENDING with fresh attempts; RUNNING only with force, its attempt taken
+# back like a lost worker's), mark (an outcome set by hand) and cancel (what has not
+# ended is SKIPPED, a running attempt FAILED).
+_OPERATOR: dict[State, frozenset[State]] = {
+    State.PENDING: frozenset({State.SUCCESS, State.SKIPPED}),
+    State.RUNNING: frozenset({State.PENDING}),
+    State.RETRYING: frozenset({State.PENDING, State.SUCCESS, State.SKIPPED}),
+    State.SENSING: frozenset({State.PENDING, State.SUCCESS}),
+    State.DEFERRED: frozenset(),  # PENDING, SUCCESS, FAILED, SKIPPED: allowed already
+    State.SUCCESS: frozenset({State.PENDING}),
+    State.FAILED: frozenset({State.PENDING}),
+    State.UPSTREAM_FAILED: frozenset({State.PENDING}),
+    State.SKIPPED: frozenset({State.PENDING}),
+}
+ALLOWED = {state: ALLOWED[state] | _OPERATOR[state] for state in State}
+
 
 class RunState(StrEnum):
     """A run's states: QUEUED (created over its DAG's max_active_runs, nothing claimable)
-    -> RUNNING -> SUCCESS or FAILED when its last task ends."""
+    -> RUNNING -> SUCCESS or FAILED when its last task ends; CANCELLED by an operator."""
 
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
 
 
+RUN_TERMINAL = frozenset({RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED})
+
+# An ended run goes back to RUNNING when an operator clears some of its tasks.
 RUN_ALLOWED: dict[RunState, frozenset[RunState]] = {
-    RunState.QUEUED: frozenset({RunState.RUNNING}),
-    RunState.RUNNING: frozenset({RunState.SUCCESS, RunState.FAILED}),
-    RunState.SUCCESS: frozenset(),
-    RunState.FAILED: frozenset(),
+    RunState.QUEUED: frozenset({RunState.RUNNING, RunState.CANCELLED}),
+    RunState.RUNNING: frozenset({RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED}),
+    RunState.SUCCESS: frozenset({RunState.RUNNING}),
+    RunState.FAILED: frozenset({RunState.RUNNING}),
+    RunState.CANCELLED: frozenset({RunState.RUNNING}),
 }
 
 

@@ -21,6 +21,7 @@ from ..statemachine import Carry, retry_or_fail, transition
 from ..states import State
 from .backfills import BATCH, Backfilled, backfill_runs
 from .catalogue import CatalogueOps
+from .control import ControlOps
 from .db import Database, Row, Tx
 from .inspecting import InspectOps
 from .runs import NewRun, RunShape, StartedRun, insert_run, manual_run_key, new_run_id
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 
 
-class Store(InspectOps, CatalogueOps):
+class Store(InspectOps, CatalogueOps, ControlOps):
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self.db = db
         self.clock = clock

@@ -512,3 +512,72 @@ ORDER BY s.dag_id, s.kind;
 -- name: runs_states
 -- The state of each of these runs: a backfill's progress, polled.
 SELECT run_id, state FROM dag_run WHERE run_id = ANY(:run_ids);
+
+-- ---------------------------------------------------------------- run control
+-- executor/store/control.py: clear, mark, cancel, retry (states through the cas).
+
+-- name: run_edges
+SELECT parent, child FROM edge WHERE run_id = :run_id;
+
+-- name: instances_of
+SELECT id, task_id, map_index, state FROM task
+WHERE run_id = :run_id AND task_id = ANY(:task_ids) AND map_index >= 0;
+
+-- name: delete_instance_events
+DELETE FROM task_event WHERE task_row IN (
+    SELECT id FROM task WHERE run_id = :run_id AND task_id = ANY(:task_ids) AND map_index >= 0);
+
+-- name: delete_instances
+DELETE FROM task WHERE run_id = :run_id AND task_id = ANY(:task_ids) AND map_index >= 0;
+
+-- name: reset_cleared
+-- Cleared rows (just moved to PENDING by the cas): fresh attempts, nothing carried over.
+UPDATE task
+SET attempt = 1, output = NULL, event = NULL, next_method = NULL, next_kwargs = NULL,
+    trigger_id = NULL, soft_fail = 0, wait_started_at = NULL, wait_timeout_at = NULL,
+    owner = NULL, heartbeat_at = NULL, started_at = NULL, ended_at = NULL, map_total = NULL,
+    item = NULL, ready_at = NULL, updated_at = :now
+WHERE id = ANY(:ids) AND state = 'PENDING';
+
+-- name: recount_parents
+-- A waiting task's readiness counters, counted again from its parents' states (after a
+-- clear changed some of them); its trigger rule then decides again.
+UPDATE task
+SET n_parents = (SELECT count(*) FROM edge e WHERE e.run_id = task.run_id AND e.child = task.task_id),
+    n_done = (SELECT count(*) FROM edge e JOIN task p
+              ON p.run_id = e.run_id AND p.task_id = e.parent AND p.map_index = -1
+              WHERE e.run_id = task.run_id AND e.child = task.task_id
+                AND p.state IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')),
+    n_success = (SELECT count(*) FROM edge e JOIN task p
+                 ON p.run_id = e.run_id AND p.task_id = e.parent AND p.map_index = -1
+                 WHERE e.run_id = task.run_id AND e.child = task.task_id AND p.state = 'SUCCESS'),
+    n_failed = (SELECT count(*) FROM edge e JOIN task p
+                ON p.run_id = e.run_id AND p.task_id = e.parent AND p.map_index = -1
+                WHERE e.run_id = task.run_id AND e.child = task.task_id AND p.state = 'FAILED'),
+    n_upstream_failed = (SELECT count(*) FROM edge e JOIN task p
+                         ON p.run_id = e.run_id AND p.task_id = e.parent AND p.map_index = -1
+                         WHERE e.run_id = task.run_id AND e.child = task.task_id
+                           AND p.state = 'UPSTREAM_FAILED'),
+    n_skipped = (SELECT count(*) FROM edge e JOIN task p
+                 ON p.run_id = e.run_id AND p.task_id = e.parent AND p.map_index = -1
+                 WHERE e.run_id = task.run_id AND e.child = task.task_id AND p.state = 'SKIPPED'),
+    ready_at = NULL
+WHERE id = ANY(:ids) AND state = 'PENDING';
+
+-- name: recount_run
+UPDATE dag_run
+SET tasks_unfinished = (SELECT count(*) FROM task t
+                        WHERE t.run_id = dag_run.run_id AND t.map_index = -1
+                          AND t.state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')),
+    leaves_failed = (SELECT count(*) FROM task t
+                     WHERE t.run_id = dag_run.run_id AND t.map_index = -1 AND t.is_leaf = 1
+                       AND t.state IN ('FAILED', 'UPSTREAM_FAILED'))
+WHERE run_id = :run_id;
+
+-- name: tasks_by_id
+SELECT * FROM task WHERE id = ANY(:ids) ORDER BY id;
+
+-- name: unfinished_tasks
+SELECT id, task_id, map_index, expand_from, state FROM task
+WHERE run_id = :run_id AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')
+ORDER BY map_index DESC, id;

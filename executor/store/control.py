@@ -1,0 +1,272 @@
+"""Operating runs: clear, mark, cancel, retry. What an operator does to a run, as store
+operations the CLI and the web page both call.
+
+Each is one transaction of compare-and-sets through :func:`executor.statemachine.transition`
+(the operator's transitions are listed in :data:`executor.states.ALLOWED`), each moved row
+leaving a ``task_event`` line that says who did it and why. A worker or a triggerer racing
+an operation finds its row no longer in the state it expected and changes nothing: a late
+report of a cleared or cancelled attempt is discarded (its owner token no longer matches).
+
+* **clear**: the tasks go back to PENDING with fresh attempts (their attempt count starts
+  again at 1; the log keeps the earlier attempts above the "cleared" line), their outputs
+  and waits forgotten; a mapped task loses its instances and expands again from its
+  upstream's output when it runs; the counters of the cleared tasks and of their children
+  are counted again from their parents' states, so trigger rules decide again; an ended
+  run goes back to RUNNING. A RUNNING task is refused unless ``force``.
+* **mark**: a task's outcome set by hand (SUCCESS with an output, FAILED or SKIPPED); its
+  children proceed as if it had ended so. An ended task is cleared first.
+* **cancel**: the run ends CANCELLED; what has not ended is SKIPPED (a wait ends; its
+  trigger row is dropped by the triggerer's sweep) and a RUNNING attempt FAILED (its
+  result, when it comes, is discarded); the DAG's next queued run may start.
+* **retry**: clear every FAILED and UPSTREAM_FAILED task of a run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..rows import TaskRow
+from ..statemachine import Carry, evaluate, start_queued, transition, transition_run
+from ..states import RUN_TERMINAL, TERMINAL, RunState, State
+from .db import Database, Row, Tx
+
+Outcome = Literal["success", "failed", "skipped"]
+_OUTCOME = {"success": State.SUCCESS, "failed": State.FAILED, "skipped": State.SKIPPED}
+_FAILED = (State.FAILED.value, State.UPSTREAM_FAILED.value)
+_ENDED = frozenset(s.value for s in TERMINAL)
+
+
+class ControlError(ValueError):
+    """An operation refused, with why (nothing was changed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """What an operation did: the run, its state after, the task ids it changed."""
+
+    run_id: str
+    run_state: str
+    tasks: list[str]
+
+
+class ControlOps:
+    db: Database
+    clock: Callable[[], float]
+
+    async def clear(
+        self,
+        run_id: str,
+        task_ids: Sequence[str] = (),
+        *,
+        downstream: bool = False,
+        upstream: bool = False,
+        failed_only: bool = False,
+        force: bool = False,
+        who: str = "operator",
+        reason: str = "",
+    ) -> Done:
+        """Clear ``task_ids`` (all tasks of the run if none) of ``run_id``; see the module."""
+        async with self.db.write() as tx:
+            now = self.clock()
+            graph = await _Graph.read(tx, run_id)
+            picked = graph.select(task_ids, downstream=downstream, upstream=upstream)
+            if failed_only:
+                picked = [t for t in picked if graph.tasks[t].state in _FAILED]
+            why = _why("cleared", who, reason)
+            await _clear(tx, graph, picked, force=force, why=why, now=now)
+            return Done(run_id, await _run_state(tx, run_id), picked)
+
+    async def retry(self, run_id: str, *, who: str = "operator", reason: str = "") -> Done:
+        """Clear every FAILED and UPSTREAM_FAILED task of ``run_id``."""
+        return await self.clear(run_id, failed_only=True, who=who, reason=reason or "retry")
+
+    async def mark(
+        self,
+        run_id: str,
+        task_id: str,
+        outcome: Outcome,
+        *,
+        output: Any = None,
+        downstream: bool = False,
+        who: str = "operator",
+        reason: str = "",
+    ) -> Done:
+        """Set ``task_id``'s outcome (and its downstream's, with ``downstream``)."""
+        if outcome not in _OUTCOME:
+            raise ControlError(f"unknown outcome {outcome!r}: success, failed or skipped")
+        if output is not None and outcome != "success":
+            raise ControlError("an output is given only with success")
+        try:
+            output_json = None if output is None else json.dumps(output)
+        except (TypeError, ValueError) as exc:
+            raise ControlError(f"the output is not JSON: {exc}") from None
+        new = _OUTCOME[outcome]
+        async with self.db.write() as tx:
+            now = self.clock()
+            graph = await _Graph.read(tx, run_id)
+            picked = graph.select([task_id], downstream=downstream, upstream=False)
+            why = _why(f"marked {new.value}", who, reason)
+            for t in picked:  # parents first: a child's rule sees its parent marked
+                row = graph.tasks[t]
+                if row.state == new.value:
+                    continue
+                if row.state in _ENDED:
+                    # Cleared first, so its children count it again, as marked.
+                    await _clear(tx, graph, [t], force=False, why=why, now=now)
+                elif row.state == State.RUNNING.value:
+                    raise ControlError(
+                        f"task {t!r} is RUNNING: wait for its attempt, or clear it with --force"
+                    )
+                await _drop_instances(tx, run_id, [t])
+                carry = Carry(output=output_json) if output_json and t == task_id else Carry()
+                current = State(row.state) if row.state not in _ENDED else State.PENDING
+                await transition(tx, [row.id], current, new, now=now, message=why, carry=carry)
+                graph = await _Graph.read(tx, run_id)  # what the transition settled
+            return Done(run_id, await _run_state(tx, run_id), picked)
+
+    async def cancel(self, run_id: str, *, who: str = "operator", reason: str = "") -> Done:
+        """End ``run_id`` CANCELLED; see the module. A run already ended is refused."""
+        async with self.db.write() as tx:
+            now = self.clock()
+            run = await tx.fetchone("run_info", run_id=run_id)
+            if run is None:
+                raise ControlError(f"no run {run_id!r}")
+            state = RunState(run["state"])
+            if state in RUN_TERMINAL:
+                raise ControlError(f"run {run_id} has ended {state.value}: nothing to cancel")
+            await transition_run(tx, run_id, state, RunState.CANCELLED, now=now)
+            why = _why("cancelled", who, reason)
+            rows = await tx.fetch("unfinished_tasks", run_id=run_id)
+            moves: dict[tuple[State, State], list[int]] = defaultdict(list)
+            for r in rows:
+                old = State(r["state"])
+                # A running attempt FAILED; the rest (waits, pending work, and a mapped
+                # task's template, which runs no attempt of its own) SKIPPED.
+                attempt = old is State.RUNNING and not (r["map_index"] < 0 and r["expand_from"])
+                moves[(old, State.FAILED if attempt else State.SKIPPED)].append(r["id"])
+            # Each a compare-and-set: a row that ended meanwhile keeps how it ended. The
+            # skips first: a failed attempt would otherwise fail its children upstream.
+            for (old, new), ids in sorted(moves.items(), key=lambda m: m[0][1] is State.FAILED):
+                await transition(tx, ids, old, new, now=now, message=why)
+            await start_queued(tx, run["dag_id"], now)
+            return Done(run_id, RunState.CANCELLED.value, sorted({r["task_id"] for r in rows}))
+
+
+@dataclass(slots=True)
+class _Graph:
+    run: Row
+    tasks: dict[str, TaskRow]  # task_id -> its template row (map_index -1)
+    children: dict[str, list[str]]
+    parents: dict[str, list[str]]
+
+    @classmethod
+    async def read(cls, tx: Tx, run_id: str) -> _Graph:
+        run = await tx.fetchone("run_info", run_id=run_id)
+        if run is None:
+            raise ControlError(f"no run {run_id!r}")
+        tasks = {r.task_id: r for r in TaskRow.all(await tx.fetch("run_tasks", run_id=run_id))}
+        children: dict[str, list[str]] = defaultdict(list)
+        parents: dict[str, list[str]] = defaultdict(list)
+        for e in await tx.fetch("run_edges", run_id=run_id):
+            children[e["parent"]].append(e["child"])
+            parents[e["child"]].append(e["parent"])
+        return cls(run, tasks, children, parents)
+
+    def select(self, task_ids: Iterable[str], *, downstream: bool, upstream: bool) -> list[str]:
+        """The named tasks (all if none), with their descendants and/or ancestors, in the
+        run's task order (parents before children)."""
+        task_ids = list(task_ids)
+        unknown = [t for t in task_ids if t not in self.tasks]
+        if unknown:
+            known = ", ".join(self.tasks)
+            raise ControlError(f"run {self.run['run_id']} has no task {unknown[0]!r} ({known})")
+        picked = set(task_ids or self.tasks)
+        for edges, wanted in ((self.children, downstream), (self.parents, upstream)):
+            todo = list(picked) if wanted else []
+            while todo:
+                for nxt in edges[todo.pop()]:
+                    if nxt not in picked:
+                        picked.add(nxt)
+                        todo.append(nxt)
+        order = _topological(list(self.tasks), self.parents)
+        return [t for t in order if t in picked]
+
+
+async def _clear(
+    tx: Tx, graph: _Graph, picked: Sequence[str], *, force: bool, why: str, now: float
+) -> None:
+    run_id = graph.run["run_id"]
+    if not picked:
+        return
+    instances = await tx.fetch("instances_of", run_id=run_id, task_ids=list(picked))
+    running = [graph.tasks[t] for t in picked if graph.tasks[t].state == State.RUNNING.value
+               and graph.tasks[t].expand_from is None]  # fmt: skip
+    running_instances = [r for r in instances if r["state"] == State.RUNNING.value]
+    if (running or running_instances) and not force:
+        names = [r.task_id for r in running] + [
+            f"{r['task_id']}[{r['map_index']}]" for r in running_instances
+        ]
+        raise ControlError(
+            f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} RUNNING: clearing would "
+            "race its attempt; wait for it, or --force to take the attempt back"
+        )
+    await _drop_instances(tx, run_id, picked)
+    by_state: dict[State, list[int]] = defaultdict(list)
+    for t in picked:
+        row = graph.tasks[t]
+        if row.state != State.PENDING.value:
+            by_state[State(row.state)].append(row.id)
+    for old, ids in by_state.items():
+        await transition(tx, ids, old, State.PENDING, now=now, message=why)
+    ids = [graph.tasks[t].id for t in picked]
+    await tx.execute("reset_cleared", ids=ids, now=now)
+    # Counted again from the parents' states: the cleared tasks and their children.
+    affected = set(picked) | {c for t in picked for c in graph.children[t]}
+    recount = [graph.tasks[t].id for t in affected]
+    await tx.execute("recount_parents", ids=recount)
+    await tx.execute("recount_run", run_id=run_id)
+    state = RunState(graph.run["state"])
+    if state in RUN_TERMINAL:
+        await transition_run(tx, run_id, state, RunState.RUNNING, now=now)
+    rows = TaskRow.all(await tx.fetch("tasks_by_id", ids=recount))
+    await evaluate(tx, rows, now)
+
+
+async def _drop_instances(tx: Tx, run_id: str, task_ids: Sequence[str]) -> None:
+    """Forget a mapped task's instances (and their logs): it expands again when it runs."""
+    await tx.execute("delete_instance_events", run_id=run_id, task_ids=list(task_ids))
+    await tx.execute("delete_instances", run_id=run_id, task_ids=list(task_ids))
+
+
+async def _run_state(tx: Tx, run_id: str) -> str:
+    run = await tx.fetchone("run_info", run_id=run_id)
+    assert run is not None
+    return str(run["state"])
+
+
+def _why(what: str, who: str, reason: str) -> str:
+    return f"{what} by {who}" + (f": {reason}" if reason else "")
+
+
+def _topological(order: list[str], parents: dict[str, list[str]]) -> list[str]:
+    """``order`` (the run's rows in declaration order) with every parent before its
+    children (Kahn's algorithm: iterative, so a chain of any length is fine)."""
+    waiting = {t: len(parents[t]) for t in order}
+    children: dict[str, list[str]] = defaultdict(list)
+    for t in order:
+        for p in parents[t]:
+            children[p].append(t)
+    ready = [t for t in order if waiting[t] == 0]
+    out: list[str] = []
+    while ready:
+        t = ready.pop(0)
+        out.append(t)
+        for c in children[t]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                ready.append(c)
+    return out
