@@ -36,6 +36,7 @@ from executor.store import UnknownBackend as _UnknownBackend
 from executor.store.catalogue import UnknownDag
 from executor.worker import Worker
 
+from .control import add_commands as add_control_commands
 from .schedule_shown import schedule_shown
 
 USER_ERRORS = (
@@ -268,6 +269,8 @@ def _parser() -> argparse.ArgumentParser:
         help=f"time limit to import one file (default {DEFAULT_PARSE_TIMEOUT:g})",
     )
     back.set_defaults(func=cmd_backfill)
+
+    add_control_commands(sub, db_opt)
 
     bench = sub.add_parser(
         "bench",
