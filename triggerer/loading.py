@@ -47,6 +47,7 @@ class Loader:
         self._clock = clock
         self._max_trigger_id = 0  # where the next incremental load starts
         self._loaded_beyond: set[int] = set()  # trigger ids above a full reload's `newest`
+        self._max_release_id = 0  # the newest operator release read (wait_release)
 
     async def load(self, shards: Collection[int], *, full: bool) -> None:
         """Read the waits of ``shards``: all of them (``full``) or the new ones."""
@@ -56,6 +57,10 @@ class Loader:
         newest = await self._ops.max_trigger_id() if full else 0
         if full:
             self._loaded_beyond.clear()
+            # The rows read now reflect every release so far: start after them.
+            self._max_release_id = max(self._max_release_id, await self._ops.max_release_id())
+        else:
+            await self._drop_released()
         step = self._shards_per_query if full else len(ordered)
         seen: set[int] = set()
         for first in range(0, len(ordered), step):
@@ -66,6 +71,16 @@ class Loader:
             self._max_trigger_id = max(self._max_trigger_id, newest)
             for task_row in [r for r in self._table.by_row if r not in seen]:
                 self._table.unsubscribe(task_row)  # resumed, timed out or failed elsewhere
+
+    async def _drop_released(self) -> None:
+        """Unsubscribe the waits an operator ended since the last look (cancel, clear)."""
+        for r in await self._ops.released_waits(self._max_release_id):
+            self._max_release_id = r["id"]
+            check = self._table.by_row.get(r["task_row"])
+            if check is not None:
+                sub = check.subscribers.get(r["task_row"])
+                if sub is not None and sub.trigger_id == r["trigger_id"]:
+                    self._table.unsubscribe(r["task_row"])
 
     async def _take(self, rows: Sequence[Row], *, full: bool, newest: int, seen: set[int]) -> None:
         table = self._table

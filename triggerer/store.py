@@ -184,7 +184,20 @@ class TriggererStore:
 
     async def delete_orphan_triggers(self, shards: Collection[int]) -> int:
         async with self.db.write() as tx:
+            # Releases are read within seconds; an hour keeps them for a triggerer that
+            # was stopped a while (older ones are dropped by its full reload anyway).
+            await tx.execute("prune_releases", before=self.clock() - 3600)
             return await tx.execute("delete_orphan_triggers", shards=sorted(shards))
+
+    async def released_waits(self, after_id: int) -> list[Row]:
+        """Waits an operator ended (cancel, clear) since release ``after_id``."""
+        async with self.db.read() as tx:
+            return await tx.fetch("released_waits", after=after_id)
+
+    async def max_release_id(self) -> int:
+        async with self.db.read() as tx:
+            row = await tx.fetchone("max_release_id")
+        return int(row["id"]) if row is not None else 0
 
 
 async def _still_waiting(tx: Tx, waits: Waits) -> list[Row]:

@@ -151,7 +151,9 @@ class ControlOps:
             # Each a compare-and-set: a row that ended meanwhile keeps how it ended. The
             # skips first: a failed attempt would otherwise fail its children upstream.
             for (old, new), ids in sorted(moves.items(), key=lambda m: m[0][1] is State.FAILED):
-                await transition(tx, ids, old, new, now=now, message=why)
+                moved = await transition(tx, ids, old, new, now=now, message=why)
+                if old is State.DEFERRED:
+                    await _release(tx, [m.id for m in moved], rows, now)
             await start_queued(tx, run["dag_id"], now)
             return Done(run_id, RunState.CANCELLED.value, sorted({r["task_id"] for r in rows}))
 
@@ -214,6 +216,7 @@ async def _clear(
             f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} RUNNING: clearing would "
             "race its attempt; wait for it, or --force to take the attempt back"
         )
+    await _release(tx, [r["id"] for r in instances if r["state"] == "DEFERRED"], instances, now)
     await _drop_instances(tx, run_id, picked)
     by_state: dict[State, list[int]] = defaultdict(list)
     for t in picked:
@@ -221,7 +224,10 @@ async def _clear(
         if row.state != State.PENDING.value:
             by_state[State(row.state)].append(row.id)
     for old, ids in by_state.items():
-        await transition(tx, ids, old, State.PENDING, now=now, message=why)
+        moved = await transition(tx, ids, old, State.PENDING, now=now, message=why)
+        if old is State.DEFERRED:
+            held = [{"id": r.id, "trigger_id": r.trigger_id} for r in graph.tasks.values()]
+            await _release(tx, [m.id for m in moved], held, now)
     ids = [graph.tasks[t].id for t in picked]
     await tx.execute("reset_cleared", ids=ids, now=now)
     # Counted again from the parents' states: the cleared tasks and their children.
@@ -234,6 +240,18 @@ async def _clear(
         await transition_run(tx, run_id, state, RunState.RUNNING, now=now)
     rows = TaskRow.all(await tx.fetch("tasks_by_id", ids=recount))
     await evaluate(tx, rows, now)
+
+
+async def _release(tx: Tx, ids: Sequence[int], rows: Sequence[Row], now: float) -> None:
+    """Tell the triggerers that these waits ended (their rows: id -> trigger_id), so they
+    drop them within a second instead of at their next full reload."""
+    trigger_of = {r["id"]: r["trigger_id"] for r in rows}
+    released = [
+        {"task_row": i, "trigger_id": trigger_of[i], "now": now}
+        for i in ids
+        if trigger_of.get(i) is not None
+    ]
+    await tx.executemany("release_waits", released)
 
 
 async def _drop_instances(tx: Tx, run_id: str, task_ids: Sequence[str]) -> None:

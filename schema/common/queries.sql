@@ -520,7 +520,7 @@ SELECT run_id, state FROM dag_run WHERE run_id = ANY(:run_ids);
 SELECT parent, child FROM edge WHERE run_id = :run_id;
 
 -- name: instances_of
-SELECT id, task_id, map_index, state FROM task
+SELECT id, task_id, map_index, state, trigger_id FROM task
 WHERE run_id = :run_id AND task_id = ANY(:task_ids) AND map_index >= 0;
 
 -- name: delete_instance_events
@@ -578,6 +578,19 @@ WHERE run_id = :run_id;
 SELECT * FROM task WHERE id = ANY(:ids) ORDER BY id;
 
 -- name: unfinished_tasks
-SELECT id, task_id, map_index, expand_from, state FROM task
+SELECT id, task_id, map_index, expand_from, state, trigger_id FROM task
 WHERE run_id = :run_id AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')
 ORDER BY map_index DESC, id;
+
+-- name: release_waits
+-- Waits an operator ended (cancel, clear): the triggerers drop them (005_wait_release.sql).
+INSERT INTO wait_release (task_row, trigger_id, released_at) VALUES (:task_row, :trigger_id, :now);
+
+-- name: released_waits
+SELECT id, task_row, trigger_id FROM wait_release WHERE id > :after ORDER BY id;
+
+-- name: max_release_id
+SELECT COALESCE(max(id), 0) AS id FROM wait_release;
+
+-- name: prune_releases
+DELETE FROM wait_release WHERE released_at < :before;

@@ -12,6 +12,7 @@ import pytest
 from support.helpers import (
     async_wait_until,
     cli,
+    sql,
     start_cli,
     start_worker,
     stop_process,
@@ -146,6 +147,9 @@ async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(tmp_path: Pat
         await async_wait_until(
             both_waiting, 60, interval=0.1, what="sensors deferred, slow running"
         )
+        await async_wait_until(
+            lambda: _held(db) == 100, 20, interval=0.1, what="the triggerer holding 100 waits"
+        )
         out = cli("cancel", doomed, "--db", url, "--reason", "wrong day")
         assert out.returncode == 0, out.stderr
         # At once: nothing of the run is RUNNING or DEFERRED; the other run is as it was.
@@ -154,6 +158,11 @@ async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(tmp_path: Pat
         assert states["slow"] == "FAILED" and states["s0"] == "SKIPPED"
         assert await run_state(store, doomed) == "CANCELLED"
         assert list(task_states(db, kept).values()).count("DEFERRED") == 50
+        # The triggerer drops the cancelled run's 50 waits within seconds (the release
+        # journal), not at its next full reload a minute later: it holds the kept run's 50.
+        await async_wait_until(
+            lambda: _held(db) == 50, 10, interval=0.1, what="the triggerer holding 50 waits"
+        )
         (gate / "open").touch()  # the cancelled attempt ends; its report is discarded
         await async_wait_until(
             lambda: task_states(db, kept).get("slow") == "SUCCESS", 30, what="the kept run's slow"
@@ -190,6 +199,11 @@ async def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert task_states(db, run_id) == before
+
+
+def _held(db: Path) -> int:
+    """The waits the (one) triggerer says it holds, as of its last heartbeat."""
+    return int(sql(db, "SELECT triggers FROM triggerer")[0]["triggers"])
 
 
 async def _ended(store: Store, run_id: str) -> bool:
