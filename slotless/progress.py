@@ -64,17 +64,14 @@ def render(p: RunProgress) -> RenderableType:
     bars = Table.grid(padding=(0, 1))
     total = sum(p.counts.values())
     ended = sum(n for state, n in p.counts.items() if state in TERMINAL)
-    bars.add_row("tasks", _bar(ended, total), f"{ended}/{total}", states_text(p.counts))
+    failed = p.counts.get("FAILED", 0) + p.counts.get("UPSTREAM_FAILED", 0)
+    bars.add_row("tasks", _bar(ended, total, failed), f"{ended}/{total}", states_text(p.counts))
     for m in p.mapped:
         if m["map_total"] is None:
             bars.add_row(m["task_id"], Text(f"maps over {m['expand_from']}", style="dim"))
         else:
-            red = "red" if m["n_failed"] else None
-            bars.add_row(
-                m["task_id"],
-                _bar(m["n_done"], m["map_total"], red),
-                f"{m['n_done']}/{m['map_total']}",
-            )
+            done, of = m["n_done"], m["map_total"]
+            bars.add_row(m["task_id"], _bar(done, of, m["n_failed"]), f"{done}/{of}")
     parts: list[RenderableType] = [head, bars]
     waiting = p.counts.get("DEFERRED", 0) + p.counts.get("SENSING", 0)
     if p.waits:
@@ -103,11 +100,11 @@ def render(p: RunProgress) -> RenderableType:
     return Group(*parts)
 
 
-def _bar(done: int, total: int, style: str | None = None) -> ProgressBar:
-    # 0 of 0 (a mapped task over an empty list) is complete, not a division by zero.
+def _bar(done: int, total: int, failed: int) -> ProgressBar:
+    """Green, or red once something failed; 0 of 0 (a mapped task over an empty list) is
+    complete, not a division by zero."""
     bar = ProgressBar(total=max(total, 1), completed=done if total else 1, width=BAR)
-    if style:
-        bar.complete_style = bar.finished_style = style
+    bar.complete_style = bar.finished_style = "red" if failed else "green"
     return bar
 
 
