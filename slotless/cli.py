@@ -11,14 +11,12 @@ import os
 import sqlite3
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from executor.catalogue import (
@@ -30,7 +28,6 @@ from executor.catalogue import (
 )
 from executor.dag import DagError
 from executor.loader import DagImportError, load_dag
-from executor.states import TERMINAL
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store import UnknownBackend as _UnknownBackend
 from executor.store.catalogue import UnknownDag
@@ -355,11 +352,22 @@ async def cmd_run(args: argparse.Namespace) -> int:
             poll_interval=0.05,
             on_defer=triggerer.poke,
         )
-        show = not args.json and err.is_terminal
+        ended = asyncio.Event()
+        view = None
+        if not args.json and err.is_terminal:
+            from .progress import follow
+
+            # The live view goes to the terminal; a piped stdout keeps what tasks print.
+            view = asyncio.create_task(
+                follow(store, run_id, err, ended, redirect_stdout=out.is_terminal)
+            )
         sidecar = asyncio.create_task(triggerer.run())
         try:
-            await asyncio.gather(worker.run(), _watch(store, run_id, worker, show))
+            await asyncio.gather(worker.run(), _watch(store, run_id, worker))
         finally:
+            ended.set()
+            if view is not None:
+                await view
             triggerer.stop()
             await sidecar
         info = await store.run_info(run_id)
@@ -383,41 +391,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
         await store.close()
 
 
-async def _watch(store: Store, run_id: str, worker: Worker, show: bool) -> None:
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[states]}"),
-        TimeElapsedColumn(),
-        console=err,
-        disable=not show,
-        transient=False,
-    )
-    with progress:
-        bar = progress.add_task(run_id, total=None, states="")
-        while True:
-            info = await store.run_info(run_id)
-            pause = 0.25
-            if show:
-                # Counting scans every row of the run while holding the store (about 40 ms
-                # at 100,000 rows): only when a bar is drawn, and never more than ~5% of
-                # the time, so the count does not slow the run it reports on.
-                started = time.perf_counter()
-                counts = await store.run_counts(run_id)
-                pause = max(pause, 20 * (time.perf_counter() - started))
-                total = sum(counts.values())
-                done = sum(n for s, n in counts.items() if s in TERMINAL)
-                progress.update(
-                    bar,
-                    total=total,
-                    completed=done,
-                    states=" ".join(f"{s.lower()}={n}" for s, n in sorted(counts.items())),
-                )
-            if info is None or info["state"] not in ("RUNNING", "QUEUED"):
-                worker.stop()
-                return
-            await asyncio.sleep(pause)
+async def _watch(store: Store, run_id: str, worker: Worker) -> None:
+    """Stop the worker once the run has ended."""
+    while True:
+        info = await store.run_info(run_id)
+        if info is None or info["state"] not in ("RUNNING", "QUEUED"):
+            worker.stop()
+            return
+        await asyncio.sleep(0.25)
 
 
 def _summary(run_id: str, info: Any, tasks: list[Any], mapped: dict[str, dict[str, int]]) -> None:

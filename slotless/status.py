@@ -65,7 +65,7 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> di
         s = summary.get(state)
         count = s["n"] if s else 0
         rows = await store.waiting_tasks(state, limit) if count else []
-        tasks = [_waiting_task(r, now) for r in rows]
+        tasks = [waiting_task(r, now) for r in rows]
         oldest = max((t["for_seconds"] for t in tasks), default=None)
         waiting[state] = {"count": count, "oldest_seconds": oldest, "tasks": tasks}
     leases = await store.shard_leases()
@@ -113,7 +113,7 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> di
     }
 
 
-def _waiting_task(r: Row, now: float) -> dict[str, Any]:
+def waiting_task(r: Row, now: float) -> dict[str, Any]:
     state = r["state"]
     out: dict[str, Any] = {
         "run_id": r["run_id"],
@@ -202,7 +202,7 @@ def shard_ranges(shards: list[int]) -> str:
     return ",".join(parts) or "none"
 
 
-def _states(counts: dict[str, int]) -> Text:
+def states_text(counts: dict[str, int]) -> Text:
     text = Text()
     for i, (state, n) in enumerate(sorted(counts.items())):
         if i:
@@ -211,16 +211,18 @@ def _states(counts: dict[str, int]) -> Text:
     return text
 
 
-def _task_name(t: dict[str, Any]) -> str:
+def task_name(t: dict[str, Any]) -> str:
     return t["task_id"] if t["map_index"] < 0 else f"{t['task_id']}[{t['map_index']}]"
 
 
 def render(data: dict[str, Any], console: Console) -> None:
     now = data["now"]
-    runs_line = _states(data["runs_by_state"]) if data["runs_by_state"] else Text("none")
+    runs_line = states_text(data["runs_by_state"]) if data["runs_by_state"] else Text("none")
     console.print(Text("runs: ").append(runs_line))
     if data["tasks_by_state"]:
-        console.print(Text("tasks of unfinished runs: ").append(_states(data["tasks_by_state"])))
+        console.print(
+            Text("tasks of unfinished runs: ").append(states_text(data["tasks_by_state"]))
+        )
 
     runs = Table(title="recent runs", title_justify="left")
     for col in ("run", "logical date", "state", "started", "tasks by state"):
@@ -232,7 +234,7 @@ def render(data: dict[str, Any], console: Console) -> None:
             r["logical_date"],
             Text(r["state"], style=STATE_STYLE.get(r["state"], "")),
             started,
-            _states(r["tasks"]),
+            states_text(r["tasks"]),
         )
     console.print(runs)
 
@@ -257,7 +259,7 @@ def render(data: dict[str, Any], console: Console) -> None:
             table.add_column("timeout used", justify="right")
             table.add_column("checked by" if state == "DEFERRED" else "next check", ratio=2)
         for t in w["tasks"]:
-            name = Text(_task_name(t), style=style).append(f"\n{t['run_id']}", style="dim")
+            name = Text(task_name(t), style=style).append(f"\n{t['run_id']}", style="dim")
             cells: list[Any] = [name, human_seconds(t["for_seconds"])]
             if state == "RETRYING":
                 due = t["next_attempt_at"]

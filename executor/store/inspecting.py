@@ -1,7 +1,7 @@
-"""Read-only views of the store for people: `slotless status`, the metrics, the web page.
+"""Read-only views of the store for people: `slotless status` and `run`, the metrics, the web page.
 
 Mixed into :class:`executor.store.Store`. Nothing here writes; every statement is a named
-query in ``schema/<backend>/queries.sql`` (the ``ops_*`` section).
+query in ``schema/<backend>/queries.sql`` (the ``ops_*`` and ``progress_*`` sections).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from .db import Database, Row
 INSTANCES_SHOWN = 500
 # The DAGs page draws this many runs of each DAG, the newest (Airflow's grid shows 25).
 RUNS_PER_DAG = 25
+# `slotless run`'s live view lists at most this many waiting and retrying tasks (each).
+PROGRESS_ROWS = 8
 
 
 @dataclass(slots=True)
@@ -42,6 +44,18 @@ class DagsPage:
     dags: list[Row]  # the catalogue's rows, by dag_id, as `catalogue_dags` reads them
     runs: dict[str, list[Row]]  # dag_id -> its newest runs, oldest first
     broken_files: list[Row]  # files whose last parse failed, with their error
+
+
+@dataclass(slots=True)
+class RunProgress:
+    """One run as `slotless run`'s live view shows it, read in one go."""
+
+    run: Row
+    now: float  # the store's clock when it was read
+    counts: dict[str, int]  # task instances by state (a mapped task counts as its instances)
+    mapped: list[Row]  # mapped tasks' templates: map_total (None: not expanded), n_done
+    waits: list[Row]  # DEFERRED and SENSING tasks, the longest wait first (at most n)
+    retrying: list[Row]  # RETRYING tasks with their last failure (at most n)
 
 
 class InspectOps:
@@ -122,6 +136,28 @@ class InspectOps:
                 for r in await tx.fetch("ops_run_waits", run_id=run_id)
             }
         return RunGraph(run, tasks, dict(mapped), edges, waits)
+
+    async def run_progress(self, run_id: str, n: int = PROGRESS_ROWS) -> RunProgress | None:
+        """What `slotless run` shows while the run goes: reads of this run's rows only."""
+        counts: dict[str, int] = defaultdict(int)
+        async with self.db.read() as tx:
+            run = await tx.fetchone("run_info", run_id=run_id)
+            if run is None:
+                return None
+            for r in await tx.fetch("run_counts", run_id=run_id):
+                counts[r["state"]] += r["n"]
+            mapped = await tx.fetch("progress_mapped", run_id=run_id)
+            waits = (
+                await tx.fetch("progress_waits", run_id=run_id, n=n)
+                if (counts.get("DEFERRED") or counts.get("SENSING"))
+                else []
+            )
+            retrying = (
+                await tx.fetch("progress_retrying", run_id=run_id, n=n)
+                if counts.get("RETRYING")
+                else []
+            )
+        return RunProgress(run, self.clock(), dict(counts), mapped, waits, retrying)
 
     async def task_detail(
         self, run_id: str, task_id: str, map_index: int = -1

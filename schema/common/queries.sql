@@ -594,3 +594,53 @@ SELECT COALESCE(max(id), 0) AS id FROM wait_release;
 
 -- name: prune_releases
 DELETE FROM wait_release WHERE released_at < :before;
+
+-- ---------------------------------------------------------------- run progress
+-- `slotless run`'s live view (slotless/progress.py) through executor/store/inspecting.py,
+-- a few times a second while the run goes: each statement reads one run's rows through the
+-- (run_id, task_id, map_index) index, and the waits at most :n rows, whose events and
+-- trigger are read after the limit (columns as ops_deferred / ops_sensing / ops_retrying).
+
+-- name: progress_mapped
+-- The run's mapped tasks: a template counts its ended instances in n_done (bump_template);
+-- map_total is NULL until it expands.
+SELECT task_id, state, expand_from, map_total, n_done, n_failed FROM task
+WHERE run_id = :run_id AND map_index = -1 AND expand_from IS NOT NULL
+ORDER BY id;
+
+-- name: progress_waits
+-- :n at most. The run's DEFERRED and SENSING tasks, the longest wait first, with what they
+-- wait for: the trigger's description (DEFERRED), the last check (SENSING).
+SELECT w.id, w.run_id, w.task_id, w.map_index, w.state, w.attempt, w.max_attempts,
+       w.updated_at, w.ready_at, w.wait_started_at, w.wait_timeout_at, w.next_method,
+       g.id AS trigger_id, g.classpath, g.poke_hash, g.shard, g.description,
+       s.owner AS lease_owner, s.expires_at AS lease_expires_at,
+       CASE WHEN w.state = 'SENSING' THEN
+           (SELECT e.message FROM task_event e WHERE e.task_row = w.id AND e.kind = 'transition'
+            ORDER BY e.id DESC LIMIT 1)
+       END AS last_message
+FROM (SELECT id, run_id, task_id, map_index, state, attempt, max_attempts, updated_at,
+             ready_at, wait_started_at, wait_timeout_at, next_method, trigger_id
+      FROM task
+      WHERE run_id = :run_id AND state IN ('DEFERRED', 'SENSING')
+      ORDER BY wait_started_at, id
+      LIMIT :n) AS w
+LEFT JOIN trigger g ON g.id = w.trigger_id
+LEFT JOIN shard_lease s ON s.shard = g.shard
+ORDER BY w.wait_started_at, w.id;
+
+-- name: progress_retrying
+-- :n at most. The run's RETRYING tasks, the first to have failed first, with their last
+-- failure and since when they retry.
+SELECT w.id, w.run_id, w.task_id, w.map_index, w.state, w.attempt, w.max_attempts,
+       w.updated_at, w.ready_at,
+       (SELECT min(e.ts) FROM task_event e
+        WHERE e.task_row = w.id AND e.to_state = 'RETRYING') AS retrying_since,
+       (SELECT e.message FROM task_event e WHERE e.task_row = w.id AND e.to_state = 'RETRYING'
+        ORDER BY e.id DESC LIMIT 1) AS last_error
+FROM (SELECT id, run_id, task_id, map_index, state, attempt, max_attempts, updated_at, ready_at
+      FROM task
+      WHERE run_id = :run_id AND state = 'RETRYING'
+      ORDER BY updated_at, id
+      LIMIT :n) AS w
+ORDER BY w.updated_at, w.id;

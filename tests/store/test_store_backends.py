@@ -259,6 +259,67 @@ def sensor_dag(tmp_path: Path, *, soft_fail: bool = False) -> DAG:
     return dag
 
 
+async def test_run_progress_reads_one_runs_counts_mapped_tasks_waits_and_retries(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    dag = DAG("progress")
+    dag.task(noop, task_id="source")
+    dag.task(noop, task_id="each", expand="source", retries=1)
+    dag.task(noop, task_id="wait")
+    dag.task(noop, task_id="after", parents=["each", "wait"])
+    run_id = await store.create_run(dag, DAY, run_id="this")
+    other = await store.create_run(dag, DAY, run_id="other")
+    p = await store.run_progress(run_id)
+    assert p is not None and p.counts == {"PENDING": 4}
+    assert [(m["task_id"], m["expand_from"], m["map_total"]) for m in p.mapped] == [
+        ("each", "source", None)
+    ]
+    rows = {(r.run_id, r.task_id): r for r in await store.claim("w", 10)}
+    flag = str(tmp_path / "ready.flag")
+    await store.complete([deferred(rows["other", "wait"], flag, clock.now)])
+    started = clock.now
+    instances = await store.exchange(
+        [
+            outcome(rows["this", "source"], output=[1, 2, 3]),
+            deferred(rows["this", "wait"], flag, started),
+        ],
+        "w",
+        10,
+    )
+    ours = sorted((r for r in instances if r.run_id == run_id), key=lambda r: r.map_index)
+    clock.advance(5)
+    await store.complete(
+        [outcome(ours[0]), failure(ours[1], "boom\nsecond line", retry_delay=30.0)]
+    )
+
+    p = await store.run_progress(run_id)
+    assert p is not None and p.run["run_id"] == run_id and p.now == clock.now
+    assert p.counts == {"SUCCESS": 2, "DEFERRED": 1, "RETRYING": 1, "RUNNING": 1, "PENDING": 1}
+    [each] = p.mapped
+    assert (each["task_id"], each["map_total"], each["n_done"], each["n_failed"]) == (
+        "each",
+        3,
+        1,
+        0,
+    )
+    [wait] = p.waits  # not the other run's
+    assert (wait["task_id"], wait["state"], wait["wait_started_at"]) == (
+        "wait",
+        "DEFERRED",
+        started,
+    )
+    assert wait["description"] == FileTrigger(path=flag).describe()
+    assert wait["last_message"] is None
+    [retrying] = p.retrying
+    assert (retrying["task_id"], retrying["map_index"], retrying["attempt"]) == ("each", 1, 2)
+    assert retrying["retrying_since"] == clock.now
+    assert retrying["ready_at"] == pytest.approx(clock.now + 30.0)
+    assert retrying["last_error"] == "attempt 1 of 2 failed: boom\nsecond line; retrying in 30.0 s"
+    assert (await store.run_progress(run_id, n=0)).waits == []  # type: ignore[union-attr]
+    assert await store.run_progress("nope") is None
+    assert other != run_id
+
+
 async def test_a_late_event_does_not_wake_a_task_now_waiting_on_another_trigger(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
