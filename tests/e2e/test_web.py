@@ -292,7 +292,7 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
     listed = {d["dag_id"]: d for d in dags_ui["listed"]}
     assert listed["nightly"]["next_run"]
     assert f"<td>{escape(listed['nightly']['next_run'])}</td>" in row
-    assert '<span class="active">active</span>' in row
+    assert '<span class="active" data-k="paused:nightly">active</span>' in row
     squares = re.findall(r'<a class="sq st-([A-Z]+)" href="([^"]+)" title="([^"]+)"', row)
     assert squares == [
         (state, f"/runs/{quote(run_id, safe='')}", f"{day} \u00b7 {state}")
@@ -301,7 +301,7 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
     assert 'data-live="1"' in html  # a run is RUNNING: the page refreshes
     # A DAG whose file broke keeps its row, with the error on it.
     assert rows["weekly"].startswith(' class="broken">')
-    assert '<span class="paused">paused</span>' in rows["weekly"]
+    assert '<span class="paused" data-k="paused:weekly">paused</span>' in rows["weekly"]
     assert "file broken: " in rows["weekly"] and '<span class="empty">no runs yet' in rows["weekly"]
     # Both broken files, in the box at the top, their errors escaped.
     box = re.search(r'<div class="panel errors">(.*?)</ul></div>', html, re.DOTALL)
