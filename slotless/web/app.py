@@ -212,7 +212,8 @@ async def act(request: web.Request) -> web.Response:
         session.flash, session.form = ("ok", await handler(a)), {}
     except Refused as exc:
         session.flash = ("error", str(exc))
-        session.form = {k: v for k, v in form.items() if isinstance(v, str) and k != "csrf"}
+        kept = {k: v for k, v in form.items() if isinstance(v, str) and k != "csrf"}
+        session.form = kept | {"action": name}
     except Exception as exc:
         log.exception("action %s failed", name)
         session.flash = ("error", f"{name} failed: {type(exc).__name__}: {exc}")

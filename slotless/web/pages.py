@@ -97,7 +97,7 @@ def action_form(
         f'<form class="act {escape(cls)}" method="post" action="{action}">'
         f'<input type="hidden" name="csrf" value="{w.csrf(action)}">'
         f'<input type="hidden" name="back" value="{escape(w.path)}">{hidden}{inputs}'
-        f'<button type="submit" name="do" value="{escape(name)}">{escape(label)}</button></form>'
+        f'<button type="submit" value="{escape(name)}">{escape(label)}</button></form>'
     )
 
 
@@ -314,7 +314,7 @@ def _trigger_cell(w: Writes | None, dag_id: str) -> str:
     if w is None or w.session is None:
         return ""
     kept = w.session.form
-    again = kept.get("dag_id") == dag_id and kept.get("do") == "trigger"
+    again = kept.get("dag_id") == dag_id and kept.get("action") == "trigger"
     conf = kept.get("conf", "") if again else ""
     box = (
         f'<textarea name="conf" rows="3" cols="28" class="mono" '
