@@ -18,11 +18,14 @@ class DagImportError(RuntimeError):
 _cache: dict[tuple[str, str | None], DAG] = {}
 
 
-def load_dag(path: str | Path, dag_id: str | None = None) -> DAG:
-    """Import ``path`` and return its DAG (the one named ``dag_id`` if it holds several)."""
+def load_dag(path: str | Path, dag_id: str | None = None, *, cached: bool = True) -> DAG:
+    """Import ``path`` and return its DAG (the one named ``dag_id`` if it holds several).
+
+    Imported once per process unless ``cached=False``: a long-lived process that must see
+    the file as it is now (the web page's trigger button) imports it again."""
     path = Path(path).resolve()
     key = (str(path), dag_id)
-    if key in _cache:
+    if cached and key in _cache:
         return _cache[key]
     dags = import_dags(path)
     if dag_id is not None:
@@ -36,7 +39,8 @@ def load_dag(path: str | Path, dag_id: str | None = None) -> DAG:
     else:
         found = ", ".join(dags) or "none"
         raise DagImportError(f"{path} must define exactly one DAG, or name one (found: {found})")
-    _cache[key] = dag
+    if cached:
+        _cache[key] = dag
     return dag
 
 

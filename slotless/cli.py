@@ -148,11 +148,14 @@ def _parser() -> argparse.ArgumentParser:
     db_opt(logs)
     logs.set_defaults(func=cmd_logs)
 
-    ui = sub.add_parser("ui", help="serve a read-only web page of runs, tasks and their logs")
+    ui = sub.add_parser(
+        "ui", help="serve the web page of runs, tasks and their logs (read-only without --token)"
+    )
     db_opt(ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=8765)
     ui.add_argument("--refresh", type=float, default=2.0, help="seconds between live refreshes")
+    _token_opt(ui)
     _dags_opts(ui)
     ui.set_defaults(func=cmd_ui)
 
@@ -164,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--slots", type=_slots, default=8)
     up.add_argument("--host", default="127.0.0.1", help="the web page's address")
     up.add_argument("--port", type=int, default=8765, help="the web page's port")
+    _token_opt(up)
     up.add_argument("--worker-metrics-port", type=int, default=None)
     up.add_argument("--triggerer-metrics-port", type=int, default=None)
     _dags_opts(up)
@@ -487,6 +491,16 @@ async def _scanning(store: Store, args: argparse.Namespace) -> AsyncIterator[Non
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def _token_opt(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--token",
+        default=None,
+        help="let an operator who signs in with this token pause and trigger DAGs from the web "
+        "page (default: $SLOTLESS_UI_TOKEN; without one the page is read-only). The "
+        "environment variable keeps it out of the process list",
+    )
 
 
 def _dags_opts(sp: argparse.ArgumentParser) -> None:

@@ -25,12 +25,14 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from datetime import date
+from typing import Any
 
 from executor.catalogue import dags_folder, scan
 from executor.dag import DAG
 from executor.loader import DagImportError, load_dag
 from executor.params import parse_conf
 from executor.store import Store, open_store
+from executor.store.runs import StartedRun
 
 
 class DagPaused(ValueError):
@@ -40,26 +42,14 @@ class DagPaused(ValueError):
 async def trigger_command(args: argparse.Namespace) -> int:
     conf = parse_conf(args.conf)  # bad JSON: refused before the database is even opened
     async with catalogued(args) as store:
-        entry = await store.catalogue_dag(args.dag_id)
-        if entry["parse_error"]:
-            raise DagImportError(
-                f"DAG {args.dag_id!r} cannot be triggered: its file is broken: "
-                f"{entry['parse_error']}"
-            )
-        if entry["paused"] and not args.force:
-            raise DagPaused(
-                f"DAG {args.dag_id!r} is paused: `slotless dags unpause {args.dag_id}` "
-                "first, or trigger it anyway with --force"
-            )
-        dag = await import_dag(entry["file"], args.dag_id, args.parse_timeout)
-        started = await store.start_run(
-            dag,
-            args.logical_date or date.today(),
+        started = await trigger_run(
+            store,
+            args.dag_id,
+            conf,
+            logical_date=args.logical_date,
             run_key=args.run_key,
-            conf=conf,
-            dag_file=entry["file"],
-            # A run by hand counts against max_active_runs, as in Airflow: QUEUED over it.
-            max_active=dag.max_active_runs,
+            force=args.force,
+            parse_timeout=args.parse_timeout,
         )
     if args.json:
         print(
@@ -83,6 +73,45 @@ async def trigger_command(args: argparse.Namespace) -> int:
     else:
         print(f"{started.run_id}: already exists for run key {started.run_key}; nothing created")
     return 0
+
+
+async def trigger_run(
+    store: Store,
+    dag_id: str,
+    conf: dict[str, Any] | None,
+    *,
+    parse_timeout: float,
+    logical_date: date | None = None,
+    run_key: str | None = None,
+    force: bool = False,
+) -> StartedRun:
+    """A run of the catalogued ``dag_id`` with ``conf``, once per run key: what ``slotless
+    trigger`` and the web page's trigger button do.
+
+    Refused, with nothing created: :class:`UnknownDag`, a broken file
+    (:class:`DagImportError`), a paused DAG unless ``force`` (:class:`DagPaused`), a conf the
+    DAG's params refuse (:class:`executor.params.BadConf`, checked by ``start_run``).
+    """
+    entry = await store.catalogue_dag(dag_id)
+    if entry["parse_error"]:
+        raise DagImportError(
+            f"DAG {dag_id!r} cannot be triggered: its file is broken: {entry['parse_error']}"
+        )
+    if entry["paused"] and not force:
+        raise DagPaused(
+            f"DAG {dag_id!r} is paused: `slotless dags unpause {dag_id}` "
+            "first, or trigger it anyway with --force"
+        )
+    dag = await import_dag(entry["file"], dag_id, parse_timeout)
+    return await store.start_run(
+        dag,
+        logical_date or date.today(),
+        run_key=run_key,
+        conf=conf,
+        dag_file=entry["file"],
+        # A run by hand counts against max_active_runs, as in Airflow: QUEUED over it.
+        max_active=dag.max_active_runs,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -125,7 +154,7 @@ async def import_dag(path: str, dag_id: str, timeout: float) -> DAG:
     def work() -> None:
         try:
             with contextlib.redirect_stdout(sys.stderr):
-                dag = load_dag(path, dag_id)
+                dag = load_dag(path, dag_id, cached=False)  # the file as it is now
                 dag.validate()
         except Exception as exc:
             loop.call_soon_threadsafe(settle, None, exc)

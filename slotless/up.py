@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from datetime import date
@@ -48,7 +49,10 @@ async def up(args: argparse.Namespace) -> int:
         triggerer += ["--dags", str(folder.resolve()), "--rescan", str(args.rescan)]
         triggerer += ["--parse-timeout", str(args.parse_timeout)]
     ui = [*cli, "ui", "--db", url, "--host", args.host, "--port", str(args.port)]
-    return await Stack({"worker": worker, "triggerer": triggerer, "ui": ui}).run()
+    envs = {}
+    if args.token:  # to the page alone, in its environment: not in its argv for `ps` to show
+        envs["ui"] = dict(os.environ, SLOTLESS_UI_TOKEN=args.token)
+    return await Stack({"worker": worker, "triggerer": triggerer, "ui": ui}, envs).run()
 
 
 def _say(line: str) -> None:
@@ -58,8 +62,11 @@ def _say(line: str) -> None:
 class Stack:
     """Child processes started together and stopped together."""
 
-    def __init__(self, commands: dict[str, list[str]]) -> None:
+    def __init__(
+        self, commands: dict[str, list[str]], envs: dict[str, dict[str, str]] | None = None
+    ) -> None:
         self.commands = commands
+        self.envs = envs or {}
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self._stop = asyncio.Event()
         self._signals = 0
@@ -72,7 +79,10 @@ class Stack:
         try:
             for name, argv in self.commands.items():
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+                    *argv,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=self.envs.get(name),
                 )
                 self.procs[name] = proc
                 pumps.append(asyncio.create_task(self._pump(name, proc)))

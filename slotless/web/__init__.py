@@ -1,8 +1,10 @@
-"""`slotless ui`: a small read-only web page of runs, their tasks and the tasks' logs.
+"""`slotless ui`: a small web page of runs, their tasks and the tasks' logs, and the DAGs.
 
 aiohttp serving HTML rendered on the server, plus a few lines of plain JavaScript that
-refresh a live page in place. Bound to 127.0.0.1 unless ``--host`` says otherwise; it
-only ever reads the store.
+update a live page in place from a JSON poll. Bound to 127.0.0.1 unless ``--host`` says
+otherwise. Read-only unless started with a token (``--token`` or $SLOTLESS_UI_TOKEN): then
+an operator who signs in with it may pause, unpause and trigger DAGs (:mod:`.auth`,
+:mod:`.actions`).
 """
 
 from __future__ import annotations
@@ -67,9 +69,15 @@ async def open_for_reading(url: str | None) -> Store:
 
 async def serve_ui(args: argparse.Namespace) -> int:
     store = await open_for_reading(args.db)
-    runner = web.AppRunner(
-        make_app(store, db_label=safe_url(store.url), refresh=args.refresh), access_log=None
+    token = getattr(args, "token", None) or os.environ.get("SLOTLESS_UI_TOKEN") or None
+    app = make_app(
+        store,
+        db_label=safe_url(store.url),
+        refresh=args.refresh,
+        token=token,
+        parse_timeout=args.parse_timeout,
     )
+    runner = web.AppRunner(app, access_log=None)
     try:
         await runner.setup()
         try:
@@ -83,7 +91,9 @@ async def serve_ui(args: argparse.Namespace) -> int:
         host = f"[{args.host}]" if ":" in args.host else args.host
         port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), args.port)
         print(
-            f"slotless ui: http://{host}:{port}/ (read-only, {safe_url(store.url)}; "
+            f"slotless ui: http://{host}:{port}/ "
+            f"({'writes for a signed-in operator' if token else 'read-only'}, "
+            f"{safe_url(store.url)}; "
             "Ctrl-C stops it)",
             file=sys.stderr,
             flush=True,

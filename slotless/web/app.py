@@ -1,11 +1,18 @@
-"""The web page's routes: read-only GETs over the store, HTML rendered on the server.
+"""The web page's routes: GETs over the store, HTML rendered on the server; writes only as
+POSTs from a signed-in operator (:mod:`.auth`), each one an action (:mod:`.actions`).
 
-/                                       runs, waiting tasks, triggerers
-/dags                                   the catalogued DAGs, their newest runs, broken files
-/runs/{run_id}                          the run's tasks as a graph and a table
-/runs/{run_id}/tasks/{task_id}          a task: attempts, wait, log (a mapped task: instances)
-/runs/{run_id}/tasks/{task_id}/{index}  one instance of a mapped task
-/api/status                             what `slotless status --json` prints
+GET  /                                       runs, waiting tasks, triggerers
+GET  /dags                                   the catalogued DAGs, their newest runs, broken files
+GET  /runs/{run_id}                          the run's tasks as a graph and a table
+GET  /runs/{run_id}/tasks/{task_id}          a task: attempts, wait, log (mapped: instances)
+GET  /runs/{run_id}/tasks/{task_id}/{index}  one instance of a mapped task
+GET  /api/live/<any page above>              what changed on that page, as JSON (the live poll)
+GET  /api/status                             what `slotless status --json` prints
+GET  /login, POST /login, POST /logout       signing in with the operator's token, and out
+POST /actions/{name}                         a write: pause, unpause, trigger, ... (actions.py)
+
+GET never writes. Every POST is refused (403, one log line, nothing changed) unless the page
+has a token, the request's session is signed in and its form's CSRF token is good.
 """
 
 from __future__ import annotations
@@ -20,36 +27,83 @@ from executor.store import Store
 
 from ..status import collect
 from . import pages
+from .actions import ACTIONS, Act, Refused
+from .auth import Auth, Session, clear_cookie, csrf_ok, set_cookie
 
 log = logging.getLogger("slotless.web")
 
 STORE = web.AppKey("store", Store)
 SETTINGS = web.AppKey("settings", dict)
+AUTH = web.AppKey("auth", Auth)
+LIVE = "/api/live"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(store: Store, *, db_label: str = "", refresh: float = 2.0) -> web.Application:
+def make_app(
+    store: Store,
+    *,
+    db_label: str = "",
+    refresh: float = 2.0,
+    token: str | None = None,
+    parse_timeout: float = 30.0,
+) -> web.Application:
+    """The page over ``store``; with ``token``, an operator who signs in with it may write."""
     app = web.Application(middlewares=[_errors])
     app[STORE] = store
-    app[SETTINGS] = {"db": db_label or store.url, "refresh": refresh, "runs": 50}
-    app.router.add_get("/", index)
-    app.router.add_get("/dags", dags)
-    app.router.add_get("/runs/{run_id}", run)
-    app.router.add_get("/runs/{run_id}/tasks/{task_id}", task)
-    app.router.add_get(r"/runs/{run_id}/tasks/{task_id}/{index:\d+}", task)
+    app[AUTH] = Auth(token)
+    app[SETTINGS] = {
+        "db": db_label or store.url,
+        "refresh": refresh,
+        "runs": 50,
+        "parse_timeout": parse_timeout,
+    }
+    for path, handler in (
+        ("/", index),
+        ("/dags", dags),
+        ("/runs/{run_id}", run),
+        ("/runs/{run_id}/tasks/{task_id}", task),
+        (r"/runs/{run_id}/tasks/{task_id}/{index:\d+}", task),
+    ):
+        app.router.add_get(path, handler)
+        app.router.add_get(LIVE + path, handler)  # the same page's changes, as JSON
     app.router.add_get("/api/status", api_status)
+    app.router.add_get("/login", login_form)
+    app.router.add_post("/login", login)
+    app.router.add_post("/logout", logout)
+    app.router.add_post("/actions/{name}", act)
     return app
+
+
+def _polled(request: web.Request) -> bool:
+    return request.path.startswith(LIVE + "/")
 
 
 def _html(
     request: web.Request, title: str, main: str, live: bool, status: int = 200
 ) -> web.Response:
     s = request.app[SETTINGS]
-    body = pages.page(title, main, live=live, db=s["db"], refresh=s["refresh"])
+    w = request.app[AUTH].writes(request)
+    flash = None
+    if w.session is not None:  # shown once, then forgotten, with the form it refused
+        flash, w.session.flash, w.session.form = w.session.flash, None, {}
+    body = pages.page(
+        title,
+        main,
+        live=live,
+        db=s["db"],
+        refresh=s["refresh"],
+        poll=LIVE + request.path if status == 200 else "",
+        w=w,
+        flash=flash,
+    )
     return web.Response(
         text=body, status=status, content_type="text/html", headers={"Cache-Control": "no-store"}
     )
+
+
+def _json(data: dict) -> web.Response:
+    return web.json_response(data, headers={"Cache-Control": "no-store"})
 
 
 async def index(request: web.Request) -> web.Response:
@@ -59,12 +113,17 @@ async def index(request: web.Request) -> web.Response:
     except ValueError:
         raise web.HTTPBadRequest(text="limit must be a number") from None
     data = await collect(store, limit)
+    if _polled(request):
+        return _json(pages.live_index(data))
     main, live = pages.index(data)
     return _html(request, "runs", main, live)
 
 
 async def dags(request: web.Request) -> web.Response:
-    main, live = pages.dags_page(await request.app[STORE].dags_page())
+    data = await request.app[STORE].dags_page()
+    if _polled(request):
+        return _json(pages.live_dags(data))
+    main, live = pages.dags_page(data, request.app[AUTH].writes(request))
     return _html(request, "DAGs", main, live)
 
 
@@ -74,6 +133,8 @@ async def run(request: web.Request) -> web.Response:
     g = await store.run_graph(run_id)
     if g is None:
         return _not_found(request, f"There is no run {run_id!r}.")
+    if _polled(request):
+        return _json(pages.live_run(g, store.clock()))
     main, live = pages.run_page(g, store.clock())
     return _html(request, run_id, main, live)
 
@@ -89,12 +150,110 @@ async def task(request: web.Request) -> web.Response:
             return _not_found(request, f"There is no run {run_id!r}.")
         name = pages.task_name(task_id, index)
         return _not_found(request, f"Run {run_id!r} has no task {name!r}.")
+    if _polled(request):
+        return _json(pages.live_task(d))
     main, live = pages.task_page(d, store.clock())
     return _html(request, f"{pages.task_name(task_id, index)} - {run_id}", main, live)
 
 
 async def api_status(request: web.Request) -> web.Response:
     return web.json_response(await collect(request.app[STORE], 50))
+
+
+# -- writes ------------------------------------------------------------------------------
+
+
+async def login_form(request: web.Request) -> web.Response:
+    return _html(
+        request,
+        "sign in",
+        pages.login_page(request.app[AUTH].enabled, _back(request.query.get("back"))),
+        False,
+    )
+
+
+async def login(request: web.Request) -> web.Response:
+    auth = request.app[AUTH]
+    form = await request.post()
+    given = form.get("token")
+    session = auth.login(given) if isinstance(given, str) else None
+    if session is None:
+        why = "writes are off (no token)" if not auth.enabled else "wrong token"
+        return _refused(request, why, pages.login_page(auth.enabled, "/", wrong=auth.enabled))
+    session.flash = ("ok", "signed in: this page can now pause and trigger")
+    response = web.HTTPSeeOther(_back(form.get("back")))
+    set_cookie(response, request, session)
+    return response
+
+
+async def logout(request: web.Request) -> web.Response:
+    session = await _checked(request)
+    if isinstance(session, web.Response):
+        return session
+    request.app[AUTH].logout(session)
+    response = web.HTTPSeeOther("/")
+    clear_cookie(response)
+    return response
+
+
+async def act(request: web.Request) -> web.Response:
+    """``POST /actions/<name>``: checked (:func:`_checked`), the action's handler run, then a
+    303 back to the page the form was on, its message flashed there."""
+    session = await _checked(request)
+    if isinstance(session, web.Response):
+        return session
+    name = request.match_info["name"]
+    handler = ACTIONS.get(name)
+    if handler is None:
+        raise web.HTTPNotFound()
+    form = await request.post()
+    a = Act(request, request.app[STORE], form, request.app[SETTINGS]["parse_timeout"])
+    try:
+        session.flash, session.form = ("ok", await handler(a)), {}
+    except Refused as exc:
+        session.flash = ("error", str(exc))
+        kept = {k: v for k, v in form.items() if isinstance(v, str) and k != "csrf"}
+        session.form = kept | {"action": name}
+    except Exception as exc:
+        log.exception("action %s failed", name)
+        session.flash = ("error", f"{name} failed: {type(exc).__name__}: {exc}")
+    raise web.HTTPSeeOther(_back(form.get("back")))
+
+
+async def _checked(request: web.Request) -> Session | web.Response:
+    """The signed-in session of a POST whose CSRF token is good for its path; otherwise the
+    403 to answer (and one log line), before anything is done."""
+    auth = request.app[AUTH]
+    if not auth.enabled:
+        return _refused(request, "writes are off (no token)")
+    session = auth.session(request)
+    if session is None:
+        return _refused(request, "not signed in")
+    given = (await request.post()).get("csrf")
+    if not isinstance(given, str) or not csrf_ok(session, request.path, given):
+        return _refused(request, "missing or wrong CSRF token")
+    return session
+
+
+def _refused(request: web.Request, why: str, main: str = "") -> web.Response:
+    log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, why)
+    main = main or (
+        f'<h1>Forbidden</h1><p class="warn">{escape(why)}: nothing was changed.</p>'
+        '<p><a href="/">back to the runs</a></p>'
+    )
+    return _html(request, "forbidden", main, False, status=403)
+
+
+def _back(path: object) -> str:
+    """Where to go after a form: a path on this site, never another site's URL."""
+    if (
+        isinstance(path, str)
+        and path.startswith("/")
+        and not path.startswith(("//", "/\\"))
+        and path.isprintable()
+    ):
+        return path
+    return "/"
 
 
 def _not_found(request: web.Request, what: str) -> web.Response:

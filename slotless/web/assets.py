@@ -103,35 +103,92 @@ a.sq:hover { outline: 2px solid #1d2330; outline-offset: 1px; }
 pre.tb { margin: 0; white-space: pre-wrap; font-size: 12px; color: #7f1010; }
 .warn { color: #b71c1c; font-weight: 600; }
 .empty { color: var(--muted); font-style: italic; }
+.banner { background: #fff8e1; border-bottom: 1px solid #ffe082; padding: .35em 1.2em;
+          font-size: 12.5px; color: #6d4c00; }
+.flash { padding: .5em .8em; margin: 0 0 .8em; border: 1px solid; border-radius: 3px;
+         max-width: 70em; white-space: pre-wrap; word-break: break-word; }
+.flash.ok { background: #e8f5e9; border-color: #2e7d32; color: #1b4d1e; }
+.flash.error { background: #ffebee; border-color: #b71c1c; color: #7f1010; font-weight: 600; }
+.stale { background: #e3f2fd; padding: .3em .8em; max-width: 70em; }
+form.act { display: inline-block; margin: 0 0 0 .6em; }
+form.act button { font-size: 12px; padding: 0 .6em; cursor: pointer; }
+header form.act { margin-left: .6em; }
+header .account { color: #fff; font-size: 12px; }
+details.trigger summary { cursor: pointer; color: #1f5fbf; }
+details.trigger form.act { display: block; margin: .3em 0 0; }
+details.trigger textarea { display: block; margin-bottom: .3em; }
+form.login input { font: inherit; padding: .2em .4em; }
 """
 
-# Refresh a live page in place (no flicker, scroll kept) until it is no longer live.
+# Keep a live page up to date in place (no reload: scroll, open forms and typing kept): every
+# --refresh seconds, GET the page's /api/live/... JSON (pages.live_*) and apply it with
+# attributes and textContent only, never as markup; stop when the page is no longer live.
 JS = """
 (function () {
   var body = document.body;
   var every = Math.max(500, Number(body.dataset.refresh || 2) * 1000);
+  function all(key) {
+    return document.querySelectorAll('[data-k="' + CSS.escape(key) + '"]');
+  }
+  function set(el, v) {
+    if (v.cls !== undefined) { el.setAttribute("class", v.cls); }
+    if (v.state) {
+      var cls = el.getAttribute("class");
+      if (cls && /(^| )st-/.test(cls)) {
+        el.setAttribute("class", cls.replace(/(^| )st-[A-Z_]+/, "$1st-" + v.state));
+      }
+      if (el.hasAttribute("data-state")) { el.setAttribute("data-state", v.state); }
+    }
+    if (v.text !== undefined) { el.textContent = v.text; }
+    if (v.title !== undefined) { el.setAttribute("title", v.title); }
+    if (v.width !== undefined) { el.style.width = v.width; }
+    if (v.hidden !== undefined) { el.hidden = v.hidden; }
+  }
+  function make(v) {
+    var el = document.createElement(v.href ? "a" : "span");
+    if (v.href) { el.setAttribute("href", v.href); }
+    if (v.state) { el.setAttribute("data-state", v.state); }
+    set(el, v);
+    return el;
+  }
+  function apply(data) {
+    var stale = [];
+    Object.keys(data.els || {}).forEach(function (key) {
+      var v = data.els[key];
+      all(key).forEach(function (el) {
+        if (v.stale && el.textContent !== v.text) { stale.push(v.stale); return; }
+        set(el, v);
+      });
+    });
+    Object.keys(data.lists || {}).forEach(function (key) {
+      var items = data.lists[key];
+      all(key).forEach(function (box) {
+        if (items.length) { box.replaceChildren.apply(box, items.map(make)); }
+      });
+    });
+    if (stale.length) {
+      document.getElementById("stale").textContent = stale.join(" ");
+      document.getElementById("stale").parentNode.hidden = false;
+    }
+    body.dataset.live = data.live ? "1" : "0";
+  }
   function schedule() {
-    if (body.dataset.live === "1") { setTimeout(tick, every); }
+    var on = body.dataset.live === "1" && body.dataset.poll;
+    if (on) { setTimeout(tick, every); }
     var badge = document.getElementById("live");
     if (badge) {
-      badge.className = body.dataset.live === "1" ? "live on" : "live";
-      badge.textContent = body.dataset.live === "1" ? "live, refreshing" : "not live";
+      badge.className = on ? "live on" : "live";
+      badge.textContent = on ? "live, refreshing" : "not live";
     }
   }
   function tick() {
-    fetch(location.href, { headers: { "Accept": "text/html" }, cache: "no-store" })
-      .then(function (r) { return r.ok ? r.text() : null; })
-      .then(function (html) {
-        if (html) {
-          var doc = new DOMParser().parseFromString(html, "text/html");
-          var fresh = doc.getElementById("main");
-          if (fresh) { document.getElementById("main").innerHTML = fresh.innerHTML; }
-          body.dataset.live = doc.body.dataset.live;
-        }
-      })
+    fetch(body.dataset.poll, { headers: { "Accept": "application/json" }, cache: "no-store" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (data) { if (data) { apply(data); } })
       .catch(function () {})
       .then(schedule);
   }
+  window.slotless = { apply: apply };
   schedule();
 })();
 """

@@ -124,16 +124,16 @@ def svg(
             sub = f"{MARK.get(state, '')} {state} \u00b7 mapped \u00d7{total}"
             note = " ".join(f"{counts[s]}{MARK[s]}" for s in STATE_ORDER if counts.get(s))
         else:
-            sub = f"{MARK.get(state, '')} {state}"
-            if t["attempt"] > 1:
-                sub += f" \u00b7 attempt {t['attempt']}/{t['max_attempts']}"
+            sub = box_sub(t)
         parts.append(
             f'<a href="{escape(href(task_id))}" data-task="{escape(task_id)}" '
-            f'data-state="{state}"><title>{escape(task_id)}: {state}</title>'
-            f'<rect class="box st-{state}" x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" '
-            f'rx="6"/>'
+            f'data-state="{state}" data-k="box:{escape(task_id)}">'
+            f"<title>{escape(task_id)}: {state}</title>"
+            f'<rect data-k="box:{escape(task_id)}" class="box st-{state}" x="{x}" y="{y}" '
+            f'width="{BOX_W}" height="{BOX_H}" rx="6"/>'
             f'<text class="tid" x="{x + 10}" y="{y + 18}">{escape(label)}</text>'
-            f'<text class="sub" x="{x + 10}" y="{y + 35}">{escape(sub)}</text>'
+            f'<text class="sub" data-k="sub:{escape(task_id)}" x="{x + 10}" y="{y + 35}">'
+            f"{escape(sub)}</text>"
         )
         if note:
             note = note if len(note) <= 36 else note[:12] + "\u2026" + note[-23:]
@@ -143,6 +143,14 @@ def svg(
         parts.append("</a>")
     parts.append("</svg>")
     return "".join(parts)
+
+
+def box_sub(t: Row) -> str:
+    """The line under an unmapped task's id: its state, and its attempt past the first."""
+    sub = f"{MARK.get(t['state'], '')} {t['state']}"
+    if t["attempt"] > 1:
+        sub += f" \u00b7 attempt {t['attempt']}/{t['max_attempts']}"
+    return sub
 
 
 def _strip(x: int, y: int, width: int, counts: dict[str, int]) -> str:

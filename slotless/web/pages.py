@@ -18,6 +18,7 @@ from ..schedule_shown import schedule_shown
 from ..status import failure_cause, human_seconds, shard_ranges
 from . import graph
 from .assets import JS
+from .auth import Writes
 
 ALL_STATES = graph.STATE_ORDER
 # A run's states, as the DAGs page's squares draw them. QUEUED (a run waiting for its turn)
@@ -48,14 +49,61 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def badge(state: str) -> str:
+def badge(state: str, key: str = "") -> str:
+    """A state's badge; with ``key``, the live poll updates it (:func:`live_badge`)."""
     mark = graph.MARK.get(state, "")
-    return f'<span class="badge st-{escape(state)}">{mark} {escape(state)}</span>'
+    k = f' data-k="{escape(key)}"' if key else ""
+    return f'<span class="badge st-{escape(state)}"{k}>{mark} {escape(state)}</span>'
 
 
-def state_bar(counts: dict[str, int]) -> str:
+def badge_text(state: str) -> str:
+    return f"{graph.MARK.get(state, '')} {state}"
+
+
+# -- live updates: what GET /api/live/<page> answers ---------------------------------------
+#
+# {"live": bool, "els": {key: change}, "lists": {key: [item, ...]}}: each element of the
+# page marked data-k="key" takes its change (state: its st-* class and data-state; text:
+# its textContent; cls, title, hidden, width); a list replaces the children of its element
+# with one new element per item (an <a> if the item has an href). "stale": a message shown
+# (with a reload link) when the element's text was not already the change's text.
+# assets.JS applies it, with textContent and attributes only: never as markup.
+
+
+def live_badge(state: str) -> dict[str, str]:
+    return {"state": state, "text": badge_text(state)}
+
+
+def action_form(
+    w: Writes | None,
+    name: str,
+    fields: dict[str, str],
+    label: str,
+    *,
+    inputs: str = "",
+    cls: str = "",
+    path: str = "",
+) -> str:
+    """A POST to ``/actions/<name>`` with its CSRF token and the page to come back to; ""
+    unless an operator is signed in. ``inputs``: more fields, as HTML (escaped by the
+    caller)."""
+    if w is None or w.session is None:
+        return ""
+    action = path or f"/actions/{name}"
+    hidden = "".join(
+        f'<input type="hidden" name="{escape(k)}" value="{escape(v)}">' for k, v in fields.items()
+    )
+    return (
+        f'<form class="act {escape(cls)}" method="post" action="{action}">'
+        f'<input type="hidden" name="csrf" value="{w.csrf(action)}">'
+        f'<input type="hidden" name="back" value="{escape(w.path)}">{hidden}{inputs}'
+        f'<button type="submit" value="{escape(name)}">{escape(label)}</button></form>'
+    )
+
+
+def state_bar(counts: dict[str, int], key: str = "") -> str:
     total = sum(counts.values())
-    if not total:
+    if not total and not key:
         return '<span class="empty">no tasks</span>'
     segs = "".join(
         f'<span class="st-{s}" style="width:{100 * counts[s] / total:.2f}%" '
@@ -63,8 +111,26 @@ def state_bar(counts: dict[str, int]) -> str:
         for s in ALL_STATES
         if counts.get(s)
     )
+    k = escape(key)
+    return (
+        f'<div class="bar" data-k="bar:{k}">{segs}</div>'
+        f'<div class="muted" data-k="bartext:{k}">{escape(bar_text(counts))}</div>'
+    )
+
+
+def bar_text(counts: dict[str, int]) -> str:
     text = ", ".join(f"{counts[s]} {s.lower()}" for s in ALL_STATES if counts.get(s))
-    return f'<div class="bar">{segs}</div><div class="muted">{escape(text)}</div>'
+    return text or "no tasks"
+
+
+def live_bar(key: str, counts: dict[str, int]) -> dict[str, Any]:
+    total = sum(counts.values()) or 1
+    segs = [
+        {"cls": f"st-{s}", "width": f"{100 * counts[s] / total:.2f}%", "title": f"{counts[s]} {s}"}
+        for s in ALL_STATES
+        if counts.get(s)
+    ]
+    return {"lists": {f"bar:{key}": segs}, "els": {f"bartext:{key}": {"text": bar_text(counts)}}}
 
 
 def legend() -> str:
@@ -77,21 +143,71 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") 
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def page(title: str, main: str, *, live: bool, db: str, refresh: float) -> str:
+def page(
+    title: str,
+    main: str,
+    *,
+    live: bool,
+    db: str,
+    refresh: float,
+    poll: str = "",
+    w: Writes | None = None,
+    flash: tuple[str, str] | None = None,
+) -> str:
+    """The whole page around ``main``: the header (who may write), the banner saying the
+    page is read-only when writes are off, a flashed message, and the live poll's script
+    (``poll``: the GET /api/live/... URL answering this page's changes)."""
     from .assets import CSS
 
+    account, banner = "", ""
+    if w is not None and not w.enabled:
+        banner = (
+            '<div class="banner" id="read-only">Read-only: nothing on this page can change '
+            'anything (start <span class="mono">slotless ui</span> with '
+            '<span class="mono">--token</span> or <span class="mono">$SLOTLESS_UI_TOKEN</span> '
+            "to allow pausing and triggering).</div>"
+        )
+    elif w is not None and w.session is None:
+        account = f'<a class="account" href="/login?back={quote(w.path)}">sign in</a>'
+    elif w is not None:
+        account = action_form(w, "logout", {}, "sign out", cls="account", path="/logout")
+    shown = ""
+    if flash is not None:
+        kind, text = flash
+        shown = f'<div class="flash {escape(kind)}" role="status" id="flash">{escape(text)}</div>'
     return (
         "<!doctype html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{escape(title)} - slotless</title>'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{CSS}</style></head>"
-        f'<body data-live="{int(live)}" data-refresh="{refresh:g}">'
+        f'<body data-live="{int(live)}" data-refresh="{refresh:g}" data-poll="{escape(poll)}">'
         '<header><a href="/">slotless</a><a href="/dags">DAGs</a><a href="/">runs</a>'
         f'<span class="db">{escape(db)}</span>'
         f'<span id="live" class="live{" on" if live else ""}">'
-        f"{'live, refreshing' if live else 'not live'}</span></header>"
-        f'<main id="main">{main}</main>'
+        f"{'live, refreshing' if live else 'not live'}</span>{account}</header>{banner}"
+        f'<main id="main">{shown}'
+        '<p class="stale" hidden><span id="stale"></span> <a href="">reload</a></p>'
+        f"{main}</main>"
         f"<script>{JS}</script></body></html>"
+    )
+
+
+def login_page(enabled: bool, back: str, *, wrong: bool = False) -> str:
+    """The sign-in form: the operator's token, once per session."""
+    if not enabled:
+        return (
+            "<h1>Sign in</h1><p>This page is read-only: it was started without a token, so "
+            "there is nothing to sign in to.</p>"
+        )
+    said = '<p class="warn">Wrong token: not signed in.</p>' if wrong else ""
+    return (
+        f"<h1>Sign in</h1>{said}"
+        '<form class="login" method="post" action="/login">'
+        f'<input type="hidden" name="back" value="{escape(back)}">'
+        '<label>operator token <input type="password" name="token" autocomplete="current-password" '
+        'autofocus></label> <button type="submit">sign in</button></form>'
+        '<p class="muted">The token the page was started with (<span class="mono">--token</span> '
+        'or <span class="mono">$SLOTLESS_UI_TOKEN</span>).</p>'
     )
 
 
@@ -105,7 +221,7 @@ def not_found(what: str) -> str:
 # -- the DAG list ----------------------------------------------------------------------
 
 
-def dags_page(data: DagsPage) -> tuple[str, bool]:
+def dags_page(data: DagsPage, w: Writes | None = None) -> tuple[str, bool]:
     """One row per catalogued DAG (schedule, next run, paused, its newest runs as squares),
     under a box naming each file that failed to parse."""
     parts = ["<h1>DAGs</h1>"]
@@ -157,30 +273,81 @@ def dags_page(data: DagsPage) -> tuple[str, bool]:
             sched += f'<div class="when">when <span class="mono">{what}</span></div>'
         if d["start_error"]:
             sched += f'<div class="mono err">cannot start: {escape(d["start_error"])}</div>'
+        dag_id = d["dag_id"]
+        k = escape(dag_id)
         paused = (
-            '<span class="paused">paused</span>'
+            f'<span class="paused" data-k="paused:{k}">paused</span>'
             if d["paused"]
-            else '<span class="active">active</span>'
+            else f'<span class="active" data-k="paused:{k}">active</span>'
         )
+        paused += action_form(
+            w, "unpause" if d["paused"] else "pause", {"dag_id": dag_id},
+            "unpause" if d["paused"] else "pause",
+        )  # fmt: skip
         grid = (
-            '<div class="grid">' + "".join(square(r["state"], r) for r in runs) + "</div>"
-            if runs
-            else '<span class="empty">no runs yet</span>'
+            f'<div class="grid" data-k="runs:{k}">'
+            + (
+                "".join(square(r["state"], r) for r in runs)
+                or '<span class="empty">no runs yet</span>'
+            )
+            + "</div>"
         )
         broken = ' class="broken"' if d["parse_error"] else ""
         rows.append(
-            f'<tr data-dag="{escape(d["dag_id"])}"{broken}>'
+            f'<tr data-dag="{k}"{broken}>'
             f"<td>{dag}</td><td>{sched}</td><td>{escape(shown['next_run'] or '-')}</td>"
-            f"<td>{paused}</td><td>{grid}</td></tr>"
+            f"<td>{paused}</td><td>{grid}</td>{_trigger_cell(w, dag_id)}</tr>"
         )
-    head = "".join(
-        f"<th>{escape(h)}</th>"
-        for h in ("DAG", "schedule", "next run", "state", f"last {RUNS_PER_DAG} runs, oldest first")
-    )
+    titles = ["DAG", "schedule", "next run", "state", f"last {RUNS_PER_DAG} runs, oldest first"]
+    if w is not None and w.session is not None:
+        titles.append("run it now")
+    head = "".join(f"<th>{escape(h)}</th>" for h in titles)
     parts.append(
         f'<table class="dags"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
     )
     return "".join(parts), live
+
+
+def _trigger_cell(w: Writes | None, dag_id: str) -> str:
+    """A "trigger" form: a JSON conf, checked against the DAG's params as ``slotless
+    trigger`` checks it. A refused conf comes back in the box, the box open."""
+    if w is None or w.session is None:
+        return ""
+    kept = w.session.form
+    again = kept.get("dag_id") == dag_id and kept.get("action") == "trigger"
+    conf = kept.get("conf", "") if again else ""
+    box = (
+        f'<textarea name="conf" rows="3" cols="28" class="mono" '
+        f'placeholder="conf: a JSON object, or empty">{escape(conf)}</textarea>'
+    )
+    form = action_form(w, "trigger", {"dag_id": dag_id}, "trigger run", inputs=box)
+    return (
+        f'<td><details class="trigger"{" open" if again else ""}><summary>trigger</summary>'
+        f"{form}</details></td>"
+    )
+
+
+def live_dags(data: DagsPage) -> dict[str, Any]:
+    """The DAGs page's changes: each DAG's paused state and its squares."""
+    els: dict[str, Any] = {}
+    lists: dict[str, Any] = {}
+    live = False
+    for d in data.dags:
+        runs = data.runs.get(d["dag_id"], [])
+        live = live or any(r["state"] in ("QUEUED", "RUNNING") for r in runs)
+        word = "paused" if d["paused"] else "active"
+        els[f"paused:{d['dag_id']}"] = {"cls": word, "text": word}
+        lists[f"runs:{d['dag_id']}"] = [
+            {
+                "cls": f"sq st-{r['state']}",
+                "state": r["state"],
+                "text": RUN_MARK.get(r["state"], "?"),
+                "title": f"{r['logical_date']} \u00b7 {r['state']}",
+                "href": run_href(r["run_id"]),
+            }
+            for r in runs
+        ]
+    return {"live": live, "els": els, "lists": lists}
 
 
 def square(state: str, run: Row | None = None) -> str:
@@ -204,7 +371,11 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
     runs = data["runs"]
     waiting = data["waiting"]
     live = any(r["state"] in ("RUNNING", "QUEUED") for r in runs)
-    parts = ["<h1>Runs</h1>", '<div class="meta">']
+    newest = runs[0]["run_id"] if runs else ""
+    parts = [
+        f'<h1>Runs <span data-k="newest" hidden>{escape(newest)}</span></h1>',
+        '<div class="meta">',
+    ]
     by_state = data["runs_by_state"]
     parts.append(
         "<span><b>runs</b>"
@@ -229,15 +400,17 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
         rows = []
         for r in runs:
             end = r["ended_at"] or now
+            rid = r["run_id"]
             rows.append(
                 [
-                    f'<a class="run" href="{run_href(r["run_id"])}">{escape(r["run_id"])}</a>',
+                    f'<a class="run" href="{run_href(rid)}">{escape(rid)}</a>',
                     escape(r["dag_id"]),
                     escape(r["logical_date"]),
-                    badge(r["state"]),
+                    badge(r["state"], f"run:{rid}"),
                     when(r["created_at"]),
-                    human_seconds(end - r["created_at"]),
-                    state_bar(r["tasks"]),
+                    f'<span data-k="dur:{escape(rid)}">'
+                    f"{human_seconds(end - r['created_at'])}</span>",
+                    state_bar(r["tasks"], rid),
                 ]
             )
         parts.append(
@@ -250,6 +423,27 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
     parts.append(_waiting_section(waiting, now))
     parts.append(_triggerers_section(data["triggerers"]))
     return "".join(parts), live or any(waiting[s]["count"] for s in waiting)
+
+
+def live_index(data: dict[str, Any]) -> dict[str, Any]:
+    """The run list's changes: each run's state, duration and tasks; a newer run than the
+    page shows asks for a reload."""
+    now = data["now"]
+    runs = data["runs"]
+    els: dict[str, Any] = {}
+    lists: dict[str, Any] = {}
+    if runs:
+        els["newest"] = {"text": runs[0]["run_id"], "stale": "newer runs started:"}
+    for r in runs:
+        rid = r["run_id"]
+        els[f"run:{rid}"] = live_badge(r["state"])
+        els[f"dur:{rid}"] = {"text": human_seconds((r["ended_at"] or now) - r["created_at"])}
+        bar = live_bar(rid, r["tasks"])
+        els |= bar["els"]
+        lists |= bar["lists"]
+    waiting = data["waiting"]
+    live = any(r["state"] in ("RUNNING", "QUEUED") for r in runs)
+    return {"live": live or any(waiting[s]["count"] for s in waiting), "els": els, "lists": lists}
 
 
 def _waiting_section(waiting: dict[str, Any], now: float) -> str:
@@ -336,7 +530,7 @@ def run_page(g: RunGraph, now: float) -> tuple[str, bool]:
     end = run["ended_at"] or now
     parts = [
         '<div class="crumbs"><a href="/">runs</a> &rsaquo;</div>',
-        f"<h1>{escape(run_id)} {badge(run['state'])}</h1>",
+        f"<h1>{escape(run_id)} {badge(run['state'], 'runstate')}</h1>",
         '<div class="meta">',
         f"<span><b>DAG</b>{escape(run['dag_id'])}</span>",
         f"<span><b>logical date</b>{escape(run['logical_date'])}</span>",
@@ -362,24 +556,18 @@ def run_page(g: RunGraph, now: float) -> tuple[str, bool]:
         counts = g.mapped.get(tid)
         detail = ""
         if counts is not None or t["map_total"] is not None:
-            detail = state_bar(counts or {})
+            detail = state_bar(counts or {}, f"task:{tid}")
         elif tid in g.waits:
             detail = f'waits for <span class="mono">{escape(g.waits[tid])}</span>'
-        waiting_since = t["wait_started_at"] if t["state"] in ("DEFERRED", "SENSING") else None
-        started, ended = t["started_at"], t["ended_at"]
-        if waiting_since:
-            took = f"waiting {human_seconds(now - waiting_since)}"
-        elif started:
-            took = human_seconds((ended or now) - started)
-        else:
-            took = "-"
+        started, took = t["started_at"], _took(t, now)
+        k = escape(tid)
         rows.append(
             [
-                f'<a href="{task_href(run_id, tid)}">{escape(tid)}</a>',
-                badge(t["state"]),
-                f"{t['attempt']} / {t['max_attempts']}",
-                when(started),
-                took,
+                f'<a href="{task_href(run_id, tid)}">{k}</a>',
+                badge(t["state"], f"tstate:{tid}"),
+                f'<span data-k="tatt:{k}">{t["attempt"]} / {t["max_attempts"]}</span>',
+                f'<span data-k="tstart:{k}">{when(started)}</span>',
+                f'<span data-k="ttook:{k}">{took}</span>',
                 detail,
             ]
         )
@@ -387,6 +575,35 @@ def run_page(g: RunGraph, now: float) -> tuple[str, bool]:
         table(["task", "state", "attempt", "started", "duration", "detail"], rows, "tasks")
     )
     return "".join(parts), run["state"] in ("RUNNING", "QUEUED")
+
+
+def _took(t: Row, now: float) -> str:
+    waiting_since = t["wait_started_at"] if t["state"] in ("DEFERRED", "SENSING") else None
+    started, ended = t["started_at"], t["ended_at"]
+    if waiting_since:
+        return f"waiting {human_seconds(now - waiting_since)}"
+    return human_seconds((ended or now) - started) if started else "-"
+
+
+def live_run(g: RunGraph, now: float) -> dict[str, Any]:
+    """A run's changes: its state, and each task's box, state, attempt and duration."""
+    els: dict[str, Any] = {"runstate": live_badge(g.run["state"])}
+    lists: dict[str, Any] = {}
+    for t in g.tasks:
+        tid, state = t["task_id"], t["state"]
+        els[f"box:{tid}"] = {"state": state}
+        els[f"tstate:{tid}"] = live_badge(state)
+        els[f"tatt:{tid}"] = {"text": f"{t['attempt']} / {t['max_attempts']}"}
+        els[f"tstart:{tid}"] = {"text": when(t["started_at"])}
+        els[f"ttook:{tid}"] = {"text": _took(t, now)}
+        counts = g.mapped.get(tid)
+        if counts is not None or t["map_total"] is not None:
+            bar = live_bar(f"task:{tid}", counts or {})
+            els |= bar["els"]
+            lists |= bar["lists"]
+        else:
+            els[f"sub:{tid}"] = {"text": graph.box_sub(t)}
+    return {"live": g.run["state"] in ("RUNNING", "QUEUED"), "els": els, "lists": lists}
 
 
 # -- a task ----------------------------------------------------------------------------
@@ -430,12 +647,13 @@ def task_page(d: TaskDetail, now: float) -> tuple[str, bool]:
             else ""
         )
         + "</div>",
-        f"<h1>{escape(task_name(task_id, idx))} {badge(state)}</h1>",
+        f"<h1>{escape(task_name(task_id, idx))} {badge(state, 'state')}</h1>",
         '<div class="meta">',
-        f"<span><b>attempt</b>{row['attempt']} of {row['max_attempts']}</span>",
+        f'<span><b>attempt</b><span data-k="attempt">{row["attempt"]} of {row["max_attempts"]}'
+        "</span></span>",
         f"<span><b>trigger rule</b>{escape(row['trigger_rule'])}</span>",
         f"<span><b>started</b>{when(row['started_at'])}</span>",
-        f"<span><b>ended</b>{when(row['ended_at'])}</span>",
+        f'<span><b>ended</b><span data-k="ended">{when(row["ended_at"])}</span></span>',
         f"<span><b>last change</b>{when(row['updated_at'])}</span>",
         "</div>",
     ]
@@ -462,12 +680,38 @@ def task_page(d: TaskDetail, now: float) -> tuple[str, bool]:
         )
     else:
         parts.append('<p class="empty">Not started yet.</p>')
-    if row["output"] is not None and state == "SUCCESS":
-        text = row["output"]
-        text = text if len(text) <= 4000 else text[:4000] + " \u2026"
-        parts.append(f'<h2>Output</h2><pre class="mono">{escape(text)}</pre>')
+    text = _output(d)
+    hidden = "" if text is not None else " hidden"
+    parts.append(
+        f'<h2 data-k="output-h"{hidden}>Output</h2>'
+        f'<pre class="mono output" data-k="output"{hidden}>{escape(text or "")}</pre>'
+    )
     parts.append(_log(d.events))
     return "".join(parts), state not in TERMINAL
+
+
+def _output(d: TaskDetail) -> str | None:
+    """What a succeeded task returned, as stored (JSON text), cut at 4,000 characters."""
+    text = d.row["output"]
+    if text is None or d.row["state"] != "SUCCESS":
+        return None
+    return text if len(text) <= 4000 else text[:4000] + " \u2026"
+
+
+def live_task(d: TaskDetail) -> dict[str, Any]:
+    """A task's changes: its state, attempt, end, output; new log entries ask for a reload."""
+    row = d.row
+    els: dict[str, Any] = {
+        "state": live_badge(row["state"]),
+        "attempt": {"text": f"{row['attempt']} of {row['max_attempts']}"},
+        "ended": {"text": when(row["ended_at"])},
+        "logn": {"text": _log_title(d.events), "stale": "new log entries:"},
+    }
+    text = _output(d)
+    if text is not None:
+        els["output"] = {"text": text, "hidden": False}
+        els["output-h"] = {"hidden": False}
+    return {"live": row["state"] not in TERMINAL, "els": els}
 
 
 def _waiting_panel(d: TaskDetail, now: float) -> str:
@@ -572,9 +816,13 @@ def _instances(d: TaskDetail) -> str:
     return "".join(parts)
 
 
+def _log_title(events: list[Row]) -> str:
+    return f"Log ({len(events)} entries)" if events else "Log"
+
+
 def _log(events: list[Row]) -> str:
     if not events:
-        return '<h2>Log</h2><p class="empty">No entries.</p>'
+        return '<h2 data-k="logn">Log</h2><p class="empty">No entries.</p>'
     rows = []
     for e in events:
         kind = e["kind"]
@@ -594,7 +842,7 @@ def _log(events: list[Row]) -> str:
             f'<td>{escape(kind)}</td><td class="msg">{msg}</td></tr>'
         )
     return (
-        f"<h2>Log ({len(events)} entries)</h2>"
+        f'<h2 data-k="logn">{_log_title(events)}</h2>'
         '<table class="log"><thead><tr><th>time</th><th>attempt</th><th>kind</th>'
         f"<th>entry</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )

@@ -7,29 +7,24 @@ together."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import textwrap
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
 from datetime import date
 from html import escape
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import pytest
+from support.browser import chromium, devtools
 from support.helpers import (
     REPO,
-    async_wait_until,
     attempt_of,
     cli,
     free_port,
@@ -292,7 +287,7 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
     listed = {d["dag_id"]: d for d in dags_ui["listed"]}
     assert listed["nightly"]["next_run"]
     assert f"<td>{escape(listed['nightly']['next_run'])}</td>" in row
-    assert '<span class="active">active</span>' in row
+    assert '<span class="active" data-k="paused:nightly">active</span>' in row
     squares = re.findall(r'<a class="sq st-([A-Z]+)" href="([^"]+)" title="([^"]+)"', row)
     assert squares == [
         (state, f"/runs/{quote(run_id, safe='')}", f"{day} \u00b7 {state}")
@@ -301,7 +296,7 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
     assert 'data-live="1"' in html  # a run is RUNNING: the page refreshes
     # A DAG whose file broke keeps its row, with the error on it.
     assert rows["weekly"].startswith(' class="broken">')
-    assert '<span class="paused">paused</span>' in rows["weekly"]
+    assert '<span class="paused" data-k="paused:weekly">paused</span>' in rows["weekly"]
     assert "file broken: " in rows["weekly"] and '<span class="empty">no runs yet' in rows["weekly"]
     # Both broken files, in the box at the top, their errors escaped.
     box = re.search(r'<div class="panel errors">(.*?)</ul></div>', html, re.DOTALL)
@@ -316,23 +311,12 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
 # -- in a real browser -----------------------------------------------------------------
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None and os.path.exists("/usr/bin/chromium"):
-        found = "/usr/bin/chromium"
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI (.ci/run installs Debian's chromium)")
-        pytest.skip("chromium is not installed (apt-get install -y chromium); not CI, so skipped")
-    return found
-
-
 def browse(tmp: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
     profile = tmp / "chromium-profile"
     profile.mkdir(exist_ok=True)
     return subprocess.run(
         [
-            _chromium(),
+            chromium(),
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
@@ -381,91 +365,6 @@ def test_in_chromium_the_graph_shows_a_deferred_task(live_ui):
         colours = {c for _, c in img.convert("RGB").getcolors(1_000_000) or []}
     assert (0xE1, 0xBE, 0xE7) in colours
     assert (0xFF, 0xE0, 0xB2) in colours
-
-
-class DevTools:
-    """One page of a headless Chromium, driven over the DevTools protocol (a websocket)."""
-
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        self.ws = ws
-        self.last_id = 0
-
-    async def send(self, method: str, **params: Any) -> dict[str, Any]:
-        self.last_id += 1
-        await self.ws.send_json({"id": self.last_id, "method": method, "params": params})
-        async for msg in self.ws:
-            answer = json.loads(msg.data)
-            if answer.get("id") == self.last_id:  # anything else is an event: not asked for
-                if "error" in answer:
-                    raise AssertionError(f"{method}: {answer['error']}")
-                return dict(answer["result"])
-        raise AssertionError(f"{method}: the browser closed the connection")
-
-    async def eval(self, expression: str) -> Any:
-        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
-        if "exceptionDetails" in result:
-            raise AssertionError(f"{expression}: {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    async def eval_when(self, expression: str, what: str) -> Any:
-        """``expression``'s value once it is truthy; while the page loads, the expression
-        may fail (no document yet, or the one being left): that only means not yet."""
-
-        async def value() -> Any:
-            with contextlib.suppress(AssertionError):
-                return await self.eval(expression)
-            return None
-
-        return await async_wait_until(value, what=what)
-
-    async def click(self, x: float, y: float) -> None:
-        """A left click at (x, y) in the page's coordinates, as a person's mouse makes it."""
-        for kind in ("mousePressed", "mouseReleased"):
-            await self.send(
-                "Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1
-            )
-
-
-@contextlib.asynccontextmanager
-async def devtools(tmp: Path, url: str) -> AsyncIterator[DevTools]:
-    profile = tmp / "chromium-devtools"
-    shutil.rmtree(profile, ignore_errors=True)  # a stale DevToolsActivePort would mislead
-    proc = subprocess.Popen(
-        [
-            _chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={profile}",
-            "--remote-debugging-port=0",  # Chromium picks one and writes it in the profile
-            "--window-size=1280,900",
-            url,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        port_file = profile / "DevToolsActivePort"
-        port = await async_wait_until(
-            lambda: port_file.exists() and port_file.read_text().split("\n")[0],
-            what="Chromium's DevTools port",
-        )
-        async with aiohttp.ClientSession() as http:
-
-            async def pages() -> list[dict[str, Any]]:
-                async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
-                    return [t for t in await r.json() if t["type"] == "page"]
-
-            [page] = await async_wait_until(pages, what="Chromium's page")
-            async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                yield DevTools(ws)
-    finally:
-        proc.terminate()
-        proc.wait(20)
 
 
 async def test_in_chromium_the_dags_page_colours_runs_and_a_square_opens_its_run(dags_ui):

@@ -1,0 +1,110 @@
+"""The page's writes: one small handler per action, served as ``POST /actions/<name>``.
+
+:func:`app.act` does everything they share before a handler runs (writes enabled, a
+signed-in session, the form's CSRF token for ``/actions/<name>``; any failure is a 403 and
+one log line) and after it (a 303 back to the form's ``back`` path, with the handler's
+message flashed there). A handler only reads its form fields, calls the store, and returns
+the message to show, or raises :class:`Refused` with one that says what was wrong (shown
+as an error; nothing may have changed).
+
+To add one, e.g. a run's "clear" button::
+
+    @action("clear")
+    async def clear(a: Act) -> str:
+        n = await a.store.clear_run(a.field("run_id"))  # whatever the store offers
+        return f"cleared {n} tasks"
+
+and draw its form on a page with ``pages.action_form(w, "clear", {"run_id": ...}, "clear")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from multidict import MultiDictProxy
+
+from executor.loader import DagImportError
+from executor.params import BadConf, parse_conf
+from executor.store import Store
+from executor.store.catalogue import UnknownDag
+
+from ..trigger import DagPaused, trigger_run
+
+
+class Refused(ValueError):
+    """The action was refused (a bad conf, a paused DAG, an unknown id): its message is
+    shown on the page as an error, and the form's fields are kept for the next attempt."""
+
+
+@dataclass(frozen=True)
+class Act:
+    """One POST to an action: its form, the store, and the page's settings."""
+
+    request: web.Request
+    store: Store
+    form: MultiDictProxy[Any]
+    parse_timeout: float
+
+    def field(self, name: str, default: str | None = None) -> str:
+        value = self.form.get(name, default)
+        if not isinstance(value, str):
+            raise Refused(f"the form has no {name!r}")
+        return value
+
+
+ActionHandler = Callable[[Act], Awaitable[str]]
+ACTIONS: dict[str, ActionHandler] = {}
+
+
+def action(name: str) -> Callable[[ActionHandler], ActionHandler]:
+    """Register ``POST /actions/<name>``."""
+
+    def register(handler: ActionHandler) -> ActionHandler:
+        assert name not in ACTIONS, f"action {name!r} registered twice"
+        ACTIONS[name] = handler
+        return handler
+
+    return register
+
+
+# -- the DAGs page -----------------------------------------------------------------------
+
+
+async def _set_paused(a: Act, paused: bool) -> str:
+    dag_id = a.field("dag_id")
+    try:
+        await a.store.set_paused(dag_id, paused)
+    except UnknownDag as exc:
+        raise Refused(str(exc)) from None
+    return f"{dag_id} {'paused' if paused else 'unpaused'}"
+
+
+@action("pause")
+async def pause(a: Act) -> str:
+    return await _set_paused(a, True)
+
+
+@action("unpause")
+async def unpause(a: Act) -> str:
+    return await _set_paused(a, False)
+
+
+@action("trigger")
+async def trigger(a: Act) -> str:
+    """A run of a catalogued DAG, its conf checked as ``slotless trigger`` checks it."""
+    dag_id = a.field("dag_id")
+    text = a.field("conf", "").strip()
+    try:
+        started = await trigger_run(
+            a.store, dag_id, parse_conf(text or None), parse_timeout=a.parse_timeout
+        )
+    except DagPaused:
+        raise Refused(f"{dag_id} is paused: unpause it first; no run was created") from None
+    except (BadConf, DagImportError, UnknownDag) as exc:
+        raise Refused(f"{exc}; no run was created") from None
+    if started.state == "QUEUED":
+        return f"{started.run_id} created, QUEUED: {dag_id} has max_active_runs runs going"
+    return f"{started.run_id} created"
