@@ -30,6 +30,7 @@ from executor.loader import DagImportError
 from executor.params import BadConf, parse_conf
 from executor.store import Store
 from executor.store.catalogue import UnknownDag
+from executor.store.control import ControlError, Done
 
 from ..trigger import DagPaused, trigger_run
 
@@ -47,6 +48,11 @@ class Act:
     store: Store
     form: MultiDictProxy[Any]
     parse_timeout: float
+
+    @property
+    def name(self) -> str:
+        """The action's name, from its path (``/actions/<name>``)."""
+        return self.request.match_info.get("name", "")
 
     def field(self, name: str, default: str | None = None) -> str:
         value = self.form.get(name, default)
@@ -108,3 +114,47 @@ async def trigger(a: Act) -> str:
     if started.state == "QUEUED":
         return f"{started.run_id} created, QUEUED: {dag_id} has max_active_runs runs going"
     return f"{started.run_id} created"
+
+
+# -- the run and task pages: run control (executor/store/control.py) --------------------
+
+
+def _who(a: Act) -> str:
+    return f"web:{a.request.remote or 'unknown'}"
+
+
+async def _control(a: Act, operation: Awaitable[Done]) -> str:
+    try:
+        done = await operation
+    except ControlError as exc:
+        raise Refused(str(exc)) from None
+    tasks = ", ".join(done.tasks) if done.tasks else "no task"
+    return f"{a.name}: {tasks}; the run is {done.run_state}"
+
+
+@action("clear")
+async def clear(a: Act) -> str:
+    """Clear a task (``downstream=1``: and every task after it)."""
+    run_id, task_id = a.field("run_id"), a.field("task_id")
+    downstream = a.field("downstream", "") == "1"
+    return await _control(a, a.store.clear(run_id, [task_id], downstream=downstream, who=_who(a)))
+
+
+@action("mark")
+async def mark(a: Act) -> str:
+    """Mark a task success / failed / skipped."""
+    outcome = a.field("outcome")
+    if outcome not in ("success", "failed", "skipped"):
+        raise Refused(f"unknown outcome {outcome!r}")
+    operation = a.store.mark(a.field("run_id"), a.field("task_id"), outcome, who=_who(a))  # type: ignore[arg-type]
+    return await _control(a, operation)
+
+
+@action("retry")
+async def retry(a: Act) -> str:
+    return await _control(a, a.store.retry(a.field("run_id"), who=_who(a)))
+
+
+@action("cancel")
+async def cancel(a: Act) -> str:
+    return await _control(a, a.store.cancel(a.field("run_id"), who=_who(a)))

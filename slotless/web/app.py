@@ -135,7 +135,7 @@ async def run(request: web.Request) -> web.Response:
         return _not_found(request, f"There is no run {run_id!r}.")
     if _polled(request):
         return _json(pages.live_run(g, store.clock()))
-    main, live = pages.run_page(g, store.clock())
+    main, live = pages.run_page(g, store.clock(), request.app[AUTH].writes(request))
     return _html(request, run_id, main, live)
 
 
@@ -152,7 +152,7 @@ async def task(request: web.Request) -> web.Response:
         return _not_found(request, f"Run {run_id!r} has no task {name!r}.")
     if _polled(request):
         return _json(pages.live_task(d))
-    main, live = pages.task_page(d, store.clock())
+    main, live = pages.task_page(d, store.clock(), request.app[AUTH].writes(request))
     return _html(request, f"{pages.task_name(task_id, index)} - {run_id}", main, live)
 
 

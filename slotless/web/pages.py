@@ -524,13 +524,19 @@ def _triggerers_section(triggerers: list[dict[str, Any]]) -> str:
 # -- a run -----------------------------------------------------------------------------
 
 
-def run_page(g: RunGraph, now: float) -> tuple[str, bool]:
+def run_page(g: RunGraph, now: float, w: Writes | None = None) -> tuple[str, bool]:
     run = g.run
     run_id = run["run_id"]
     end = run["ended_at"] or now
+    actions = ""
+    if run["state"] in ("RUNNING", "QUEUED"):
+        actions += action_form(w, "cancel", {"run_id": run_id}, "cancel run")
+    if run["state"] == "FAILED":
+        actions += action_form(w, "retry", {"run_id": run_id}, "retry failed tasks")
     parts = [
         '<div class="crumbs"><a href="/">runs</a> &rsaquo;</div>',
         f"<h1>{escape(run_id)} {badge(run['state'], 'runstate')}</h1>",
+        f'<div class="actions">{actions}</div>' if actions else "",
         '<div class="meta">',
         f"<span><b>DAG</b>{escape(run['dag_id'])}</span>",
         f"<span><b>logical date</b>{escape(run['logical_date'])}</span>",
@@ -634,10 +640,21 @@ def turns(events: Iterable[Row]) -> list[dict[str, Any]]:
     return out
 
 
-def task_page(d: TaskDetail, now: float) -> tuple[str, bool]:
+def task_page(d: TaskDetail, now: float, w: Writes | None = None) -> tuple[str, bool]:
     row = d.row
     run_id, task_id, idx = row["run_id"], row["task_id"], row["map_index"]
     state = row["state"]
+    actions = ""
+    if idx < 0:  # a mapped task's instances are cleared with their task
+        ids = {"run_id": run_id, "task_id": task_id}
+        if state != "RUNNING":
+            actions += action_form(w, "clear", ids, "clear")
+            actions += action_form(w, "clear", {**ids, "downstream": "1"}, "clear with downstream")
+            for outcome in ("success", "failed"):
+                if state != outcome.upper():
+                    actions += action_form(
+                        w, "mark", {**ids, "outcome": outcome}, f"mark {outcome}"
+                    )
     parts = [
         f'<div class="crumbs"><a href="/">runs</a> &rsaquo; '
         f'<a href="{run_href(run_id)}">{escape(run_id)}</a> &rsaquo;'
@@ -648,6 +665,7 @@ def task_page(d: TaskDetail, now: float) -> tuple[str, bool]:
         )
         + "</div>",
         f"<h1>{escape(task_name(task_id, idx))} {badge(state, 'state')}</h1>",
+        f'<div class="actions">{actions}</div>' if actions else "",
         '<div class="meta">',
         f'<span><b>attempt</b><span data-k="attempt">{row["attempt"]} of {row["max_attempts"]}'
         "</span></span>",

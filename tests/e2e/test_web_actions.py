@@ -19,7 +19,16 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 from support.browser import devtools
-from support.helpers import attempt_of, cli, free_port, sql, start_cli, stop_process, write_dag
+from support.helpers import (
+    async_wait_until,
+    attempt_of,
+    cli,
+    free_port,
+    sql,
+    start_cli,
+    stop_process,
+    write_dag,
+)
 from support.ops import wait_for_http
 from yarl import URL
 
@@ -370,3 +379,72 @@ async def test_in_chromium_markup_in_an_output_stays_text(ui):
             assert await page.eval("window.__xss === undefined")
             if url == run + "/tasks/fail":  # the error, in the log, as text
                 assert XSS in await page.eval("document.querySelector('main').textContent")
+
+
+FLIP = """
+from pathlib import Path
+from executor import DAG
+
+FIXED = Path({fixed!r})
+dag = DAG("flip")
+
+
+@dag.task
+def work(ctx):
+    if not FIXED.exists():
+        raise RuntimeError("the input is not there yet")
+    return "done"
+"""
+
+
+async def test_in_chromium_clear_a_failed_task_and_see_it_run_again_and_turn_green(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'flip.db'}"
+    path = write_dag(tmp_path, FLIP.format(fixed=str(tmp_path / "fixed")), "flip.py")
+    store = await open_store(url)
+    procs = [(start_cli("worker", "--db", url, log=tmp_path / "worker.log"), "worker")]
+    try:
+        run_id = await store.create_run(load_dag(str(path), "flip"), date(2026, 5, 1),
+                                        dag_file=str(path))  # fmt: skip
+
+        async def failed() -> bool:
+            info = await store.run_info(run_id)
+            return info is not None and info["state"] == "FAILED"
+
+        await async_wait_until(failed, 30, what="the run's failure")
+        port = free_port()
+        log = tmp_path / "ui.log"
+        ui_proc = start_cli("ui", "--db", url, "--port", str(port), "--refresh", "0.5",
+                            "--token", TOKEN, log=log)  # fmt: skip
+        procs.append((ui_proc, "ui"))
+        base = f"http://127.0.0.1:{port}"
+        wait_for_http(base + "/dags", ui_proc, log)
+        task_page = f"/runs/{quote(run_id, safe='')}/tasks/work"
+        async with devtools(tmp_path, f"{base}/login?back={quote(task_page)}") as page:
+            await page.eval_when("!!document.querySelector('input[name=token]')", "sign-in")
+            await page.eval(f"document.querySelector('input[name=token]').value = {TOKEN!r}")
+            await page.click_on("form.login button")
+            await page.eval_when(
+                "document.querySelector('[data-k=state]')?.textContent.includes('FAILED')",
+                "the failed task's page",
+            )
+            (tmp_path / "fixed").touch()  # the operator fixed the cause
+            await page.click_on('.actions form.act button[value="clear"]')
+            await page.eval_when(
+                "document.querySelector('[data-k=state]')?.textContent.includes('SUCCESS')",
+                "the cleared task, run again, green",
+            )
+            colour = await page.eval(
+                "getComputedStyle(document.querySelector('[data-k=state]')).backgroundColor"
+            )
+        assert colour == "rgb(200, 230, 201)"  # .st-SUCCESS, #c8e6c9: the badge turned green
+        info = await store.run_info(run_id)
+        assert info is not None and info["state"] == "SUCCESS"
+        log_rows = await store.task_log(run_id, "work")
+        assert log_rows is not None
+        assert any(e["message"].startswith("cleared by web:") for e in log_rows)
+    finally:
+        for proc, _ in procs:
+            stop_process(proc)
+        await store.close()
