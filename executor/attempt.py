@@ -78,6 +78,12 @@ class Attempts:
         for runner in {self.runner, self.sensor_runner}:
             runner.shutdown()
 
+    def stop(self, row_ids: list[int]) -> None:
+        """Stop these rows' attempts if their slots can (process isolation kills the
+        child; a thread cannot be stopped and runs to its end)."""
+        for row_id in row_ids:
+            self.runner.stop(row_id)
+
     async def run(self, row: MovedTask, owner: str, release: asyncio.Event) -> Outcome:
         """Run ``row``'s attempt; ``release`` is set when its slot may take another task."""
         info = await self._run_info(row.run_id)
@@ -115,7 +121,7 @@ class Attempts:
                     f"{method!r} (register it with @task.method)",
                 )  # fmt: skip
             job = partial(fn, ctx, **json.loads(row.next_kwargs or "{}"))
-        result = await self.runner.run(job, ctx, spec.execution_timeout, release)
+        result = await self.runner.run(job, ctx, spec.execution_timeout, release, key=row.id)
         if result.deferred is not None:
             return self._deferred(row, owner, spec, ctx, result.deferred)
         return self._judge(row, owner, spec, ctx, result)

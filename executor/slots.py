@@ -7,6 +7,7 @@ but the slot stays taken until the callable returns; process isolation kills the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -54,7 +55,12 @@ class ThreadSlots:
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="slot")
 
     async def run(
-        self, job: Job, ctx: TaskContext, timeout: float | None, release: asyncio.Event
+        self,
+        job: Job,
+        ctx: TaskContext,
+        timeout: float | None,
+        release: asyncio.Event,
+        key: int | None = None,
     ) -> Result:
         """Run in a thread; ``release`` is set when the thread is really free again."""
         fut = asyncio.get_running_loop().run_in_executor(self._pool, call, job)
@@ -69,6 +75,9 @@ class ThreadSlots:
             )
         return fut.result()
 
+    def stop(self, key: int) -> None:
+        """A thread cannot be stopped: the attempt runs to its end (its result discarded)."""
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -79,21 +88,47 @@ class ProcessSlots:
     def __init__(self, slots: int) -> None:
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="slot-proc")
         self._mp = multiprocessing.get_context("fork")
+        self._children: dict[int, Any] = {}  # key -> the child running it, to stop it
 
     async def run(
-        self, job: Job, ctx: TaskContext, timeout: float | None, release: asyncio.Event
+        self,
+        job: Job,
+        ctx: TaskContext,
+        timeout: float | None,
+        release: asyncio.Event,
+        key: int | None = None,
     ) -> Result:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._pool, self._fork_and_wait, job, ctx, timeout)
+            return await loop.run_in_executor(
+                self._pool, self._fork_and_wait, job, ctx, timeout, key
+            )
         finally:
             release.set()
 
-    def _fork_and_wait(self, job: Job, ctx: TaskContext, timeout: float | None) -> Result:
+    def stop(self, key: int) -> None:
+        """Kill the child running ``key`` (if any): its attempt ends "task process died"."""
+        child = self._children.get(key)
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError, ValueError, AttributeError):
+                child.kill()
+
+    def _fork_and_wait(
+        self, job: Job, ctx: TaskContext, timeout: float | None, key: int | None
+    ) -> Result:
         reader, writer = self._mp.Pipe(duplex=False)
         child = self._mp.Process(target=_child_main, args=(job, ctx, writer), daemon=True)
         child.start()
+        if key is not None:
+            self._children[key] = child
         writer.close()
+        try:
+            return self._wait(child, reader, ctx, timeout)
+        finally:
+            if key is not None:
+                self._children.pop(key, None)
+
+    def _wait(self, child: Any, reader: Any, ctx: TaskContext, timeout: float | None) -> Result:
         try:
             if not reader.poll(timeout):
                 child.kill()

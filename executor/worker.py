@@ -171,7 +171,10 @@ class Worker:
                 by_owner.setdefault(owner, []).append(row_id)
             try:
                 for owner, ids in by_owner.items():
-                    await self.store.heartbeat(owner, ids)
+                    held = set(await self.store.heartbeat(owner, ids))
+                    # Taken back meanwhile (cancelled, cleared with force, reaped): stop
+                    # the attempt where the slot can (a process); its report is discarded.
+                    self._attempts.stop([i for i in ids if i not in held])
                 if time.monotonic() - last_reap >= self._stale_after / 2:
                     last_reap = time.monotonic()
                     if await self.store.reap(self._stale_after):

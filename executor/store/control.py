@@ -136,6 +136,8 @@ class ControlOps:
             if run is None:
                 raise ControlError(f"no run {run_id!r}")
             state = RunState(run["state"])
+            if state is RunState.CANCELLED:  # again: nothing more to do
+                return Done(run_id, state.value, [])
             if state in RUN_TERMINAL:
                 raise ControlError(f"run {run_id} has ended {state.value}: nothing to cancel")
             await transition_run(tx, run_id, state, RunState.CANCELLED, now=now)

@@ -246,9 +246,12 @@ class Store(InspectOps, CatalogueOps, ControlOps):
                 inputs[r["task_id"]].append(value)
         return inputs
 
-    async def heartbeat(self, owner: str, ids: Sequence[int]) -> int:
+    async def heartbeat(self, owner: str, ids: Sequence[int]) -> list[int]:
+        """Heartbeat ``owner``'s rows; returns those it still holds (the others were taken
+        back: reaped, cleared with force, cancelled)."""
         async with self.db.write() as tx:
-            return await tx.execute("heartbeat", now=self.clock(), ids=list(ids), owner=owner)
+            rows = await tx.fetch("heartbeat", now=self.clock(), ids=list(ids), owner=owner)
+        return [r["id"] for r in rows]
 
     async def reap(self, stale_after: float) -> int:
         """Take back tasks whose worker stopped heartbeating; retry or fail them per policy."""

@@ -127,8 +127,10 @@ ORDER BY task_id, map_index;
 SELECT id FROM task WHERE run_id = :run_id AND map_index = -1 AND task_id = ANY(:task_ids);
 
 -- name: heartbeat
+-- The rows still held; one missing was taken back (reaped, cleared with force, cancelled).
 UPDATE task SET heartbeat_at = :now
-WHERE id = ANY(:ids) AND state = 'RUNNING' AND owner = :owner;
+WHERE id = ANY(:ids) AND state = 'RUNNING' AND owner = :owner
+RETURNING id;
 
 -- name: stale_running
 SELECT id, owner, attempt, max_attempts, heartbeat_at FROM task

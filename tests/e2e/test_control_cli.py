@@ -12,6 +12,7 @@ import pytest
 from support.helpers import (
     async_wait_until,
     cli,
+    pid_alive,
     sql,
     start_cli,
     start_worker,
@@ -51,26 +52,29 @@ def total(ctx):
 """
 
 WAITING = """
+import os
+import time
 from pathlib import Path
 from executor import DAG
 from triggers.files import FileTrigger
 
 GATE = Path({gate!r})
-dag = DAG("waiting")
+dag = DAG({dag_id!r})
 sensors = [dag.sensor(f"s{{i}}", FileTrigger(path=f"{{GATE}}/never-{{i}}", poke_interval=0.5))
-           for i in range(50)]
+           for i in range({sensors})]
 
 
-@dag.task
 def slow(ctx):
-    (GATE / f"started-{{ctx.run_id}}").touch()
+    (GATE / f"pid-{{ctx.run_id}}-{{ctx.task_id}}").write_text(str(os.getpid()))
     while not (GATE / "open").exists():
-        import time
         time.sleep(0.05)  # a long task, ended by the test through the gate
     return 1
 
 
-@dag.task(parents=[*sensors, slow])
+slows = [dag.task(slow, task_id=f"slow{{k}}") for k in range({slow})]
+
+
+@dag.task(parents=[*sensors, *slows])
 def after(ctx):
     return 2
 """
@@ -123,57 +127,73 @@ async def test_a_failed_run_is_retried_from_the_cli_and_succeeds(tmp_path: Path)
 
 
 async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(tmp_path: Path) -> None:
+    """500 DEFERRED sensors and 8 running tasks (process isolation); another run beside it."""
     db = tmp_path / "db.sqlite"
     url = f"sqlite:///{db}"
     gate = tmp_path / "gate"
     gate.mkdir()
-    path = write_dag(tmp_path, WAITING.format(gate=str(gate)), "waiting.py")
+    path = write_dag(tmp_path, WAITING.format(gate=str(gate), dag_id="big", sensors=500, slow=8),
+                     "big.py")  # fmt: skip
+    small = write_dag(tmp_path, WAITING.format(gate=str(gate), dag_id="small", sensors=5, slow=1),
+                      "small.py")  # fmt: skip
     store = await open_store(url)
     procs = [
-        start_worker(url, "--slots", "4", log=tmp_path / "worker.log"),
-        start_cli("triggerer", "--db", url, log=tmp_path / "triggerer.log"),
+        start_worker(
+            url,
+            "--slots",
+            "12",
+            "--isolation",
+            "process",
+            "--heartbeat-interval",
+            "0.5",
+            log=tmp_path / "worker.log",
+        ),
+        start_cli("triggerer", "--db", url, "--lease-ttl", "2", log=tmp_path / "triggerer.log"),
     ]
     try:
-        doomed = await new_run(store, path, "waiting")
-        kept = await new_run(store, path, "waiting")
+        doomed = await new_run(store, path, "big")
+        kept = await new_run(store, small, "small")
 
-        async def both_waiting() -> bool:
-            for run_id in (doomed, kept):
-                states = task_states(db, run_id)
-                if states.get("slow") != "RUNNING" or list(states.values()).count("DEFERRED") < 50:
-                    return False
-            return True
+        def waiting(run_id: str, sensors: int, slow: int) -> bool:
+            states = list(task_states(db, run_id).values())
+            return states.count("DEFERRED") == sensors and states.count("RUNNING") == slow
 
         await async_wait_until(
-            both_waiting, 60, interval=0.1, what="sensors deferred, slow running"
-        )
+            lambda: waiting(doomed, 500, 8) and waiting(kept, 5, 1), 90, interval=0.2,
+            what="sensors deferred, slow tasks running",
+        )  # fmt: skip
         await async_wait_until(
-            lambda: _held(db) == 100, 20, interval=0.1, what="the triggerer holding 100 waits"
+            lambda: _held(db) == 505, 30, interval=0.1, what="the triggerer holding 505 waits"
         )
+        pids = [int((gate / f"pid-{doomed}-slow{k}").read_text()) for k in range(8)]
+        assert all(pid_alive(pid) for pid in pids)
         out = cli("cancel", doomed, "--db", url, "--reason", "wrong day")
         assert out.returncode == 0, out.stderr
-        # At once: nothing of the run is RUNNING or DEFERRED; the other run is as it was.
+        # At once: nothing of the run is RUNNING, DEFERRED or waiting to run.
         states = task_states(db, doomed)
         assert not {"RUNNING", "DEFERRED", "PENDING"} & set(states.values()), states
-        assert states["slow"] == "FAILED" and states["s0"] == "SKIPPED"
+        assert states["slow0"] == "FAILED" and states["s0"] == "SKIPPED"
         assert await run_state(store, doomed) == "CANCELLED"
-        assert list(task_states(db, kept).values()).count("DEFERRED") == 50
-        # The triggerer drops the cancelled run's 50 waits within seconds (the release
-        # journal), not at its next full reload a minute later: it holds the kept run's 50.
+        # Within seconds: the attempts' processes are killed at the worker's next heartbeat,
+        # and the triggerer drops the run's 500 waits (the release journal), holding the
+        # other run's 5; the other run is untouched.
         await async_wait_until(
-            lambda: _held(db) == 50, 10, interval=0.1, what="the triggerer holding 50 waits"
-        )
-        (gate / "open").touch()  # the cancelled attempt ends; its report is discarded
+            lambda: not any(pid_alive(pid) for pid in pids), 5, interval=0.05,
+            what="the cancelled attempts' processes gone",
+        )  # fmt: skip
         await async_wait_until(
-            lambda: task_states(db, kept).get("slow") == "SUCCESS", 30, what="the kept run's slow"
+            lambda: _held(db) == 5, 5, interval=0.05, what="the triggerer holding 5 waits"
         )
-        assert task_states(db, doomed)["slow"] == "FAILED"
-        log = await store.task_log(doomed, "slow")
+        assert waiting(kept, 5, 1)
+        # Its results are discarded: the cancelled tasks stay as the cancel left them.
+        assert task_states(db, doomed)["slow0"] == "FAILED"
+        log = await store.task_log(doomed, "slow0")
         assert log is not None and any("cancelled by cli:" in e["message"] for e in log)
-        # Cancelling again is refused: the run has ended.
+        # Cancelling again changes nothing and says so.
         again = cli("cancel", doomed, "--db", url)
-        assert again.returncode == 2 and "has ended CANCELLED" in again.stderr
+        assert again.returncode == 0 and "the run is CANCELLED" in again.stdout
     finally:
+        (gate / "open").touch()
         for p in procs:
             stop_process(p)
         await store.close()

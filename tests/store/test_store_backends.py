@@ -587,7 +587,7 @@ async def test_reap_takes_back_the_tasks_of_a_silent_worker(store: Store, clock:
     dag.task(noop, task_id="failed")
     run_id = await store.create_run(dag, DAY)
     rows = await store.claim("dead-worker", 10)
-    assert await store.heartbeat("dead-worker", [r.id for r in rows]) == 2
+    assert len(await store.heartbeat("dead-worker", [r.id for r in rows])) == 2
     clock.advance(5)
     assert await store.reap(30) == 0
     clock.advance(30)

@@ -200,8 +200,8 @@ async def test_lost_worker_is_reaped_and_the_attempt_retried(
     (row,) = await fake_store.claim("dead#1", 1)
     clock.advance(20)
     assert await fake_store.reap(stale_after=30) == 0
-    assert await fake_store.heartbeat("someone-else#1", [row.id]) == 0
-    assert await fake_store.heartbeat("dead#1", [row.id]) == 1
+    assert await fake_store.heartbeat("someone-else#1", [row.id]) == []
+    assert await fake_store.heartbeat("dead#1", [row.id]) == [row.id]
     clock.advance(25)  # 45 s after the claim, 25 s after the last heartbeat
     assert await fake_store.reap(stale_after=30) == 0
     clock.advance(6)
