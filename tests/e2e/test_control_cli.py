@@ -228,3 +228,37 @@ def _held(db: Path) -> int:
 
 async def _ended(store: Store, run_id: str) -> bool:
     return await run_state(store, run_id) in ("SUCCESS", "FAILED")
+
+
+async def test_a_forced_clear_racing_the_attempts_completion_leaves_one_consistent_state(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "db.sqlite"
+    url = f"sqlite:///{db}"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    path = write_dag(tmp_path, WAITING.format(gate=str(gate), dag_id="race", sensors=0, slow=1),
+                     "race.py")  # fmt: skip
+    store = await open_store(url)
+    worker = start_worker(url, "--heartbeat-interval", "0.5", log=tmp_path / "worker.log")
+    try:
+        run_id = await new_run(store, path, "race")
+        await async_wait_until(
+            lambda: task_states(db, run_id).get("slow0") == "RUNNING", 30, what="slow0 running"
+        )
+        out = cli("clear", run_id, "slow0", "--force", "--db", url, "--reason", "redo")
+        assert out.returncode == 0, out.stderr
+        (gate / "open").touch()  # the taken-back attempt completes now: its report is stale
+        await async_wait_until(lambda: _ended(store, run_id), 30, what="the run's end")
+        assert await run_state(store, run_id) == "SUCCESS"
+        query = (
+            "SELECT e.from_state, e.to_state FROM task_event e JOIN task t ON t.id = e.task_row"
+            " WHERE t.run_id = ? AND t.task_id = 'slow0' AND e.kind = 'transition' ORDER BY e.id"
+        )
+        moves = [(e["from_state"], e["to_state"]) for e in sql(db, query, run_id)]
+        # One unbroken chain: the taken-back attempt's SUCCESS was never applied.
+        assert moves == [("PENDING", "RUNNING"), ("RUNNING", "PENDING"),
+                         ("PENDING", "RUNNING"), ("RUNNING", "SUCCESS")]  # fmt: skip
+    finally:
+        stop_process(worker)
+        await store.close()
