@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from support.browser import chromium, devtools
+from support.browser import HEADLESS, chromium, devtools
 from support.helpers import (
     REPO,
     attempt_of,
@@ -317,15 +317,8 @@ def browse(tmp: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
+            *HEADLESS,
             f"--user-data-dir={profile}",
-            "--window-size=1280,900",
             *args,
             url,
         ],

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from support import backends
+from support.catalogued import all_runs, catalogue_file
 from support.helpers import FakeClock, ops, run_to_end, write_dag
 
-from executor.catalogue import parse_file
 from executor.store import Store
 from executor.store.runs import scheduled_run_key
 from triggerer.store import Fire, TriggererBatch
@@ -37,15 +37,7 @@ def work(ctx):
 
 
 async def catalogued(store: Store, tmp_path: Path) -> None:
-    path = write_dag(tmp_path, HOURLY)
-    parsed = await parse_file(str(path))
-    assert parsed.error is None, parsed.error
-    assert await store.record_parse(str(path), path.stat().st_mtime, parsed.dags, None) is None
-
-
-async def runs(store: Store) -> list[dict]:
-    async with store.db.read() as tx:
-        return [dict(r) for r in await tx.fetch("list_runs", n=1000)]
+    await catalogue_file(store, write_dag(tmp_path, HOURLY))
 
 
 async def test_one_run_per_interval_keyed_as_the_schedule_queued_over_max_active(
@@ -61,7 +53,7 @@ async def test_one_run_per_interval_keyed_as_the_schedule_queued_over_max_active
     assert [b.how for b in done] == ["created"] * 5
     assert [b.run_key for b in done] == [scheduled_run_key(iv) for iv in intervals]
     assert [b.state for b in done] == ["RUNNING", "RUNNING", "QUEUED", "QUEUED", "QUEUED"]
-    rows = {r["run_id"]: r for r in await runs(store)}
+    rows = {r["run_id"]: r for r in await all_runs(store)}
     first = rows[done[0].run_id]
     assert first["dag_file"] == spec.file and first["max_active"] == 2
     assert first["data_interval_start"] == intervals[0].start.isoformat()
@@ -76,7 +68,7 @@ async def test_one_run_per_interval_keyed_as_the_schedule_queued_over_max_active
     waits = {r["task_row"]: r["trigger_id"] for r in rows_ if r["task_row"] < 0}
     assert waits, "the catalogue armed the schedule"
     await ops(store).triggerer_commit(TriggererBatch(fires=[Fire(waits, "null", "fired")]))
-    assert len(await runs(store)) == 5
+    assert len(await all_runs(store)) == 5
     assert (await store.runs_states([b.run_id for b in done])) == {b.run_id: b.state for b in done}
 
 
@@ -105,6 +97,6 @@ async def test_a_failed_interval_is_rerun_once_only_when_asked(
     assert (await run_to_end(store, rerun.run_id))["state"] == "FAILED"
     [second] = await store.backfill(spec, nine, max_active=1, rerun_failed=True)
     assert second.run_key == first.run_key + "~rerun-2" and second.rerun_of == rerun.run_id
-    assert len(await runs(store)) == 3
-    row = next(r for r in await runs(store) if r["run_id"] == second.run_id)
+    assert len(await all_runs(store)) == 3
+    row = next(r for r in await all_runs(store) if r["run_id"] == second.run_id)
     assert row["data_interval_start"] == nine[0].start.isoformat()

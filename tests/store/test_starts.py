@@ -10,10 +10,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from support import backends
+from support.catalogued import all_runs, catalogue_file
 from support.helpers import FakeClock, ops, run_to_end, write_dag
 
 from executor import DAG
-from executor.catalogue import Parsed, _declared, parse_file
+from executor.catalogue import _declared
 from executor.store import Store
 from executor.store.catalogue import DeclaredDag
 from executor.store.starts import MAX_RUNS_PER_FIRE, RETRY_AFTER
@@ -42,12 +43,6 @@ def work(ctx):
 """
 
 
-async def catalogue(store: Store, path: Path) -> None:
-    parsed: Parsed = await parse_file(str(path))
-    assert parsed.error is None, parsed.error
-    assert await store.record_parse(str(path), path.stat().st_mtime, parsed.dags, None) is None
-
-
 async def fire_start_waits(store: Store, payload: object = None) -> dict[int, int]:
     """Fire every armed start wait, as the triggerer does when their triggers fire."""
     rows = await ops(store).load_triggers(range(64))
@@ -71,17 +66,12 @@ async def runs_by_state(store: Store) -> dict[str, int]:
     return out
 
 
-async def all_runs(store: Store) -> list[dict]:
-    async with store.db.read() as tx:
-        return [dict(r) for r in await tx.fetch("list_runs", n=10_000)]
-
-
 async def test_catchup_creates_every_interval_once_and_queues_over_max_active(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
     clock.set(T0.timestamp())
     path = write_dag(tmp_path, hourly(T0 - timedelta(days=3), catchup=True, max_active=4))
-    await catalogue(store, path)
+    await catalogue_file(store, path)
     [wait] = await store.start_waits()
     assert wait["kind"] == "schedule" and wait["interval_end"] is not None
 
@@ -130,7 +120,7 @@ async def test_without_catchup_only_the_latest_interval_runs(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
     clock.set(T0.timestamp() + 600)
-    await catalogue(store, write_dag(tmp_path, hourly(T0 - timedelta(days=3), catchup=False)))
+    await catalogue_file(store, write_dag(tmp_path, hourly(T0 - timedelta(days=3), catchup=False)))
     await fire_start_waits(store)
     [run] = await all_runs(store)
     assert run["run_key"] == "2026-11-20T11:00:00Z" and run["state"] == "RUNNING"
@@ -153,7 +143,9 @@ async def test_a_long_catchup_goes_on_over_several_fires(
 ) -> None:
     clock.set(T0.timestamp())
     days = MAX_RUNS_PER_FIRE // 24 + 2
-    await catalogue(store, write_dag(tmp_path, hourly(T0 - timedelta(days=days), catchup=True)))
+    await catalogue_file(
+        store, write_dag(tmp_path, hourly(T0 - timedelta(days=days), catchup=True))
+    )
     await fire_start_waits(store)
     assert len(await all_runs(store)) == MAX_RUNS_PER_FIRE
     await fire_start_waits(store)
@@ -164,7 +156,7 @@ async def test_pause_drops_the_wait_and_unpause_does_not_flood(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
     clock.set(T0.timestamp())
-    await catalogue(store, write_dag(tmp_path, hourly(T0 - timedelta(days=1), catchup=False)))
+    await catalogue_file(store, write_dag(tmp_path, hourly(T0 - timedelta(days=1), catchup=False)))
     waits = await fire_start_waits(store)
     assert len(await all_runs(store)) == 1
     await store.set_paused("hourly", True)
@@ -184,10 +176,10 @@ async def test_a_broken_file_starts_nothing_until_fixed(
 ) -> None:
     clock.set(T0.timestamp())
     path = write_dag(tmp_path, hourly(T0 - timedelta(days=1), catchup=True))
-    await catalogue(store, path)
+    await catalogue_file(store, path)
     await store.record_parse(str(path), 1.0, [], "SyntaxError: invalid syntax")
     assert await store.start_waits() == []
-    await catalogue(store, path)
+    await catalogue_file(store, path)
     await fire_start_waits(store)
     assert len(await all_runs(store)) == 24
 
@@ -209,7 +201,7 @@ def work(ctx):
     return ctx.start_event
 """,
     )
-    await catalogue(store, path)
+    await catalogue_file(store, path)
     [wait] = await store.start_waits()
     assert wait["kind"] == "condition" and wait["logical_date"] == "2026-11-20"
     assert "/in/2026-11-20.csv" in wait["description"]

@@ -17,6 +17,19 @@ import pytest
 
 from support.helpers import async_wait_until
 
+# This machine's network is closed: without the background-networking flags Chromium's
+# own connections are refused at every start.
+HEADLESS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1280,900",
+)
+
 
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -93,16 +106,9 @@ async def devtools(tmp: Path, url: str) -> AsyncIterator[DevTools]:
     proc = subprocess.Popen(
         [
             chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
+            *HEADLESS,
             f"--user-data-dir={profile}",
             "--remote-debugging-port=0",  # Chromium picks one and writes it in the profile
-            "--window-size=1280,900",
             url,
         ],
         stdout=subprocess.DEVNULL,
