@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support import backends
 from support.helpers import (
     async_wait_until,
     cli,
@@ -25,6 +26,8 @@ from executor.loader import load_dag
 from executor.store import Store, open_store
 
 pytestmark = pytest.mark.slow
+backend, url = backends.backend, backends.url  # fixtures: SQLite, and PostgreSQL
+pg_server = backends.pg_server  # fixture
 
 FLAKY = """
 from pathlib import Path
@@ -126,10 +129,11 @@ async def test_a_failed_run_is_retried_from_the_cli_and_succeeds(tmp_path: Path)
         await store.close()
 
 
-async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(tmp_path: Path) -> None:
-    """500 DEFERRED sensors and 8 running tasks (process isolation); another run beside it."""
-    db = tmp_path / "db.sqlite"
-    url = f"sqlite:///{db}"
+async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(
+    url: str, tmp_path: Path
+) -> None:
+    """500 DEFERRED sensors and 8 running tasks (process isolation); another run beside it;
+    on SQLite and on PostgreSQL (a schema of its own)."""
     gate = tmp_path / "gate"
     gate.mkdir()
     path = write_dag(tmp_path, WAITING.format(gate=str(gate), dag_id="big", sensors=500, slow=8),
@@ -154,23 +158,26 @@ async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(tmp_path: Pat
         doomed = await new_run(store, path, "big")
         kept = await new_run(store, small, "small")
 
-        def waiting(run_id: str, sensors: int, slow: int) -> bool:
-            states = list(task_states(db, run_id).values())
+        async def waiting(run_id: str, sensors: int, slow: int) -> bool:
+            states = list((await states_of(store, run_id)).values())
             return states.count("DEFERRED") == sensors and states.count("RUNNING") == slow
 
+        async def both_waiting() -> bool:
+            return await waiting(doomed, 500, 8) and await waiting(kept, 5, 1)
+
         await async_wait_until(
-            lambda: waiting(doomed, 500, 8) and waiting(kept, 5, 1), 90, interval=0.2,
+            both_waiting, 90, interval=0.2,
             what="sensors deferred, slow tasks running",
         )  # fmt: skip
         await async_wait_until(
-            lambda: _held(db) == 505, 30, interval=0.1, what="the triggerer holding 505 waits"
+            lambda: held(store, 505), 30, interval=0.1, what="the triggerer holding 505 waits"
         )
         pids = [int((gate / f"pid-{doomed}-slow{k}").read_text()) for k in range(8)]
         assert all(pid_alive(pid) for pid in pids)
         out = cli("cancel", doomed, "--db", url, "--reason", "wrong day")
         assert out.returncode == 0, out.stderr
         # At once: nothing of the run is RUNNING, DEFERRED or waiting to run.
-        states = task_states(db, doomed)
+        states = await states_of(store, doomed)
         assert not {"RUNNING", "DEFERRED", "PENDING"} & set(states.values()), states
         assert states["slow0"] == "FAILED" and states["s0"] == "SKIPPED"
         assert await run_state(store, doomed) == "CANCELLED"
@@ -182,11 +189,11 @@ async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(tmp_path: Pat
             what="the cancelled attempts' processes gone",
         )  # fmt: skip
         await async_wait_until(
-            lambda: _held(db) == 5, 5, interval=0.05, what="the triggerer holding 5 waits"
+            lambda: held(store, 5), 5, interval=0.05, what="the triggerer holding 5 waits"
         )
-        assert waiting(kept, 5, 1)
+        assert await waiting(kept, 5, 1)
         # Its results are discarded: the cancelled tasks stay as the cancel left them.
-        assert task_states(db, doomed)["slow0"] == "FAILED"
+        assert (await states_of(store, doomed))["slow0"] == "FAILED"
         log = await store.task_log(doomed, "slow0")
         assert log is not None and any("cancelled by cli:" in e["message"] for e in log)
         # Cancelling again changes nothing and says so.
@@ -221,9 +228,14 @@ async def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None
     assert task_states(db, run_id) == before
 
 
-def _held(db: Path) -> int:
-    """The waits the (one) triggerer says it holds, as of its last heartbeat."""
-    return int(sql(db, "SELECT triggers FROM triggerer")[0]["triggers"])
+async def held(store: Store, n: int) -> bool:
+    """Whether the (one) triggerer says it holds ``n`` waits, as of its last heartbeat."""
+    rows = await store.list_triggerers()
+    return len(rows) == 1 and rows[0]["triggers"] == n
+
+
+async def states_of(store: Store, run_id: str) -> dict[str, str]:
+    return {r["task_id"]: r["state"] for r in await store.run_tasks(run_id)}
 
 
 async def _ended(store: Store, run_id: str) -> bool:
