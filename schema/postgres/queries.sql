@@ -80,7 +80,9 @@ FROM jsonb_array_elements(:questions::text::jsonb) WITH ORDINALITY AS q(value, o
 ORDER BY q.ord;
 
 -- name: load_triggers
--- The waits of the given shards, from trigger id :after on (0 for a full reload).
+-- The waits of the given shards, from trigger id :after on (0 for a full reload): the
+-- tasks' and the start waits'. In no order: the loader needs none, and sorting the union
+-- would be one more pass over every row of a full reload.
 -- Identity ids are handed out at INSERT but become visible at COMMIT, and concurrent
 -- workers commit out of order: a row with an id below :after may appear after a load that
 -- moved the cursor past it. So every row is also returned, once, by the first load that
@@ -105,8 +107,7 @@ UNION ALL
 SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
 FROM wanted w
 JOIN trigger g ON g.id = w.id
-JOIN start_wait s ON s.trigger_id = g.id
-ORDER BY 1;
+JOIN start_wait s ON s.trigger_id = g.id;
 
 -- name: deferred_rows
 -- Locked, so that the trigger they wait on cannot change before this transaction moves them.

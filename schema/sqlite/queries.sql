@@ -66,7 +66,9 @@ SELECT q.value ->> 'q' AS q,
 FROM json_each(:questions) AS q;
 
 -- name: load_triggers
--- The waits of the given shards, from trigger id :after on (0 for a full reload).
+-- The waits of the given shards, from trigger id :after on (0 for a full reload): the
+-- tasks' and the start waits'. In no order: the loader needs none, and sorting the union
+-- would be one more pass over every row of a full reload.
 SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
        t.next_method, g.not_before
 FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
@@ -75,8 +77,7 @@ UNION ALL
 -- A start wait is a subscriber too, under the negative of its id (triggerer/store.py).
 SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
 FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
-WHERE g.shard = ANY(:shards) AND g.id > :after
-ORDER BY 1;
+WHERE g.shard = ANY(:shards) AND g.id > :after;
 
 -- name: deferred_rows
 SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at FROM task
