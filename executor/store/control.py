@@ -114,22 +114,33 @@ class ControlOps:
                 row = graph.tasks[t]
                 if row.state == new.value:
                     continue
-                if row.state in _ENDED:
-                    # Cleared first, so its children count it again, as marked.
-                    await _clear(tx, graph, [t], force=False, why=why, now=now)
-                elif row.state == State.RUNNING.value:
+                if row.state == State.RUNNING.value:
                     raise ControlError(
                         f"task {t!r} is RUNNING: wait for its attempt, or clear it with --force"
                     )
+                if row.state in _ENDED:
+                    # Cleared first, so its children count it again, as marked. Its rule
+                    # may hold at once: a mapped task then expands (RUNNING, no attempt).
+                    await _clear(tx, graph, [t], force=False, why=why, now=now)
+                    row = (await _Graph.read(tx, run_id)).tasks[t]
                 await _drop_instances(tx, run_id, [t])
                 carry = Carry(output=output_json) if output_json and t == task_id else Carry()
-                current = State(row.state) if row.state not in _ENDED else State.PENDING
-                await transition(tx, [row.id], current, new, now=now, message=why, carry=carry)
+                moved = await transition(
+                    tx, [row.id], State(row.state), new, now=now, message=why, carry=carry
+                )
+                if not moved:  # cannot happen in this transaction; never claim it did
+                    raise ControlError(f"task {t!r} changed meanwhile: nothing was marked")
                 graph = await _Graph.read(tx, run_id)  # what the transition settled
-            return Done(run_id, await _run_state(tx, run_id), picked)
+            # The downstream proceeds: tasks that ended UPSTREAM_FAILED (they never ran) are
+            # cleared, so their rules decide again from what was marked.
+            after = graph.select([task_id], downstream=True, upstream=False)
+            stuck = [t for t in after if graph.tasks[t].state == State.UPSTREAM_FAILED.value]
+            await _clear(tx, graph, stuck, force=False, why=why, now=now)
+            return Done(run_id, await _run_state(tx, run_id), picked + stuck)
 
     async def cancel(self, run_id: str, *, who: str = "operator", reason: str = "") -> Done:
-        """End ``run_id`` CANCELLED; see the module. A run already ended is refused."""
+        """End ``run_id`` CANCELLED; see the module. Again on a cancelled run: nothing to
+        do; a run that ended otherwise is refused."""
         async with self.db.write() as tx:
             now = self.clock()
             run = await tx.fetchone("run_info", run_id=run_id)

@@ -160,3 +160,20 @@ async def test_bad_operations_are_refused_and_change_nothing(store: Store, tmp_p
     await store.clear(run_id, ["extract"], force=True)
     await store.complete([Succeeded(**attempt_of(claimed), output_json="[1]")])
     assert (await states(store, run_id))["extract"] == "PENDING"
+
+
+async def test_marking_an_ended_mapped_task_lets_its_fan_in_run(
+    store: Store, tmp_path: Path
+) -> None:
+    run_id, _ = await fan_run(store, tmp_path)
+    assert (await run_to_end(store, run_id, slots=4))["state"] == "FAILED"
+    # settle failed; its rule holds again once cleared (it would expand): marked instead.
+    done = await store.mark(run_id, "settle", "success", reason="settled by hand")
+    # Its fan-in, UPSTREAM_FAILED (it never ran), proceeds: cleared, its rule holds now.
+    assert await states(store, run_id) == {
+        "extract": "SUCCESS", "settle": "SUCCESS", "total": "PENDING"
+    }  # fmt: skip
+    assert done.run_state == "RUNNING" and done.tasks == ["settle", "total"]
+    assert (await run_to_end(store, run_id))["state"] == "SUCCESS"
+    [total] = [r for r in await store.run_tasks(run_id) if r["task_id"] == "total"]
+    assert json.loads(total["output"]) == []  # marked by hand: no instance outputs to pass on
