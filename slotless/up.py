@@ -18,7 +18,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from executor.catalogue import dags_folder
+from executor.catalogue import DAGS_ENV, dags_folder
 from executor.loader import load_dag
 from executor.store import open_store, resolve_url
 
@@ -49,9 +49,12 @@ async def up(args: argparse.Namespace) -> int:
         triggerer += ["--dags", str(folder.resolve()), "--rescan", str(args.rescan)]
         triggerer += ["--parse-timeout", str(args.parse_timeout)]
     ui = [*cli, "ui", "--db", url, "--host", args.host, "--port", str(args.port)]
-    envs = {}
+    # $SLOTLESS_DAGS is the triggerer's job here (its --dags above): the worker and the
+    # page would otherwise parse the same folder twice more.
+    base = {k: v for k, v in os.environ.items() if k != DAGS_ENV}
+    envs = {"worker": base, "ui": dict(base), "triggerer": dict(os.environ)}
     if args.token:  # to the page alone, in its environment: not in its argv for `ps` to show
-        envs["ui"] = dict(os.environ, SLOTLESS_UI_TOKEN=args.token)
+        envs["ui"]["SLOTLESS_UI_TOKEN"] = args.token
     return await Stack({"worker": worker, "triggerer": triggerer, "ui": ui}, envs).run()
 
 

@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import textwrap
 import urllib.error
 import urllib.request
@@ -27,6 +28,7 @@ from support.helpers import (
     REPO,
     attempt_of,
     cli,
+    cli_env,
     free_port,
     sql,
     start_cli,
@@ -518,3 +520,47 @@ def _alive(pid: int) -> bool:
     from support.helpers import pid_alive
 
     return pid_alive(pid)
+
+
+TICKING = """
+from datetime import datetime, timedelta, timezone
+from executor import DAG
+
+dag = DAG("ticking", schedule=timedelta(seconds=2), catchup=False,
+          start_date=datetime(2026, 1, 1, tzinfo=timezone.utc))
+
+
+@dag.task
+def tick(ctx):
+    return ctx.data_interval_end.isoformat()
+"""
+
+
+def test_up_with_a_dags_folder_runs_its_schedules_parsed_once(tmp_path: Path, db_path: Path,
+                                                             db_url: str):  # fmt: skip
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    write_dag(folder, TICKING, "ticking.py")
+    log = tmp_path / "up.log"
+    # $SLOTLESS_DAGS names the folder: the triggerer alone parses it, not the worker or page.
+    env = cli_env(SLOTLESS_DAGS=str(folder))
+    port = free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "slotless", "up", "--db", db_url, "--port", str(port),
+         "--rescan", "0.5"],
+        cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/", up, log)  # the schema is there, too
+        poll(
+            lambda: (
+                sql(db_path, "SELECT count(*) AS n FROM dag_run WHERE state = 'SUCCESS'")[0]["n"]
+                >= 2
+            ),
+            timeout=60,
+            what="two scheduled runs, run by the worker",
+        )
+    finally:
+        assert stop_process(up, signal.SIGINT) == 0, log.read_text()
+    parsed = [line for line in log.read_text().splitlines() if "parsed 1 DAG file(s)" in line]
+    assert parsed and all(line.startswith("[triggerer") for line in parsed), parsed
