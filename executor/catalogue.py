@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .dag import DAG
 from .loader import DagImportError, import_dags
 from .store.catalogue import DeclaredDag
+from .store.lines import one_line
 from .store.runs import RunShape
 
 if TYPE_CHECKING:  # the forkserver imports this module, and needs no store
@@ -75,8 +76,6 @@ DEFAULT_PARSE_TIMEOUT = 30.0
 # How often a service with --dags lists its folder for changed files (mtimes only: cheap).
 DEFAULT_RESCAN = 10.0
 DAGS_ENV = "SLOTLESS_DAGS"
-# A file's error is one line of the listing; a traceback-sized message is cut here.
-MAX_ERROR = 500
 # After a file's limit, before the caller kills it: time for the grandchild's own dump of
 # its stack (which says where it was stuck) to arrive.
 KILL_GRACE = 2.0
@@ -236,7 +235,7 @@ class _Parser:
             except _ServerDied as died:
                 why = str(died)
         why = self._broken or f"the process that imports it died twice: {why}"
-        return Parsed(error=_one_line(f"cannot import {path}: {why}"))
+        return Parsed(error=one_line(f"cannot import {path}: {why}"))
 
     async def _running(self) -> _ForkServer:
         # A lock: the files in flight when a forkserver dies all ask for the next at once.
@@ -346,7 +345,7 @@ class _ForkServer:
         err = (await self._stderr).decode(errors="replace")
         code = await self._proc.wait()
         last = next((line for line in reversed(err.splitlines()) if line.strip()), None)
-        self.why = _one_line(f"exited with status {code}" + (f": {last}" if last else ""))
+        self.why = one_line(f"exited with status {code}" + (f": {last}" if last else ""))
         for job in self._jobs.values():
             # Its grandchildren are orphans now, and nobody would end them at their limit.
             _kill_group(job.pid)
@@ -379,7 +378,7 @@ def _judge(path: str, timeout: float, code: int | None, out: str, err: str, kill
     except ValueError:
         result = None
     if isinstance(result, dict) and "error" in result:
-        return Parsed(error=_one_line(result["error"]))
+        return Parsed(error=one_line(result["error"]))
     if isinstance(result, dict):
         return Parsed(dags=[DeclaredDag(**d) for d in result["dags"]])
     if "Timeout (" in err or killed:
@@ -391,12 +390,7 @@ def _judge(path: str, timeout: float, code: int | None, out: str, err: str, kill
     how = f"exited with status {code}"
     if code is not None and code < 0:  # a signal we did not send: the file killed itself
         how = f"killed by signal {-code}"
-    return Parsed(error=_one_line(f"cannot import {path}: {how}: {last}"))
-
-
-def _one_line(text: str) -> str:
-    line = " ".join(part.strip() for part in text.splitlines() if part.strip())
-    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
+    return Parsed(error=one_line(f"cannot import {path}: {how}: {last}"))
 
 
 def _declared(dag: object, dag_id: str) -> dict[str, object]:

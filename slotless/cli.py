@@ -28,6 +28,7 @@ from executor.catalogue import (
 )
 from executor.dag import DagError
 from executor.loader import DagImportError, load_dag
+from executor.states import RUN_TERMINAL
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store import UnknownBackend as _UnknownBackend
 from executor.store.catalogue import UnknownDag
@@ -399,7 +400,7 @@ async def _watch(store: Store, run_id: str, worker: Worker) -> None:
     """Stop the worker once the run has ended."""
     while True:
         info = await store.run_info(run_id)
-        if info is None or info["state"] not in ("RUNNING", "QUEUED"):
+        if info is None or info["state"] in RUN_TERMINAL:
             worker.stop()
             return
         await asyncio.sleep(0.25)

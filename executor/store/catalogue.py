@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .db import Database, Row
-from .starts import StartSpec, arm, disarm
+from .starts import StartSpec, arm, disarm, start_row
 
 
 class UnknownDag(LookupError):
@@ -87,7 +87,7 @@ class CatalogueOps:
             )
             kept = [dag for dag in dags if dag.dag_id not in taken]
             for dag in kept:
-                before = await tx.fetchone("dag_start_spec", dag_id=dag.dag_id)
+                before = await start_row(tx, dag.dag_id)
                 await tx.execute(
                     "upsert_dag",
                     dag_id=dag.dag_id,
@@ -162,7 +162,7 @@ class CatalogueOps:
         """What the catalogue holds about starting ``dag_id`` (schedule, shape, file, limits);
         :class:`UnknownDag` if none."""
         async with self.db.read() as tx:
-            row = await tx.fetchone("dag_start_spec", dag_id=dag_id)
+            row = await start_row(tx, dag_id)
         if row is None:
             raise _unknown(dag_id)
         return StartSpec.of(row)

@@ -39,6 +39,7 @@ from triggers.temporal import DateTimeTrigger
 
 from ..schedules import Interval, Schedule
 from .db import Row, Tx
+from .lines import one_line
 from .runs import (
     NewRun,
     RunShape,
@@ -57,8 +58,6 @@ MAX_RUNS_PER_FIRE = 500
 MAX_RUN_KEY = 2048
 # A start wait whose trigger failed is checked again after this long (seconds).
 RETRY_AFTER = 60.0
-# The longest start error kept on a DAG's row (one line of `slotless dags list`).
-MAX_ERROR = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +117,15 @@ def _tasks(text: str) -> tuple[TaskShape, ...]:
     return RunShape.from_json("", text).tasks
 
 
+async def start_row(tx: Tx, dag_id: str) -> Row | None:
+    """``dag_id``'s catalogue row as :meth:`StartSpec.of` reads it (None: not catalogued)."""
+    return await tx.fetchone("dag_start_specs", dag_ids=[dag_id])
+
+
 async def arm(tx: Tx, dag_id: str, now: float) -> None:
     """(Re-)arm ``dag_id``'s start waits from its catalogue row and its runs so far."""
     await tx.execute("delete_start_waits", dag_id=dag_id)
-    row = await tx.fetchone("dag_start_spec", dag_id=dag_id)
+    row = await start_row(tx, dag_id)
     if row is None:
         return
     spec = StartSpec.of(row)
@@ -138,7 +142,7 @@ async def arm(tx: Tx, dag_id: str, now: float) -> None:
             rendered = _render(load_trigger(*spec.start_when), spec.today(now))
         except Exception as exc:  # its class left the allow-list, or changed its fields
             why = f"cannot arm start condition {spec.start_when[0]}: {type(exc).__name__}: {exc}"
-            await tx.execute("set_start_error", dag_id=dag_id, error=_one_line(why), now=now)
+            await tx.execute("set_start_error", dag_id=dag_id, error=one_line(why), now=now)
             return
         day = spec.today(now)
         await _arm(tx, spec.dag_id, CONDITION, rendered, day, None, now, not_before=None)
@@ -250,13 +254,7 @@ def _due(spec: StartSpec, fired: Interval, at: datetime) -> tuple[list[Interval]
     """The intervals to create from ``fired`` on (those ended by ``at``, at most
     :data:`MAX_RUNS_PER_FIRE`), and the interval to arm after them."""
     due: list[Interval] = []
-    iv: Interval | None = fired
-    if not spec.catchup and fired.end <= at and spec.schedule is not None:
-        # The fire came late (a triggerer outage, a takeover): without catchup, only the
-        # latest ended interval runs, not every one since the fired one.
-        latest = spec.schedule.latest_complete(at)
-        if latest is not None and latest.start > fired.start:
-            iv = latest
+    iv = _skip_missed(spec, fired, at)  # a late fire (an outage, a takeover) included
     while iv is not None and iv.end <= at and len(due) < MAX_RUNS_PER_FIRE:
         due.append(iv)
         iv = _next_interval(spec, iv.end, at)
@@ -274,7 +272,7 @@ async def fail_starts(tx: Tx, waits: Mapping[int, int], why: str, now: float) ->
 
 async def _retry_later(tx: Tx, wait: Row, why: str, now: float) -> None:
     """Keep ``why`` on the wait's DAG and check the same wait again after a while."""
-    await tx.execute("set_start_error", dag_id=wait["dag_id"], error=_one_line(why), now=now)
+    await tx.execute("set_start_error", dag_id=wait["dag_id"], error=one_line(why), now=now)
     copy = await tx.fetchone(
         "copy_trigger", id=wait["trigger_id"], now=now, not_before=now + RETRY_AFTER
     )
@@ -337,12 +335,17 @@ def _next_interval(spec: StartSpec, after: datetime | None, now: datetime) -> In
     sched = spec.schedule
     if after is None:
         return sched.first_interval(now, catchup=spec.catchup)
-    iv = sched.next_interval(after)
-    if iv is not None and not spec.catchup and iv.end <= now:
-        latest = sched.latest_complete(now)  # without catchup, only the latest missed one
-        if latest is not None and latest.start >= iv.start:
-            iv = latest
-    return iv
+    return _skip_missed(spec, sched.next_interval(after), now)
+
+
+def _skip_missed(spec: StartSpec, iv: Interval | None, now: datetime) -> Interval | None:
+    """Without catchup, an interval that ended before ``now`` (missed: a pause, an outage,
+    a late fire) gives way to the latest ended one."""
+    if iv is None or spec.catchup or iv.end > now:
+        return iv
+    assert spec.schedule is not None
+    latest = spec.schedule.latest_complete(now)
+    return latest if latest is not None and latest.start > iv.start else iv
 
 
 async def _arm(
@@ -413,11 +416,6 @@ def _schedule_trigger(iv: Interval) -> BaseTrigger:
 def _render(trigger: BaseTrigger, day: date) -> BaseTrigger:
     ds = day.isoformat()
     return trigger.render({"ds": ds, "ds_nodash": ds.replace("-", ""), "logical_date": ds})
-
-
-def _one_line(text: str) -> str:
-    line = " ".join(part.strip() for part in text.splitlines() if part.strip())
-    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
 
 
 def _at(now: float) -> datetime:

@@ -450,11 +450,6 @@ ORDER BY dag_id, moment, created_at, run_id;
 -- ---------------------------------------------------------------- start waits
 -- executor/store/starts.py: schedules and start conditions held by the triggerer.
 
--- name: dag_start_spec
-SELECT dag_id, file, schedule, timezone, start_date, end_date, catchup, max_active_runs, shape,
-       start_when, paused, parse_error
-FROM dag WHERE dag_id = :dag_id;
-
 -- name: dag_start_specs
 SELECT dag_id, file, schedule, timezone, start_date, end_date, catchup, max_active_runs, shape,
        start_when, paused, parse_error

@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from executor.states import TERMINAL
+from executor.states import RUN_TERMINAL, TERMINAL
 from executor.store import Row
 from executor.store.inspecting import INSTANCES_SHOWN, RUNS_PER_DAG, DagsPage, RunGraph, TaskDetail
 
@@ -251,7 +251,7 @@ def dags_page(data: DagsPage, w: Writes | None = None) -> tuple[str, bool]:
     live = False
     for d in data.dags:
         runs = data.runs.get(d["dag_id"], [])
-        live = live or any(r["state"] in ("QUEUED", "RUNNING") for r in runs)
+        live = live or any(r["state"] not in RUN_TERMINAL for r in runs)
         shown = schedule_shown(d)
         dag = (
             f'<span class="dag-id">{escape(d["dag_id"])}</span>'
@@ -334,7 +334,7 @@ def live_dags(data: DagsPage) -> dict[str, Any]:
     live = False
     for d in data.dags:
         runs = data.runs.get(d["dag_id"], [])
-        live = live or any(r["state"] in ("QUEUED", "RUNNING") for r in runs)
+        live = live or any(r["state"] not in RUN_TERMINAL for r in runs)
         word = "paused" if d["paused"] else "active"
         els[f"paused:{d['dag_id']}"] = {"cls": word, "text": word}
         lists[f"runs:{d['dag_id']}"] = [
@@ -370,7 +370,7 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
     now = data["now"]
     runs = data["runs"]
     waiting = data["waiting"]
-    live = any(r["state"] in ("RUNNING", "QUEUED") for r in runs)
+    live = any(r["state"] not in RUN_TERMINAL for r in runs)
     newest = runs[0]["run_id"] if runs else ""
     parts = [
         f'<h1>Runs <span data-k="newest" hidden>{escape(newest)}</span></h1>',
@@ -442,7 +442,7 @@ def live_index(data: dict[str, Any]) -> dict[str, Any]:
         els |= bar["els"]
         lists |= bar["lists"]
     waiting = data["waiting"]
-    live = any(r["state"] in ("RUNNING", "QUEUED") for r in runs)
+    live = any(r["state"] not in RUN_TERMINAL for r in runs)
     return {"live": live or any(waiting[s]["count"] for s in waiting), "els": els, "lists": lists}
 
 
@@ -529,7 +529,7 @@ def run_page(g: RunGraph, now: float, w: Writes | None = None) -> tuple[str, boo
     run_id = run["run_id"]
     end = run["ended_at"] or now
     actions = ""
-    if run["state"] in ("RUNNING", "QUEUED"):
+    if run["state"] not in RUN_TERMINAL:
         actions += action_form(w, "cancel", {"run_id": run_id}, "cancel run")
     if run["state"] == "FAILED":
         actions += action_form(w, "retry", {"run_id": run_id}, "retry failed tasks")
@@ -580,7 +580,7 @@ def run_page(g: RunGraph, now: float, w: Writes | None = None) -> tuple[str, boo
     parts.append(
         table(["task", "state", "attempt", "started", "duration", "detail"], rows, "tasks")
     )
-    return "".join(parts), run["state"] in ("RUNNING", "QUEUED")
+    return "".join(parts), run["state"] not in RUN_TERMINAL
 
 
 def _took(t: Row, now: float) -> str:
@@ -609,7 +609,7 @@ def live_run(g: RunGraph, now: float) -> dict[str, Any]:
             lists |= bar["lists"]
         else:
             els[f"sub:{tid}"] = {"text": graph.box_sub(t)}
-    return {"live": g.run["state"] in ("RUNNING", "QUEUED"), "els": els, "lists": lists}
+    return {"live": g.run["state"] not in RUN_TERMINAL, "els": els, "lists": lists}
 
 
 # -- a task ----------------------------------------------------------------------------

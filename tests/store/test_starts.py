@@ -94,7 +94,7 @@ async def test_catchup_creates_every_interval_once_and_queues_over_max_active(
         nonlocal most
         while True:
             most = max(most, (await runs_by_state(store)).get("RUNNING", 0))
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # the sampling period, not a wait for something
 
     watcher = asyncio.create_task(watch())
     oldest = min(await all_runs(store), key=lambda r: r["run_key"])

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from executor.states import RUN_TERMINAL
 from executor.store import Store
 from executor.worker import Worker
 
@@ -187,7 +188,7 @@ async def run_to_end(store: Store, run_id: str, timeout: float = 30.0, **worker_
 
     async def ended() -> bool:
         info = await store.run_info(run_id)
-        return info is not None and info["state"] not in ("RUNNING", "QUEUED")
+        return info is not None and info["state"] in RUN_TERMINAL
 
     await asyncio.wait_for(worker.run(until=ended), timeout)
     info = await store.run_info(run_id)
