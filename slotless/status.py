@@ -28,6 +28,7 @@ STALE_AFTER = 30.0
 
 STATE_STYLE = {
     "QUEUED": "dim cyan",
+    "CANCELLED": "dim red",
     "PENDING": "white",
     "RUNNING": "bold green",
     "SUCCESS": "green",

@@ -43,6 +43,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .st-UPSTREAM_FAILED { background: #ffccbc; border-color: #bf360c; color: #7a2408; }
 .st-SKIPPED { background: #f5f5f5; border-color: #bdbdbd; color: #757575;
               border-style: dotted; }
+.st-CANCELLED { background: #e0e0e0; border-color: #424242; color: #212121; }
 .legend { display: flex; flex-wrap: wrap; gap: .4em; margin: .4em 0 .8em; }
 .bar { display: flex; height: 10px; width: 220px; border-radius: 2px; overflow: hidden;
        background: #eceff1; border: 1px solid var(--line); }
@@ -96,6 +97,7 @@ a.sq:hover { outline: 2px solid #1d2330; outline-offset: 1px; }
 .sq.st-RUNNING { background: #1e88e5; border: 1px solid #0d47a1; }
 .sq.st-SUCCESS { background: #43a047; border: 1px solid #1b5e20; }
 .sq.st-FAILED { background: #e53935; border: 1px solid #7f0000; }
+.sq.st-CANCELLED { background: #9e9e9e; border: 1px solid #424242; }
 .log td.msg { white-space: pre-wrap; word-break: break-word; max-width: 80em; }
 .log tr.k-error td { background: #fff3f3; }
 .log tr.k-check td.msg { color: #4a126b; }

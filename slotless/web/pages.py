@@ -23,8 +23,9 @@ from .auth import Writes
 ALL_STATES = graph.STATE_ORDER
 # A run's states, as the DAGs page's squares draw them. QUEUED (a run waiting for its turn)
 # is drawn before any run is queued, so that the page is ready when runs start to queue.
-RUN_STATES = ("QUEUED", "RUNNING", "SUCCESS", "FAILED")
-RUN_MARK = {"QUEUED": "\u2026", "RUNNING": "\u25b6", "SUCCESS": "\u2713", "FAILED": "\u2717"}
+RUN_STATES = ("QUEUED", "RUNNING", "SUCCESS", "FAILED", "CANCELLED")
+RUN_MARK = {"QUEUED": "\u2026", "RUNNING": "\u25b6", "SUCCESS": "\u2713", "FAILED": "\u2717",
+            "CANCELLED": "\u2298"}  # fmt: skip
 
 
 # -- small pieces ----------------------------------------------------------------------
