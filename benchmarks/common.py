@@ -263,10 +263,13 @@ class ExchangeLog:
         exchange, create_run = Store.exchange, Store.create_run
         log = self
 
-        async def timed_exchange(self: Store, outcomes: Any, owner: str, limit: int) -> Any:
+        async def timed_exchange(
+            self: Store, outcomes: Any, owner: str, limit: int, *rest: Any, **kw: Any
+        ) -> Any:
             outcomes = list(outcomes)
             t0 = time.perf_counter()
-            claimed = await exchange(self, outcomes, owner, limit)
+            # rest, kw: the queues, the callbacks list
+            claimed = await exchange(self, outcomes, owner, limit, *rest, **kw)
             log.exchanges.append(
                 Exchange(
                     t0,

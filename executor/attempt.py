@@ -21,9 +21,10 @@ from functools import partial
 from typing import Any
 
 from . import sensing
+from .catalogue import DEFAULT_PARSE_TIMEOUT, parse_file
 from .context import TaskContext, TaskDeferred
 from .dag import DAG, SensorSpec, TaskSpec
-from .loader import load_dag
+from .loader import DagImportError, is_loaded, load_dag
 from .outcomes import (
     Deferred,
     Failed,
@@ -61,6 +62,7 @@ class Attempts:
         isolation: str,
         dags: dict[str, DAG],
         rand: Callable[[], float],
+        dag_import_timeout: float = DEFAULT_PARSE_TIMEOUT,
     ) -> None:
         if isolation not in ("thread", "process"):
             raise ValueError(f"unknown isolation {isolation!r}: use thread or process")
@@ -72,7 +74,9 @@ class Attempts:
         )
         self._dags_by_id = dags
         self._runs: dict[str, _RunInfo] = {}
+        self._run_locks: dict[str, asyncio.Lock] = {}
         self._rand = rand
+        self._dag_import_timeout = dag_import_timeout
 
     def shutdown(self) -> None:
         for runner in {self.runner, self.sensor_runner}:
@@ -183,6 +187,9 @@ class Attempts:
                     timeout=sensor.timeout,
                     soft_fail=sensor.soft_fail,
                 )
+            except sensing.TriggerTooLarge as exc:
+                # Checking it in the slot instead would copy it into every log line.
+                return refuse(row, owner, release, f"cannot defer: {exc}")
             except Exception as exc:
                 mode = "reschedule"
                 ctx.log(f"cannot defer ({exc}); falling back to reschedule mode")
@@ -225,6 +232,13 @@ class Attempts:
         o.logs = ctx.lines
         return o
 
+    async def run_dag(self, run_id: str) -> tuple[DAG | None, str, date | None, str | None]:
+        """The run's DAG as its attempts find it (the worker's, else its file), its id, its
+        logical date, and why it could not be loaded: for callbacks (executor/callbacks.py)."""
+        info = await self._run_info(run_id)
+        found = info.dag_id != "?"
+        return info.dag, info.dag_id, info.logical_date if found else None, info.problem
+
     async def _inputs(self, row: MovedTask, spec: TaskSpec) -> dict[str, Any]:
         source = spec.expand if row.map_index >= 0 else None
         if not any(p != source for p in spec.parents):
@@ -260,6 +274,32 @@ class Attempts:
         info = self._runs.get(run_id)
         if info is not None:
             return info
+        # One look per run, however many of its tasks were claimed at once.
+        lock = self._run_locks.setdefault(run_id, asyncio.Lock())
+        async with lock:
+            info = self._runs.get(run_id) or await self._read_run_info(run_id)
+        self._run_locks.pop(run_id, None)
+        return info
+
+    async def _import_dag(self, path: str, dag_id: str) -> DAG:
+        """Import a user's DAG file off the event loop, so that nothing it does at import
+        can stop the worker: it is tried first in a forked child with a time limit (which
+        catches ``sys.exit()``, ``os._exit()``, a crash and a hang), and only a file that
+        imported there is imported here, in a thread, under the same limit."""
+        timeout = self._dag_import_timeout
+        if not is_loaded(path, dag_id):
+            parsed = await parse_file(path, timeout)
+            if parsed.error is not None:
+                raise DagImportError(parsed.error)
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.to_thread(load_dag, path, dag_id)
+        except TimeoutError:
+            raise DagImportError(
+                f"cannot import {path}: did not finish within {timeout:g} s"
+            ) from None
+
+    async def _read_run_info(self, run_id: str) -> _RunInfo:
         run = await self.store.run_info(run_id)
         if run is None:
             info = _RunInfo(None, "?", date.today(), problem=f"run {run_id} not found")
@@ -269,7 +309,7 @@ class Attempts:
             problem = None
             if dag is None and run["dag_file"]:
                 try:
-                    dag = load_dag(run["dag_file"], run["dag_id"])
+                    dag = await self._import_dag(run["dag_file"], run["dag_id"])
                 except Exception as exc:
                     problem = f"cannot load DAG {run['dag_id']}: {exc}"
             elif dag is None:

@@ -5,16 +5,29 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any, Literal
 
 from triggers.base import BaseTrigger
+from triggers.people import NEEDS_ANSWER, PersonWait
 from triggers.registry import TriggerLoadError, is_allowed
 
 from .context import TaskContext
 from .durations import Duration, seconds
+from .notifications import (
+    ALERT_EVENTS,
+    BACKOFF_BASE,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    BadHook,
+    Callback,
+    Hooks,
+    NotifySpec,
+)
 from .params import Params, check_declared
+from .pools import PoolError, check_name
 from .rules import TriggerRule
+from .runpolicy import RunPolicy, failure_policy, time_of_day, timeout_seconds
 from .schedules import Schedule
 
 DEFAULT_MAP_CAP = 50_000
@@ -50,6 +63,9 @@ class SensorSpec:
     timeout: float = DEFAULT_SENSOR_TIMEOUT
     soft_fail: bool = False
     poke_interval: float | None = None
+    # A time of day (HH:MM:SS, the DAG's clock) by which the condition should have held:
+    # past it a "late" notice goes out once and the sensor keeps waiting (runpolicy.py).
+    expected_by: str | None = None
 
     @property
     def interval(self) -> float:
@@ -85,6 +101,14 @@ class TaskSpec:
     branch: bool = False
     sensor: SensorSpec | None = None
     methods: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    # Issue 14 (executor/pools.py): the pool whose slots it holds while RUNNING, and the
+    # queue of the workers that may run it.
+    pool: str = "default"
+    pool_slots: int = 1
+    queue: str = "default"
+    # on_failure / on_retry / on_success / on_sensor_timeout and notify= (the DAG's are
+    # the defaults): executor/notifications.py
+    hooks: Hooks = field(default_factory=Hooks)
 
     def method(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``fn`` as a resume point for ``ctx.defer(..., method=fn.__name__)``."""
@@ -148,6 +172,19 @@ class DAG:
         max_active_runs: int = 16,
         params: Params = None,
         start_when: BaseTrigger | None = None,
+        deadline: str | time | None = None,
+        dagrun_timeout: Duration | None = None,
+        on_task_failure: str = "continue",
+        on_failure: Callback | None = None,
+        on_retry: Callback | None = None,
+        on_success: Callback | None = None,
+        on_sensor_timeout: Callback | None = None,
+        on_run_failure: Callback | None = None,
+        on_run_success: Callback | None = None,
+        notify: NotifySpec = None,
+        callback_timeout: Duration = DEFAULT_TIMEOUT,
+        callback_retries: int = DEFAULT_RETRIES,
+        callback_retry_delay: Duration = BACKOFF_BASE,
     ) -> None:
         if not dag_id or not dag_id.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise DagError(f"invalid DAG id {dag_id!r}: use letters, digits, _ - .")
@@ -169,6 +206,28 @@ class DAG:
         self.max_active_runs = max_active_runs
         # A trigger whose event starts a run (its string fields may use {{ ds }}).
         self.start_when = _start_when(dag_id, start_when)
+        # When its runs must have ended, how long they may run, what a failed task does
+        # to them (executor/runpolicy.py; held by the triggerer: store/runwaits.py).
+        self.policy = _policy(dag_id, deadline, dagrun_timeout, on_task_failure, timezone)
+        # Callbacks and notify= URLs: the tasks' defaults and the run's own (docs/dag-patterns.md).
+        self.hooks = _hooks(
+            f"DAG {dag_id!r}",
+            {
+                "on_failure": on_failure,
+                "on_retry": on_retry,
+                "on_success": on_success,
+                "on_sensor_timeout": on_sensor_timeout,
+                "on_run_failure": on_run_failure,
+                "on_run_success": on_run_success,
+            },
+            notify,
+        )
+        # Each handler's bound, and how often a failed one is tried again (doubling delay).
+        self.callback_timeout = seconds(callback_timeout) or DEFAULT_TIMEOUT
+        if callback_retries < 0:
+            raise DagError(f"DAG {dag_id!r}: callback_retries must be >= 0")
+        self.callback_retries = callback_retries
+        self.callback_retry_delay = seconds(callback_retry_delay) or 0.0
         self.tasks: dict[str, TaskSpec] = {}
         self._consumers: tuple[int, dict[str, list[TaskSpec]]] | None = None
 
@@ -190,12 +249,25 @@ class DAG:
         map_cap: int | None = None,
         branch: bool = False,
         sensor: SensorSpec | None = None,
+        pool: str = "default",
+        pool_slots: int = 1,
+        queue: str = "default",
+        on_failure: Callback | None = None,
+        on_retry: Callback | None = None,
+        on_success: Callback | None = None,
+        on_sensor_timeout: Callback | None = None,
+        notify: NotifySpec = None,
     ) -> Any:
         """Declare a task; usable as ``@dag.task`` or ``@dag.task(parents=[...], retries=3)``.
 
         ``expand=upstream`` runs one instance per item of ``upstream``'s output (a list).
         ``branch=True`` makes the task's return value (a child id or list of ids) choose which
-        children run; the others end SKIPPED.
+        children run; the others end SKIPPED. ``pool="warehouse", pool_slots=1`` holds that
+        many of the pool's slots while RUNNING (``slotless pools set``); ``queue="gpu"`` runs
+        it only on workers serving that queue (``slotless worker --queues gpu``).
+        ``on_failure=fn`` (and on_retry, on_success, on_sensor_timeout) runs ``fn(ctx)`` in a
+        worker slot when that happens, and ``notify=`` sends to apprise URLs
+        (executor/notifications.py); unset, the DAG's apply.
         """
 
         def register(f: TaskFn | None) -> TaskSpec:
@@ -227,6 +299,17 @@ class DAG:
                     raise DagError(f"task {tid!r}: a mapped task cannot be a branch")
             if map_cap is not None and map_cap < 0:
                 raise DagError(f"task {tid!r}: map_cap must be >= 0")
+            _check_pool(tid, pool, pool_slots, queue)
+            hooks = _hooks(
+                f"task {tid!r}",
+                {
+                    "on_failure": on_failure,
+                    "on_retry": on_retry,
+                    "on_success": on_success,
+                    "on_sensor_timeout": on_sensor_timeout,
+                },
+                notify,
+            )
             spec = TaskSpec(
                 dag=self,
                 task_id=tid,
@@ -244,6 +327,10 @@ class DAG:
                 map_cap=map_cap,
                 branch=branch,
                 sensor=sensor,
+                pool=pool,
+                pool_slots=pool_slots,
+                queue=queue,
+                hooks=hooks,
             )
             self.tasks[tid] = spec
             return spec
@@ -259,6 +346,7 @@ class DAG:
         timeout: Duration = DEFAULT_SENSOR_TIMEOUT,
         soft_fail: bool = False,
         poke_interval: Duration | None = None,
+        expected_by: str | time | None = None,
         **options: Any,
     ) -> TaskSpec:
         """A task that waits until ``trigger``'s condition holds; its output is the event.
@@ -266,16 +354,33 @@ class DAG:
         String fields of the trigger may use ``{{ ds }}``, ``{{ ds_nodash }}``,
         ``{{ run_id }}``, ``{{ dag_id }}``, ``{{ task_id }}``; they are filled per run.
         After ``timeout`` the sensor fails with "sensor timeout", or ends SKIPPED if
-        ``soft_fail``.
+        ``soft_fail``. With ``expected_by="05:30"`` (a time of day on the DAG's clock, from
+        the run's logical date: executor/runpolicy.py), a "late" notice goes out once if
+        the condition has not held by then; the sensor keeps waiting until ``timeout``.
         """
         if mode not in ("poke", "reschedule", "deferrable"):
             raise DagError(f"sensor {task_id!r}: unknown mode {mode!r}")
+        if isinstance(trigger, PersonWait):
+            if mode != "deferrable":  # a person answers: there is nothing for a slot to check
+                raise DagError(
+                    f"sensor {task_id!r}: a person's wait is deferrable only, not {mode!r}"
+                )
+            options["notify"] = _with_needs_answer(options.get("notify"), trigger.notify)
+        if mode != "deferrable" and trigger.event_wait() is not None:
+            # An event is pushed, never polled: there is nothing for a slot to check.
+            raise DagError(f"sensor {task_id!r}: an event wait is deferrable only, not {mode!r}")
+        try:
+            late = None if expected_by is None else time_of_day("expected_by", expected_by)
+            timeout_s = seconds(timeout) or 0.0
+        except ValueError as exc:
+            raise DagError(f"DAG {self.dag_id!r}: sensor {task_id!r}: {exc}") from None
         spec = SensorSpec(
             trigger=trigger,
             mode=mode,
-            timeout=seconds(timeout) or 0.0,
+            timeout=timeout_s,
             soft_fail=soft_fail,
             poke_interval=seconds(poke_interval),
+            expected_by=late,
         )
         return self.task(None, task_id=task_id, sensor=spec, **options)
 
@@ -345,12 +450,52 @@ def _schedule(
         raise DagError(f"DAG {dag_id!r}: {exc}") from None
 
 
+def _with_needs_answer(notify: Any, urls: Sequence[str]) -> Any:
+    """A person's wait tells ``urls`` when it begins (the ``needs_answer`` event), beside
+    whatever ``notify=`` the task declares itself."""
+    if not urls:
+        return notify
+    if notify is None:
+        per_event: dict[str, Any] = {}
+    elif isinstance(notify, str | list | tuple):
+        listed = [notify] if isinstance(notify, str) else list(notify)
+        per_event = dict.fromkeys(sorted(ALERT_EVENTS), listed)
+    else:
+        per_event = dict(notify)
+    per_event[NEEDS_ANSWER] = list(urls)
+    return per_event
+
+
+def _policy(
+    dag_id: str,
+    deadline: str | time | None,
+    dagrun_timeout: Duration | None,
+    on_task_failure: str,
+    timezone: str,
+) -> RunPolicy:
+    """The run policy, checked at declaration: a DagError names the DAG and the field."""
+    try:
+        return RunPolicy(
+            on_task_failure=failure_policy(on_task_failure),
+            deadline=None if deadline is None else time_of_day("deadline", deadline),
+            dagrun_timeout=timeout_seconds(dagrun_timeout),
+            timezone=timezone,
+        )
+    except ValueError as exc:
+        raise DagError(f"DAG {dag_id!r}: {exc}") from None
+
+
 def _start_when(dag_id: str, trigger: BaseTrigger | None) -> BaseTrigger | None:
     """The start condition, checked at declaration as the triggerer will load it."""
     if trigger is None:
         return None
     if not isinstance(trigger, BaseTrigger):
         raise DagError(f"DAG {dag_id!r}: start_when must be a trigger, not {trigger!r}")
+    if trigger.event_wait() is not None:
+        raise DagError(
+            f"DAG {dag_id!r}: start_when cannot be an event wait (yet): start runs from "
+            "another system with POST /api/v1/dags/{dag}/runs (docs/api.md)"
+        )
     classpath = trigger.classpath()
     if not is_allowed(classpath):
         raise DagError(
@@ -362,6 +507,26 @@ def _start_when(dag_id: str, trigger: BaseTrigger | None) -> BaseTrigger | None:
     except (KeyError, ValueError, TriggerLoadError) as exc:
         raise DagError(f"DAG {dag_id!r}: start_when: {exc}") from None
     return trigger
+
+
+def _check_pool(tid: str, pool: object, pool_slots: object, queue: object) -> None:
+    """The names' spelling and the slot count, at declaration; whether the pool and the
+    queue exist is the store's to say (executor/store/pools.py)."""
+    try:
+        check_name("pool", pool)
+        check_name("queue", queue)
+    except PoolError as exc:
+        raise DagError(f"task {tid!r}: {exc}") from None
+    if not isinstance(pool_slots, int) or isinstance(pool_slots, bool) or pool_slots < 1:
+        raise DagError(f"task {tid!r}: pool_slots must be a whole number >= 1, not {pool_slots!r}")
+
+
+def _hooks(owner: str, callbacks: dict[str, Callback | None], notify: NotifySpec) -> Hooks:
+    """Declared callbacks and notify= URLs, checked now: an invalid URL is named here."""
+    try:
+        return Hooks.declare(owner, callbacks, notify)
+    except BadHook as exc:
+        raise DagError(str(exc)) from None
 
 
 def _ref(p: ParentRef) -> str:

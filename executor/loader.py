@@ -18,6 +18,11 @@ class DagImportError(RuntimeError):
 _cache: dict[tuple[str, str | None], DAG] = {}
 
 
+def is_loaded(path: str | Path, dag_id: str | None = None) -> bool:
+    """True if :func:`load_dag` has this DAG cached (it would not import the file again)."""
+    return (str(Path(path).resolve()), dag_id) in _cache
+
+
 def load_dag(path: str | Path, dag_id: str | None = None, *, cached: bool = True) -> DAG:
     """Import ``path`` and return its DAG (the one named ``dag_id`` if it holds several).
 

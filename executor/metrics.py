@@ -31,7 +31,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .states import State
@@ -199,7 +199,37 @@ class StoreCollector(Collector):
                 if now - r["seen_at"] <= TRIGGERER_LIVE_AFTER
             ),
         )
-        return [runs, tasks, oldest, ratio, unowned, triggerers]
+        return [runs, tasks, oldest, ratio, unowned, triggerers, *await _pools(store)]
+
+
+async def _pools(store: Store) -> list[Metric]:
+    """Issue 14: each pool's size, slots in use and tasks ready; queues nobody serves."""
+    size = GaugeMetricFamily(
+        "slotless_pool_slots", "Slots of each pool (the default pool is unlimited: +Inf)",
+        labels=["pool"],
+    )  # fmt: skip
+    used = GaugeMetricFamily(
+        "slotless_pool_slots_used", "Slots of each pool held by RUNNING tasks", labels=["pool"]
+    )
+    ready = GaugeMetricFamily(
+        "slotless_pool_tasks_ready",
+        "Tasks of each pool ready to run (claimable now; held back when the pool is full)",
+        labels=["pool"],
+    )
+    for p in await store.pools():
+        size.add_metric([p.name], float("inf") if p.slots is None else p.slots)
+        used.add_metric([p.name], p.used)
+        ready.add_metric([p.name], p.ready)
+    workers = GaugeMetricFamily(
+        "slotless_queue_workers", "Live workers serving each queue", labels=["queue"]
+    )
+    queued = GaugeMetricFamily(
+        "slotless_queue_tasks_ready", "Tasks of each queue ready to run", labels=["queue"]
+    )
+    for q in await store.queues():
+        workers.add_metric([q.name], q.workers)
+        queued.add_metric([q.name], q.ready)
+    return [size, used, ready, workers, queued]
 
 
 class WorkerMetrics:
@@ -233,6 +263,7 @@ class WorkerMetrics:
         info = Gauge("slotless_worker_info", "This worker's id", ["worker_id"], registry=registry)
         info.labels(worker.worker_id).set(1)
         worker.on_exchange = self.on_exchange
+        registry.register(_WorkerLiveness(worker))
 
     def on_exchange(self, recorded: list[Outcome], claimed: list[Any]) -> None:
         if claimed:
@@ -243,6 +274,26 @@ class WorkerMetrics:
                 self.slot_seconds.labels(o.slot.kind).inc(
                     max(0.0, o.slot.ended_at - o.slot.started_at)
                 )
+
+
+class _WorkerLiveness(Collector):
+    """Counts the worker keeps itself (liveness, issue 16)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "slotless_worker_lost_workers",
+            "Other workers found dead by their liveness lock, whose attempts this one took back",
+            self.worker.lost_workers,
+        )
+        yield CounterMetricFamily(
+            "slotless_worker_attempts_lost",
+            "Attempts of this worker found taken back when it heartbeat (after a pause, a "
+            "network cut, a cancel): stopped where the slot can be (process isolation)",
+            self.worker.attempts_lost,
+        )
 
 
 def store_registry(store: Store) -> tuple[CollectorRegistry, StoreCollector]:

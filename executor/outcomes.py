@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
+from triggers.events import EventWait
+
 
 class Kind(StrEnum):
     """The label of each outcome class (the ``slotless_attempts_total`` metric's ``kind``)."""
@@ -31,6 +33,8 @@ class Deferral:
     wait_started_at: float
     timeout_at: float | None
     soft_fail: bool = False
+    event: EventWait | None = None  # an event wait: settled by events, never loaded
+    person: bool = False  # a person's wait: settled by the answer, never loaded
 
 
 @dataclass(slots=True)

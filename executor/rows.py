@@ -65,6 +65,7 @@ class MovedTask(_FromRow):
     wait_started_at: float | None
     owner: str | None
     started_at: float | None
+    hooks: int  # events with handlers (executor/notifications.py): a callback row each
 
 
 @_typed
@@ -106,3 +107,6 @@ class TaskRow(_FromRow):
     soft_fail: int
     wait_started_at: float | None
     wait_timeout_at: float | None
+    pool: str  # issue 14: executor/pools.py
+    pool_slots: int
+    queue: str

@@ -16,6 +16,9 @@ from typing import Any
 
 from triggers.base import BaseTrigger, TriggerEvent, shard_of
 from triggers.checking import CheckContext, ExternalStates, check_once
+from triggers.events import check_name
+from triggers.limits import MAX_SERIALIZED_BYTES
+from triggers.people import PersonWait
 from triggers.registry import is_allowed, load_trigger
 
 from .context import TaskContext
@@ -34,6 +37,16 @@ def template_values(ctx: TaskContext) -> dict[str, str]:
     }
 
 
+# A wait's serialized trigger kwargs are copied into its trigger row, read by every full
+# reload and held while it is checked: a deferral above this is refused (docs/writing-triggers.md).
+# The same bound as an event's payload (triggers/limits.py).
+MAX_TRIGGER_KWARGS = MAX_SERIALIZED_BYTES
+
+
+class TriggerTooLarge(ValueError):
+    """A trigger whose serialized kwargs exceed :data:`MAX_TRIGGER_KWARGS`: the task fails."""
+
+
 def deferral(
     trigger: BaseTrigger,
     *,
@@ -48,8 +61,18 @@ def deferral(
     if not is_allowed(classpath):
         raise ValueError(f"trigger class {classpath} is not allow-listed")
     kwargs_json = json.dumps(kwargs, sort_keys=True)
+    size = len(kwargs_json.encode())
+    if size > MAX_TRIGGER_KWARGS:
+        raise TriggerTooLarge(
+            f"trigger {classpath} serializes to {size} bytes of kwargs, over the limit of "
+            f"{MAX_TRIGGER_KWARGS} bytes (64 KiB): pass a reference (a path, a key), not the data"
+        )
     load_trigger(classpath, kwargs_json)  # what the triggerer will do: fail here, not there
     poke_hash = trigger.poke_hash()  # a sha256 of the dumped context: once, not per use
+    event = trigger.event_wait()
+    person = isinstance(trigger, PersonWait)
+    if event is not None:
+        check_name(event.name)  # a template may have rendered it into a bad one
     return Deferral(
         classpath=classpath,
         kwargs_json=kwargs_json,
@@ -61,6 +84,8 @@ def deferral(
         wait_started_at=wait_started_at,
         timeout_at=None if timeout is None else wait_started_at + timeout,
         soft_fail=soft_fail,
+        event=event,
+        person=person,
     )
 
 

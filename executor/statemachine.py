@@ -19,10 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import notifications
+from .notifications import after_run, after_transition
 from .rows import MovedTask, TaskRow
 from .rules import Counts, Decision, aggregate, decide
+from .runpolicy import OnTaskFailure
 from .states import RUN_TERMINAL, TERMINAL, RunState, State, check_transition
-from .store.db import Tx
+from .store import runwaits
+from .store.db import Row, Tx
 
 Message = str | Mapping[int, str]
 
@@ -122,15 +126,33 @@ async def transition(
 
 
 async def transition_run(
-    tx: Tx, run_id: str, expected: RunState, new: RunState, *, now: float
+    tx: Tx, run_id: str, expected: RunState, new: RunState, *, now: float, why: str | None = None
 ) -> bool:
-    """Move a run from ``expected`` to ``new`` (compare-and-set); whether it moved."""
+    """Move a run from ``expected`` to ``new`` (compare-and-set); whether it moved. ``why``
+    is kept on the run (``state_reason``: a pause, a fail_fast, a cancel, a timeout).
+
+    The run's time waits follow its state (executor/store/runwaits.py): an ended run's are
+    dropped; a run that starts RUNNING arms its dagrun_timeout, and one reopened after it
+    ended also its deadline and late waits still ahead."""
     check_transition(expected, new)
     ended = now if new in RUN_TERMINAL else None
     moved = await tx.fetchone(
         "cas_run", new=new.value, ended_at=ended, run_id=run_id, expected=expected.value
     )
-    return moved is not None
+    if moved is None:
+        return False
+    if moved["hooks"]:
+        await after_run(tx, run_id, new.value, moved["hooks"], now)  # on_run_* callbacks
+    # A reason is kept until the run moves on: reopened or resumed, it says why (or nothing).
+    if why is not None or (new is RunState.RUNNING and expected is not RunState.QUEUED):
+        await tx.execute("set_run_reason", reason=why, run_id=run_id)
+    timed = moved["deadline_at"] is not None or moved["timeout_s"] or moved["late_at"]
+    if timed and new in RUN_TERMINAL:
+        await runwaits.disarm_runs(tx, [run_id])
+    elif timed and new is RunState.RUNNING and expected is not RunState.PAUSED:
+        reopened = expected in RUN_TERMINAL  # its deadline and late waits were dropped
+        await runwaits.arm(tx, runwaits.waits_of(moved, now, times=reopened, timeout=True), now)
+    return True
 
 
 async def retry_or_fail(
@@ -144,14 +166,23 @@ async def retry_or_fail(
     why: str,
     delay: float | None = None,
     expect_owner: str | None = None,
+    queued_since: float | None = None,
 ) -> list[MovedTask]:
     """A failed attempt: RETRYING (claimable after ``delay``) while attempts are left, else
-    FAILED. Task errors, lost workers and broken triggers all end up here."""
+    FAILED. Task errors, lost workers and broken triggers all end up here.
+
+    ``queued_since`` (a lost worker's attempt, not the task's fault: its run's creation):
+    claimable at once and ordered as if ready since then, so it goes back to the head of
+    its run's queue instead of behind everything that became runnable since (claims are
+    first come, first served by ``ready_at``)."""
     if attempt < max_attempts:
         suffix = "; will retry" if delay is None else f"; retrying in {delay:.1f} s"
+        ready_at = now + (delay or 0.0)
+        if queued_since is not None:
+            ready_at = min(ready_at, queued_since)
         return await transition(
             tx, [row_id], expected, State.RETRYING, now=now, message=why + suffix,
-            ready_at=now + (delay or 0.0), attempt_delta=1, expect_owner=expect_owner,
+            ready_at=ready_at, attempt_delta=1, expect_owner=expect_owner,
         )  # fmt: skip
     return await transition(
         tx, [row_id], expected, State.FAILED, now=now, message=why, expect_owner=expect_owner
@@ -207,6 +238,8 @@ async def _cas(
                 for row in changed
             ],
         )
+        # on_failure / on_retry / ... : a callback row per event, in this transaction.
+        await after_transition(tx, changed, new.value, message, now)
     return changed
 
 
@@ -228,20 +261,45 @@ async def _settle_batch(
 ) -> list[tuple[MovedTask, State]]:
     follow: list[tuple[MovedTask, State]] = []
 
-    # 1. Run bookkeeping: a run ends when its last unmapped task does.
+    # 1. Run bookkeeping: a run ends when its last unmapped task does. Lock order: the run's
+    # row here, before any child's counters (3.), in every completion of the run, so two
+    # completions queue on it instead of deadlocking (tests/e2e/test_database_restarts.py).
     per_run: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    failed: dict[str, MovedTask] = {}  # run -> a task of it that FAILED (its policy acts)
     for row, state in ended:
+        if state is State.FAILED:
+            failed.setdefault(row.run_id, row)
         if row.map_index < 0:
             acc = per_run[row.run_id]
             acc[0] += 1
             if row.is_leaf and state in (State.FAILED, State.UPSTREAM_FAILED):
                 acc[1] += 1
     freed: set[str] = set()  # DAGs a run of which ended: a queued run may start
+    runs: dict[str, Row] = {}
     for run_id, (done, leaves_failed) in per_run.items():
         left = await tx.fetchone(
             "run_tasks_done", done=done, leaves_failed=leaves_failed, run_id=run_id
         )
-        if left is not None and left["tasks_unfinished"] <= 0:
+        if left is not None:
+            runs[run_id] = left
+    # The run's failure policy, at a failed task of a RUNNING run (fail_fast's own stops,
+    # a cancel's, come after the run left RUNNING: nothing again).
+    paused: set[str] = {r for r, left in runs.items() if left["state"] == RunState.PAUSED}
+    for run_id, row in failed.items():
+        info = runs.get(run_id) or await tx.fetchone("run_policy", run_id=run_id)
+        if info is None or info["state"] != RunState.RUNNING:
+            continue
+        policy = info["on_task_failure"]
+        if policy == OnTaskFailure.FAIL_FAST:
+            why = f"fail_fast: {_named(row)} failed"
+            follow.extend(await _stop_run(tx, run_id, RunState.RUNNING, RunState.FAILED,
+                                          why=why, now=now))  # fmt: skip
+            freed.add(info["dag_id"])
+        elif policy == OnTaskFailure.PAUSE:
+            await _pause(tx, run_id, row, now)
+            paused.add(run_id)
+    for run_id, left in runs.items():
+        if left["tasks_unfinished"] <= 0:
             ended_as = RunState.FAILED if left["leaves_failed"] else RunState.SUCCESS
             if await transition_run(tx, run_id, RunState.RUNNING, ended_as, now=now):
                 freed.add(left["dag_id"])
@@ -282,13 +340,106 @@ async def _settle_batch(
 
     # 3. Unmapped tasks report to their children, whose trigger rules then decide.
     # A leaf has no edge to follow: skip the statement (one database round trip each).
+    # A PAUSED run starts nothing: its endings are counted when it resumes (resume_run).
     for row, state in ended:
-        if row.map_index < 0 and not row.is_leaf:
+        if row.map_index < 0 and not row.is_leaf and row.run_id not in paused:
             children = await tx.fetch(
                 "bump_children", **_state_flags(state), run_id=row.run_id, parent=row.task_id
             )
             follow.extend(await _decide(tx, TaskRow.all(children), now))
     return follow
+
+
+def _named(row: MovedTask) -> str:
+    return row.task_id if row.map_index < 0 else f"{row.task_id}[{row.map_index}]"
+
+
+async def stop_run(
+    tx: Tx, run_id: str, expected: RunState, new: RunState, *, why: str, now: float
+) -> list[MovedTask]:
+    """End a run ``new`` (CANCELLED by an operator or its dagrun_timeout, FAILED by
+    fail_fast) and stop what it has not ended: waits and pending work SKIPPED (each wait
+    released to the triggerers, which drop it within a second), a running attempt FAILED
+    (its worker's heartbeat finds it taken back and stops it where it can; its report is
+    discarded). Returns the tasks it moved; their consequences are settled."""
+    ended = await _stop_run(tx, run_id, expected, new, why=why, now=now)
+    await _settle(tx, ended, now)
+    return [row for row, _ in ended]
+
+
+async def _stop_run(
+    tx: Tx, run_id: str, expected: RunState, new: RunState, *, why: str, now: float
+) -> list[tuple[MovedTask, State]]:
+    if not await transition_run(tx, run_id, expected, new, now=now, why=why):
+        return []
+    # Locked on PostgreSQL: a claim racing this is waited for, then stopped as RUNNING.
+    rows = await tx.fetch("unfinished_tasks_locked", run_id=run_id)
+    moves: dict[tuple[State, State], list[int]] = defaultdict(list)
+    for r in rows:
+        old = State(r["state"])
+        # A running attempt FAILED; the rest (waits, pending work, and a mapped task's
+        # template, which runs no attempt of its own) SKIPPED.
+        attempt = old is State.RUNNING and not (r["map_index"] < 0 and r["expand_from"])
+        moves[(old, State.FAILED if attempt else State.SKIPPED)].append(r["id"])
+    ended: list[tuple[MovedTask, State]] = []
+    trigger_of = {r["id"]: r["trigger_id"] for r in rows}
+    # Each a compare-and-set: a row that ended meanwhile keeps how it ended. The skips
+    # first: settled in this order, a failed attempt does not fail its children upstream.
+    for (old, to), ids in sorted(moves.items(), key=lambda m: m[0][1] is State.FAILED):
+        moved = await _cas(tx, ids, old, to, now=now, message=why)
+        ended += [(m, to) for m in moved]
+        if old is State.DEFERRED:
+            await release_waits(tx, [(m.id, trigger_of[m.id]) for m in moved], now)
+    return ended
+
+
+async def release_waits(tx: Tx, waits: Sequence[tuple[int, int | None]], now: float) -> None:
+    """Tell the triggerers that these waits ended ((task row, trigger id) pairs), so they
+    drop them within a second instead of at their next full reload."""
+    rows = [{"task_row": i, "trigger_id": t, "now": now} for i, t in waits if t is not None]
+    await tx.executemany("release_waits", rows)
+
+
+async def _pause(tx: Tx, run_id: str, row: MovedTask, now: float) -> None:
+    """on_task_failure="pause": the run stops starting tasks and waits for a person. What
+    runs, retries or waits goes on to its end; the endings are counted at resume."""
+    why = f"paused: {_named(row)} failed (on_task_failure=pause); resume or clear it"
+    if await transition_run(tx, run_id, RunState.RUNNING, RunState.PAUSED, now=now, why=why):
+        await tx.execute("hold_ready", run_id=run_id)
+        # Told once per pause: the compare-and-set above moved it once.
+        await notifications.record(
+            tx, notifications.RUN_PAUSED, run_id=run_id, now=now, task_row=row.id,
+            task_id=row.task_id, attempt=row.attempt, message=why,
+        )  # fmt: skip
+
+
+async def resume_run(tx: Tx, run_id: str, now: float, *, why: str) -> bool:
+    """A PAUSED run goes on: RUNNING again, its waiting tasks counted anew from their
+    parents' states and decided by their rules; if nothing is left, it ends as its tasks
+    did. Whether it was paused (a compare-and-set: two resumes resume once)."""
+    if not await transition_run(tx, run_id, RunState.PAUSED, RunState.RUNNING, now=now, why=why):
+        return False
+    held = TaskRow.all(await tx.fetch("held_tasks", run_id=run_id))
+    instances = [r.id for r in held if r.map_index >= 0]  # their rule is their template's
+    if instances:
+        await tx.execute("mark_ready", now=now, ids=instances)
+    waiting = [r.id for r in held if r.map_index < 0]
+    if waiting:
+        await tx.execute("recount_parents", ids=waiting)
+        await evaluate(tx, TaskRow.all(await tx.fetch("tasks_by_id", ids=waiting)), now)
+    await end_if_done(tx, run_id, now)
+    return True
+
+
+async def end_if_done(tx: Tx, run_id: str, now: float) -> None:
+    """End a RUNNING run none of whose tasks is left (as its last task would have)."""
+    await tx.execute("recount_run", run_id=run_id)
+    left = await tx.fetchone("run_info", run_id=run_id)
+    if left is None or left["state"] != RunState.RUNNING or left["tasks_unfinished"] > 0:
+        return
+    ended_as = RunState.FAILED if left["leaves_failed"] else RunState.SUCCESS
+    if await transition_run(tx, run_id, RunState.RUNNING, ended_as, now=now):
+        await start_queued(tx, left["dag_id"], now)
 
 
 async def start_queued(tx: Tx, dag_id: str, now: float) -> None:
@@ -380,6 +531,9 @@ async def _expand(tx: Tx, tpl: TaskRow, now: float) -> list[tuple[MovedTask, Sta
                 "map_total": len(items),
                 "expand_from": source,
                 "now": now,
+                "pool": tpl.pool,
+                "pool_slots": tpl.pool_slots,
+                "queue": tpl.queue,
             }
             for i, item in enumerate(items)
         ],

@@ -72,10 +72,13 @@ ALLOWED = {state: ALLOWED[state] | _OPERATOR[state] for state in State}
 
 class RunState(StrEnum):
     """A run's states: QUEUED (created over its DAG's max_active_runs, nothing claimable)
-    -> RUNNING -> SUCCESS or FAILED when its last task ends; CANCELLED by an operator."""
+    -> RUNNING -> SUCCESS or FAILED when its last task ends; CANCELLED by an operator (or
+    its dagrun_timeout); PAUSED at its first failed task under ``on_task_failure="pause"``
+    (nothing new starts until ``slotless resume`` or ``clear``: it needs a person)."""
 
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -83,10 +86,15 @@ class RunState(StrEnum):
 
 RUN_TERMINAL = frozenset({RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED})
 
-# An ended run goes back to RUNNING when an operator clears some of its tasks.
+# An ended run goes back to RUNNING when an operator clears some of its tasks. A run
+# PAUSED by its failure policy goes on (RUNNING) when resumed or cleared, or is cancelled
+# (by an operator or its dagrun_timeout); fail_fast ends a RUNNING run FAILED at once.
 RUN_ALLOWED: dict[RunState, frozenset[RunState]] = {
     RunState.QUEUED: frozenset({RunState.RUNNING, RunState.CANCELLED}),
-    RunState.RUNNING: frozenset({RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED}),
+    RunState.RUNNING: frozenset(
+        {RunState.SUCCESS, RunState.FAILED, RunState.CANCELLED, RunState.PAUSED}
+    ),
+    RunState.PAUSED: frozenset({RunState.RUNNING, RunState.CANCELLED}),
     RunState.SUCCESS: frozenset({RunState.RUNNING}),
     RunState.FAILED: frozenset({RunState.RUNNING}),
     RunState.CANCELLED: frozenset({RunState.RUNNING}),

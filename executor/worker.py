@@ -5,7 +5,10 @@ attempt that finished meanwhile and claim as many tasks as there are free slots;
 each in a slot (:mod:`executor.attempt` turns a row into an outcome); sleep until a slot
 frees, the database signals new work (PostgreSQL LISTEN/NOTIFY) or the poll interval
 passes. Beside it, a housekeeper heartbeats in-flight rows and takes back the rows of
-workers that died.
+workers that died: at once when a worker's liveness lock is released (its process is
+gone: executor/store/liveness.py), after ``stale_after`` when it only stopped
+heartbeating (hung, cut off). A worker that wakes from a pause heartbeats before anything
+else and stops the attempts it lost (a forked child is killed; a thread cannot be).
 """
 
 from __future__ import annotations
@@ -18,17 +21,24 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .attempt import Attempts
+from .callbacks import Deliveries
+from .catalogue import DEFAULT_PARSE_TIMEOUT
 from .dag import DAG
-from .outcomes import Deferred, Outcome, SlotInterval
+from .outcomes import Deferred, Failed, Outcome, SlotInterval
+from .pools import DEFAULT
 from .rows import MovedTask
 from .store import Store
+from .store.callbacks import CallbackRow
 from .store.db import TASKS_CHANNEL
+from .store.faults import Backoff, is_transient, split_apart
 
 log = logging.getLogger("slotless.worker")
+
+HOUSEKEEPING_TICK = 0.25  # how soon a worker notices that it was paused
 
 
 class Worker:
@@ -43,25 +53,45 @@ class Worker:
         poll_interval: float = 0.5,
         heartbeat_interval: float = 5.0,
         stale_after: float = 30.0,
+        liveness_every: float = 1.0,
         rand: Callable[[], float] = random.random,
         on_defer: Callable[[], None] | None = None,
+        queues: Sequence[str] = (DEFAULT,),
+        dag_import_timeout: float = DEFAULT_PARSE_TIMEOUT,
     ) -> None:
         self.store = store
         self.slots = slots
+        # Issue 14: only tasks of these queues are claimed (executor/pools.py).
+        self.queues = tuple(queues)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self._attempts = Attempts(
-            store, slots=slots, isolation=isolation, dags=dict(dags or {}), rand=rand
-        )
+            store, slots=slots, isolation=isolation, dags=dict(dags or {}), rand=rand,
+            dag_import_timeout=dag_import_timeout,
+        )  # fmt: skip
         self._poll = poll_interval
         self._heartbeat_every = heartbeat_interval
         self._stale_after = stale_after
+        self._liveness_every = liveness_every
+        self.liveness = store.db.liveness()
+        self.lost_workers = 0  # workers found dead whose attempts we took back (metrics)
+        self.attempts_lost = 0  # our attempts found taken back (we were paused or cut off)
         self._on_defer = on_defer  # e.g. wake an in-process triggerer at once
+        # Callback rows take the slots no task took (executor/callbacks.py).
+        self._deliveries = Deliveries(store, self._attempts)
+        self._callbacks_in_flight: dict[int, str] = {}  # callback row id -> claim owner
+        self._claimed_callbacks: list[CallbackRow] = []
         self._free = list(range(slots - 1, -1, -1))  # slot numbers, popped from the end
         self._in_flight: dict[int, str] = {}  # row id -> claim owner, until flushed
+        self._running: set[int] = set()  # rows whose attempt is in a slot (no outcome yet)
         self._done: list[Outcome] = []
         self._wake = asyncio.Event()
         self._stopping = False
         self._claims = 0
+        self._backoff = Backoff("worker: recording attempts and claiming", log)
+        # When this worker last failed to reach the database. Nobody could heartbeat during
+        # an outage, so right after one every heartbeat looks stale: reaping waits until
+        # the other workers have had stale_after seconds to heartbeat again.
+        self._db_failed_at = -float("inf")
         self.completed = 0
         # Called after each exchange with (outcomes recorded, rows claimed): the metrics.
         self.on_exchange: Callable[[list[Outcome], list[MovedTask]], None] | None = None
@@ -78,8 +108,13 @@ class Worker:
     async def run(self, until: Callable[[], Awaitable[bool]] | None = None) -> None:
         """Serve until :meth:`stop` is called (or ``until()`` returns true)."""
         tasks: set[asyncio.Task[Any]] = set()
+        # Before the first claim under our id: the others judge it by this lock and row.
+        await self.liveness.hold(self.worker_id)
+        await self.store.worker_beat(self.worker_id)
         housekeeper = asyncio.create_task(self._housekeeper())
         listener = asyncio.create_task(self._listen())
+        watcher = asyncio.create_task(self._watch_workers())
+        announcer = asyncio.create_task(self._announce())
         try:
             while True:
                 if until is not None and not self._stopping and await until():
@@ -92,9 +127,19 @@ class Worker:
                         task = asyncio.create_task(self._run_one(row, self._free.pop()))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
+                    for cb in self._claimed_callbacks:
+                        task = asyncio.create_task(self._deliver(cb, self._free.pop()))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                    self._claimed_callbacks = []
                 # Every attempt claimed is reported (a thread past its execution timeout may
                 # still hold its slot: it cannot be stopped, so do not wait for it).
-                if self._stopping and not self._in_flight and not self._done:
+                if (
+                    self._stopping
+                    and not self._in_flight
+                    and not self._done
+                    and not self._callbacks_in_flight
+                ):
                     break
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
                 with contextlib.suppress(TimeoutError):
@@ -103,8 +148,15 @@ class Worker:
         finally:
             housekeeper.cancel()
             listener.cancel()
-            await asyncio.gather(housekeeper, listener, return_exceptions=True)
+            watcher.cancel()
+            announcer.cancel()
+            await asyncio.gather(housekeeper, listener, watcher, announcer, return_exceptions=True)
             self._attempts.shutdown()
+            with contextlib.suppress(Exception):  # else its rows expire by themselves
+                await self.store.leave_queues(self.worker_id)
+            with contextlib.suppress(Exception):
+                await self.store.worker_leave(self.worker_id)
+            await self.liveness.close()
 
     async def _exchange(self, limit: int) -> list[MovedTask]:
         """Report what finished and claim up to ``limit`` tasks, in one transaction."""
@@ -112,40 +164,110 @@ class Worker:
         owner = f"{self.worker_id}#{self._claims}"
         self._claims += 1
         try:
-            claimed = await self.store.exchange(batch, owner, limit)
-        except Exception:
-            log.exception("could not record %d attempts / claim; will retry", len(batch))
-            self._done[:0] = batch
-            await asyncio.sleep(self._poll)
-            return []
+            callbacks: list[CallbackRow] = []  # any worker delivers them, whatever its queues
+            claimed = await self.store.exchange(
+                batch, owner, limit, self.queues, callbacks=callbacks
+            )
+        except Exception as exc:
+            if is_transient(exc):
+                self._db_failed_at = time.monotonic()
+            if not batch or is_transient(exc) or not await self._record_apart(batch):
+                # The database is away (restart, lost connection, a lock): nothing recorded,
+                # keep the batch and retry it with backoff; no task fails for this.
+                self._done[:0] = batch
+                await asyncio.sleep(self._backoff.failed(exc))
+                return []
+            claimed, callbacks = [], []  # that exchange was rolled back: nothing claimed
+        else:
+            self._backoff.succeeded()
         for o in batch:
             self._in_flight.pop(o.row_id, None)
         if self._on_defer is not None and any(isinstance(o, Deferred) for o in batch):
             self._on_defer()
         for row in claimed:
             self._in_flight[row.id] = owner
+        for cb in callbacks:
+            self._callbacks_in_flight[cb.id] = owner
+        self._claimed_callbacks = callbacks
         self.completed += len(batch)
         if self.on_exchange is not None:
             self.on_exchange(batch, claimed)
         return claimed
 
+    async def _record_apart(self, batch: list[Outcome]) -> bool:
+        """A batch failed with a deterministic error: record it in halves until the outcomes
+        that fail alone are found, and fail their tasks with the error, so that one bad row
+        does not hold back the others for ever. False if the database went away meanwhile
+        (then the whole batch is retried: recording an outcome twice changes nothing)."""
+
+        async def record(part: Sequence[Outcome]) -> None:
+            await self.store.exchange(part, "", 0)
+
+        try:
+            bad = await split_apart(batch, record)
+            for o, err in bad:
+                why = f"could not record this attempt's outcome: {type(err).__name__}: {err}"
+                log.error("task row %s: %s", o.row_id, why)
+                failed = Failed(
+                    row_id=o.row_id, owner=o.owner, attempt=o.attempt,
+                    max_attempts=o.attempt, run_id=o.run_id, message=why, slot=o.slot,
+                )  # fmt: skip
+                try:
+                    await self.store.exchange([failed], "", 0)
+                except Exception:
+                    # Dropped from in-flight below: no more heartbeats, so the reaper
+                    # retries or fails it per its policy after stale_after.
+                    log.exception("task row %s: cannot record its failure either", o.row_id)
+        except Exception as exc:
+            if is_transient(exc):
+                return False
+            raise
+        return True
+
     async def _run_one(self, row: MovedTask, slot: int) -> None:
         owner = self._in_flight[row.id]
+        self._running.add(row.id)
         release = asyncio.Event()
         started = time.time()
-        try:
-            outcome = await self._attempts.run(row, owner, release)
-        except Exception as exc:  # a bug of ours must fail the attempt, not the worker
-            log.exception("worker error on task row %s", row.id)
-            release.set()
-            outcome = self._attempts.failed(row, owner, f"worker error: {exc!r}")
+        backoff = Backoff(f"worker: preparing task row {row.id}", log)
+        while True:
+            try:
+                outcome = await self._attempts.run(row, owner, release)
+                break
+            except Exception as exc:
+                if is_transient(exc) and not self._stopping:
+                    self._db_failed_at = time.monotonic()
+                    # A read before the task's code ran (its run, its inputs) met a database
+                    # restart: try again, never fail the task for it. (The task's own code
+                    # reports its errors in its outcome, not here.)
+                    await asyncio.sleep(backoff.failed(exc))
+                    continue
+                # A bug of ours must fail the attempt, not the worker.
+                log.exception("worker error on task row %s", row.id)
+                release.set()
+                outcome = self._attempts.failed(row, owner, f"worker error: {exc!r}")
+                break
+        backoff.succeeded()
         kind = outcome.slot_kind or ("resume" if row.next_method else "execute")
         outcome.slot = SlotInterval(self.worker_id, slot, kind, started, time.time())
+        self._running.discard(row.id)
         self._done.append(outcome)
         self._wake.set()
         await release.wait()
         self._free.append(slot)
         self._wake.set()
+
+    async def _deliver(self, row: CallbackRow, slot: int) -> None:
+        """A callback row in a slot: its handlers run there, bounded by their timeout."""
+        release = asyncio.Event()
+        try:
+            await self._deliveries.deliver(row, self._callbacks_in_flight[row.id], release)
+        finally:
+            self._callbacks_in_flight.pop(row.id, None)
+            self._wake.set()
+            await release.wait()
+            self._free.append(slot)
+            self._wake.set()
 
     async def _listen(self) -> None:
         """Cut the idle wait short when the database signals claimable tasks.
@@ -154,30 +276,109 @@ class Worker:
         interval does the work.
         """
         wait = getattr(self.store.db, "wait", None)
+        backoff = Backoff("worker: waiting for notifications (polling meanwhile)", log)
         while wait is not None:
             try:
                 if await wait(TASKS_CHANNEL, 60.0):
                     self._wake.set()
-            except Exception:
-                log.exception("waiting for notifications failed; polling meanwhile")
-                await asyncio.sleep(self._poll)
+                backoff.succeeded()
+            except Exception as exc:
+                await asyncio.sleep(max(self._poll, backoff.failed(exc)))
+
+    async def _announce(self) -> None:
+        """Keep this worker's queues in the store's registry (``queue_worker``), so that
+        status can name a queue no live worker serves: renewed every heartbeat interval,
+        valid for ``stale_after`` (a worker killed without leaving expires by then)."""
+        backoff = Backoff("worker: renewing its queues", log)  # an outage logged once
+        while True:
+            try:
+                await self.store.serve_queues(
+                    self.worker_id, self.queues, self.slots, self._stale_after
+                )
+                backoff.succeeded()
+            except Exception as exc:
+                backoff.failed(exc)
+            await asyncio.sleep(self._heartbeat_every)
 
     async def _housekeeper(self) -> None:
         last_reap = 0.0
+        last_beat = last_tick = time.monotonic()
+        backoff = Backoff("worker: heartbeating its tasks", log)
         while True:
-            await asyncio.sleep(self._heartbeat_every)
+            await asyncio.sleep(min(HOUSEKEEPING_TICK, self._heartbeat_every))
+            now = time.monotonic()
+            # A tick far later than asked: this process was paused (SIGSTOP, a long GC,
+            # a frozen VM). Its attempts may have been taken back meanwhile: ask first.
+            paused = now - last_tick > max(1.0, self._heartbeat_every)
+            if paused:
+                log.warning(
+                    "worker %s was paused for %.1f s: checking which attempts are still its",
+                    self.worker_id, now - last_tick,
+                )  # fmt: skip
+            last_tick = now
+            if not paused and now - last_beat < self._heartbeat_every:
+                continue
+            last_beat = now
             by_owner: dict[str, list[int]] = {}
             for row_id, owner in list(self._in_flight.items()):
                 by_owner.setdefault(owner, []).append(row_id)
+            callbacks: dict[str, list[int]] = {}
+            for cb_id, owner in list(self._callbacks_in_flight.items()):
+                callbacks.setdefault(owner, []).append(cb_id)
             try:
                 for owner, ids in by_owner.items():
                     held = set(await self.store.heartbeat(owner, ids))
                     # Taken back meanwhile (cancelled, cleared with force, reaped): stop
                     # the attempt where the slot can (a process); its report is discarded.
-                    self._attempts.stop([i for i in ids if i not in held])
-                if time.monotonic() - last_reap >= self._stale_after / 2:
+                    # Not held and still in a slot: an attempt that ended meanwhile (its
+                    # report may have committed before this heartbeat) is not lost.
+                    lost = [i for i in ids if i not in held and i in self._running]
+                    if lost:
+                        self.attempts_lost += len(lost)
+                        log.warning(
+                            "worker %s no longer holds %d attempts (taken back: reaped after "
+                            "a pause, cancelled or cleared): stopping them", owner, len(lost)
+                        )  # fmt: skip
+                        self._attempts.stop(lost)
+                for owner, ids in callbacks.items():
+                    await self.store.heartbeat_callbacks(owner, ids)
+                await self.store.worker_beat(self.worker_id)
+                recovered = time.monotonic() - self._db_failed_at >= self._stale_after
+                if recovered and time.monotonic() - last_reap >= self._stale_after / 2:
                     last_reap = time.monotonic()
-                    if await self.store.reap(self._stale_after):
+                    reaped = await self.store.reap(self._stale_after)
+                    if reaped:
+                        log.warning(
+                            "took back %d attempts of workers that stopped heartbeating "
+                            "for %g s (hung, or cut off)", reaped, self._stale_after
+                        )  # fmt: skip
+                    if reaped + await self.store.reap_callbacks(self._stale_after):
                         self._wake.set()
-            except Exception:
-                log.exception("heartbeat failed; will try again")
+                backoff.succeeded()
+            except Exception as exc:
+                if is_transient(exc):
+                    self._db_failed_at = time.monotonic()
+                await asyncio.sleep(min(backoff.failed(exc), self._heartbeat_every))
+
+    async def _watch_workers(self) -> None:
+        """Take back at once the attempts of a worker whose liveness lock was released."""
+        backoff = Backoff("worker: watching the other workers' liveness", log)
+        while True:
+            await asyncio.sleep(self._liveness_every)
+            try:
+                others = await self.store.other_workers(self.worker_id)
+                dead = set(others) - await self.liveness.alive(others)
+                for worker_id in sorted(dead):
+                    taken = await self.store.reap_worker(
+                        worker_id, "its process is gone (liveness lock released)"
+                    )
+                    self.lost_workers += 1
+                    log.warning(
+                        "worker %s is gone (its liveness lock was released): took back its "
+                        "%d attempts without waiting for stale_after", worker_id, taken
+                    )  # fmt: skip
+                    if taken:
+                        self._wake.set()
+                backoff.succeeded()
+            except Exception as exc:
+                await asyncio.sleep(min(backoff.failed(exc), self._liveness_every))

@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from executor.loader import DagImportError
 from executor.schedules import Interval
-from executor.states import RunState
+from executor.states import RUN_TERMINAL, RunState
 from executor.store import Store
 from executor.store.backfills import Backfilled
 from executor.store.starts import StartSpec
@@ -43,7 +43,8 @@ from .trigger import catalogued
 # insert half a million runs; a longer backfill is several commands.
 MAX_INTERVALS = 10_000
 POLL = 0.5  # seconds between two reads of the runs' states
-ENDED = frozenset({RunState.SUCCESS, RunState.FAILED})
+# CANCELLED too: an operator's cancel, or a run past its dagrun_timeout.
+ENDED = RUN_TERMINAL
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 err = Console(stderr=True)

@@ -28,13 +28,18 @@ from executor.catalogue import (
 )
 from executor.dag import DagError
 from executor.loader import DagImportError, load_dag
-from executor.states import RUN_TERMINAL
+from executor.pools import DEFAULT as DEFAULT_QUEUE
+from executor.pools import parse_queues
+from executor.states import RUN_TERMINAL, RunState
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store import UnknownBackend as _UnknownBackend
 from executor.store.catalogue import UnknownDag
 from executor.worker import Worker
 
 from .control import add_commands as add_control_commands
+from .events import add_commands as add_event_commands
+from .pools import add_commands as add_pool_commands
+from .respond import add_commands as add_respond_commands
 from .schedule_shown import schedule_shown
 
 USER_ERRORS = (
@@ -117,7 +122,15 @@ def _parser() -> argparse.ArgumentParser:
         "--stale-after",
         type=float,
         default=30.0,
-        help="seconds without heartbeat after which a worker counts as dead",
+        help="seconds without heartbeat after which a hung worker counts as dead (a killed "
+        "one is noticed within a second or so: its liveness lock is released)",
+    )
+    worker.add_argument(
+        "--queues",
+        default="default",
+        metavar="Q1,Q2",
+        help="claim only tasks of these queues (default: default); declare others with "
+        "slotless queues add",
     )
     _metrics_opts(worker)
     _dags_opts(worker)
@@ -129,7 +142,39 @@ def _parser() -> argparse.ArgumentParser:
         "--lease-ttl",
         type=float,
         default=15.0,
-        help="seconds after which a silent triggerer's shards are taken over",
+        help="seconds after which a hung triggerer's shards are taken over (a killed one's "
+        "are taken within a second or so: its liveness lock is released)",
+    )
+    trig.add_argument(
+        "--reconcile-every",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="full reconcile with the rows, and orphan repair, this often (default 60)",
+    )
+    trig.add_argument(
+        "--event-retention",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="how long events are kept, e.g. 7d (the default), 12h, 90s",
+    )
+    trig.add_argument(
+        "--cleanup-every",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how often orphan trigger rows and old events are deleted",
+    )
+    # Push sources (docs/operations.md, "Push instead of polling").
+    trig.add_argument(
+        "--push-safety-interval",
+        type=float,
+        default=300.0,
+        help="seconds between polls of a wait whose push source is live (missed pushes)",
+    )
+    trig.add_argument(
+        "--push", action="store_true", help="wake waits from push sources (inotify, SQS, NOTIFY)"
     )
     _metrics_opts(trig)
     _dags_opts(trig)
@@ -273,6 +318,9 @@ def _parser() -> argparse.ArgumentParser:
     back.set_defaults(func=cmd_backfill)
 
     add_control_commands(sub, db_opt)
+    add_event_commands(sub, db_opt)
+    add_respond_commands(sub, db_opt)
+    add_pool_commands(sub, db_opt)
 
     bench = sub.add_parser(
         "bench",
@@ -286,7 +334,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-BENCHES = ("slots", "capacity", "dedup", "fanout", "throughput", "schedules")
+BENCHES = ("slots", "capacity", "dedup", "fanout", "throughput", "schedules", "events")
 
 
 async def cmd_bench(args: argparse.Namespace) -> int:
@@ -331,6 +379,17 @@ def _slots(text: str) -> int:
     return n
 
 
+def _duration(text: str) -> float:
+    from executor.durations import seconds
+
+    try:
+        value = seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert value is not None
+    return value
+
+
 def _date(text: str) -> date:
     try:
         return date.fromisoformat(text)
@@ -356,6 +415,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
             dags={dag.dag_id: dag},
             poll_interval=0.05,
             on_defer=triggerer.poke,
+            # This process runs the whole DAG: every queue it names (issue 14).
+            queues=sorted({DEFAULT_QUEUE} | {t.queue for t in dag.tasks.values()}),
         )
         ended = asyncio.Event()
         view = None
@@ -391,18 +452,24 @@ async def cmd_run(args: argparse.Namespace) -> int:
             )
         else:
             _summary(run_id, info, tasks, await store.mapped_counts(run_id))
+            if info["state"] == RunState.PAUSED:
+                print(f"{info['state_reason']}\ngo on with: slotless resume {run_id}")
         return 0 if info["state"] == "SUCCESS" else 1
     finally:
         await store.close()
 
 
 async def _watch(store: Store, run_id: str, worker: Worker) -> None:
-    """Stop the worker once the run has ended."""
+    """Stop the worker once the run has ended (or paused: on_task_failure="pause", it waits
+    for a person) and its callbacks and notifications were delivered or given up (they are
+    retried with backoff: docs/dag-patterns.md); what it holds is finished first."""
     while True:
         info = await store.run_info(run_id)
-        if info is None or info["state"] in RUN_TERMINAL:
-            worker.stop()
-            return
+        if info is None or info["state"] in RUN_TERMINAL or info["state"] == RunState.PAUSED:
+            callbacks = await store.run_callbacks(run_id)
+            if all(c["state"] in ("DONE", "FAILED") for c in callbacks):
+                worker.stop()
+                return
         await asyncio.sleep(0.25)
 
 
@@ -426,7 +493,13 @@ def _summary(run_id: str, info: Any, tasks: list[Any], mapped: dict[str, dict[st
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    queues = parse_queues(args.queues)
     store = await open_store(args.db)
+    try:
+        await store.check_queues(queues)
+    except Exception:
+        await store.close()
+        raise
     worker = Worker(
         store,
         slots=args.slots,
@@ -434,6 +507,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         heartbeat_interval=args.heartbeat_interval,
         stale_after=args.stale_after,
+        queues=queues,
+        dag_import_timeout=args.parse_timeout,
     )
     _on_signals(worker.stop)
     try:
@@ -453,7 +528,19 @@ async def cmd_triggerer(args: argparse.Namespace) -> int:
     from triggerer.service import Triggerer, TriggererConfig
 
     store = await open_store(args.db)
-    config = TriggererConfig(lease_ttl=args.lease_ttl, lease_every=max(0.2, args.lease_ttl / 5))
+    if args.push_safety_interval <= 0:
+        print("slotless triggerer: --push-safety-interval must be > 0", file=sys.stderr)
+        return 2
+    config = TriggererConfig(
+        lease_ttl=args.lease_ttl,
+        lease_every=max(0.2, args.lease_ttl / 5),
+        reload_every=args.reconcile_every,
+        cleanup_every=args.cleanup_every,
+        push=args.push,
+        push_safety_interval=args.push_safety_interval,
+    )
+    if args.event_retention is not None:
+        config.event_retention = args.event_retention
     triggerer = Triggerer(store, config=config)
     _on_signals(triggerer.stop)
     try:
@@ -499,7 +586,9 @@ def _token_opt(sp: argparse.ArgumentParser) -> None:
         "--token",
         default=None,
         help="let an operator who signs in with this token pause and trigger DAGs from the web "
-        "page (default: $SLOTLESS_UI_TOKEN; without one the page is read-only). The "
+        "page, and allow writes through the JSON API (Authorization: Bearer TOKEN); a "
+        "comma-separated list of NAME:TOKEN pairs names who wrote (default: "
+        "$SLOTLESS_UI_TOKEN; without one the page and the API are read-only). The "
         "environment variable keeps it out of the process list",
     )
 

@@ -1,4 +1,5 @@
-"""``slotless clear | mark | cancel | retry``: an operator's actions on a run, from the shell.
+"""``slotless clear | mark | cancel | retry | resume``: an operator's actions on a run, from
+the shell.
 
 Each command is one call of the store's run control (:mod:`executor.store.control`), the
 same the web page makes; it prints one line saying what changed (or one JSON object with
@@ -39,7 +40,18 @@ def add_commands(sub: Any, db_opt: Any) -> None:
     cancel.add_argument("run_id", metavar="RUN")
     retry = sub.add_parser("retry", help="clear every FAILED and UPSTREAM_FAILED task of a run")
     retry.add_argument("run_id", metavar="RUN")
-    for name, sp in (("clear", clear), ("mark", mark), ("cancel", cancel), ("retry", retry)):
+    resume = sub.add_parser(
+        "resume", help="go on with a run PAUSED by on_task_failure=pause (its failed tasks rerun)"
+    )
+    resume.add_argument("run_id", metavar="RUN")
+    resume.add_argument(
+        "--no-retry",
+        action="store_true",
+        help="keep the failures: they reach their children by trigger rule, as with continue",
+    )
+    commands = (("clear", clear), ("mark", mark), ("cancel", cancel), ("retry", retry),
+                ("resume", resume))  # fmt: skip
+    for name, sp in commands:
         sp.add_argument("--reason", default="", metavar="TEXT", help="kept in the tasks' logs")
         sp.add_argument("--json", action="store_true", help="print one JSON object")
         db_opt(sp)
@@ -70,6 +82,10 @@ async def control_command(args: argparse.Namespace) -> int:
             )  # fmt: skip
         elif action == "cancel":
             done = await store.cancel(args.run_id, who=who, reason=args.reason)
+        elif action == "resume":
+            done = await store.resume(
+                args.run_id, retry_failed=not args.no_retry, who=who, reason=args.reason
+            )
         else:
             done = await store.retry(args.run_id, who=who, reason=args.reason)
     finally:
@@ -78,7 +94,8 @@ async def control_command(args: argparse.Namespace) -> int:
         print(json.dumps({"run_id": done.run_id, "run_state": done.run_state, "tasks": done.tasks}))
     else:
         what = {"clear": "cleared", "mark": f"marked {getattr(args, 'outcome', '')}",
-                "cancel": "cancelled", "retry": "cleared"}[action]  # fmt: skip
+                "cancel": "cancelled", "retry": "cleared",
+                "resume": "resumed; cleared"}[action]  # fmt: skip
         tasks = ", ".join(done.tasks) if done.tasks else "no task"
         print(f"{done.run_id}: {what} {tasks}; the run is {done.run_state}")
     return 0

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from executor.store import Row, Store, open_store
-from triggers.base import SHARDS
+from triggers.base import SHARDS, clip
 
 WAITING = ("DEFERRED", "SENSING", "RETRYING")
 # A triggerer whose heartbeat is older than this is shown as stale (two default lease TTLs).
@@ -28,6 +28,7 @@ STALE_AFTER = 30.0
 
 STATE_STYLE = {
     "QUEUED": "dim cyan",
+    "PAUSED": "bold black on yellow",  # a person must resume or clear it
     "CANCELLED": "dim red",
     "PENDING": "white",
     "RUNNING": "bold green",
@@ -92,6 +93,9 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> di
             }
         )
     owned = sum(len(v) for v in held.values())
+    pools = await store.pools()
+    queues = await store.queues()
+    held_back = await store.held_back_tasks(limit)
     return {
         "now": now,
         "runs_by_state": await store.run_states(),
@@ -104,14 +108,57 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> di
                 "created_at": r["created_at"],
                 "ended_at": r["ended_at"],
                 "tasks": counts,
+                "reason": r["state_reason"],
             }
             for r, counts in runs
         ],
+        "attention": [attention(r) for r in await store.runs_needing_attention(limit)],
         "tasks_by_state": await store.live_task_states(),
         "waiting": waiting,
         "triggerers": triggerers,
         "shards": {"total": len(leases) or SHARDS, "unowned": (len(leases) or SHARDS) - owned},
+        # Issue 14: pools in use, queues and who serves them, and ready tasks they hold back.
+        "pools": [
+            {"name": p.name, "slots": p.slots, "used": p.used, "ready": p.ready} for p in pools
+        ],
+        "queues": [
+            {
+                "name": q.name,
+                "declared": q.declared,
+                "workers": q.workers,
+                "slots": q.slots,
+                "ready": q.ready,
+                "served": q.workers > 0,
+            }
+            for q in queues
+        ],
+        "held_back": [
+            {
+                "run_id": r["run_id"],
+                "task_id": r["task_id"],
+                "map_index": r["map_index"],
+                "state": r["state"],
+                "pool": r["pool"],
+                "queue": r["queue"],
+                "waits_for": why,
+                "for_seconds": round(max(0.0, now - (r["ready_at"] or now)), 3),
+            }
+            for r, why in held_back
+        ],
     }
+
+
+def attention(r: Row) -> dict[str, Any]:
+    """A run a person must look at, and what to do about it."""
+    if r["state"] == "PAUSED":
+        why = r["state_reason"] or "paused"
+        todo = f"slotless resume {r['run_id']}  (or clear its failed tasks, or cancel it)"
+    else:
+        due = datetime.fromtimestamp(r["deadline_at"]).strftime("%Y-%m-%d %H:%M:%S")
+        why = f"missed its deadline {due}; still {r['state']}"
+        todo = "it goes on running; see what holds it up"
+    return {"run_id": r["run_id"], "dag_id": r["dag_id"], "state": r["state"], "why": why,
+            "todo": todo}  # fmt: skip
 
 
 def waiting_task(r: Row, now: float) -> dict[str, Any]:
@@ -145,13 +192,13 @@ def waiting_task(r: Row, now: float) -> dict[str, Any]:
         if state == "DEFERRED":
             lease_live = r["lease_owner"] is not None and (r["lease_expires_at"] or 0) >= now
             out.update(
-                waits_for=r["description"] or r["classpath"] or "(trigger row missing)",
+                waits_for=clip(r["description"] or r["classpath"] or "(trigger row missing)"),
                 trigger={
                     "id": r["trigger_id"],
                     "classpath": r["classpath"],
                     "poke_hash": r["poke_hash"],
                     "shard": r["shard"],
-                    "description": r["description"],
+                    "description": r["description"] and clip(r["description"]),
                 },
                 checked_by=r["lease_owner"] if lease_live else None,
                 resumes_at=r["next_method"],
@@ -238,6 +285,14 @@ def render(data: dict[str, Any], console: Console) -> None:
             states_text(r["tasks"]),
         )
     console.print(runs)
+    if data["attention"]:
+        need = Table(title="needs attention", title_justify="left", title_style="bold yellow")
+        for col in ("run", "state", "why", "what to do"):
+            need.add_column(col)
+        for a in data["attention"]:
+            mark = Text(a["state"], style=STATE_STYLE.get(a["state"], ""))
+            need.add_row(a["run_id"], mark, a["why"], a["todo"])
+        console.print(need)
 
     titles = {
         "DEFERRED": "DEFERRED: waiting in the triggerer (healthy while within its timeout)",
@@ -284,6 +339,8 @@ def render(data: dict[str, Any], console: Console) -> None:
             table.caption = f"the {len(w['tasks'])} longest of {w['count']} shown (--limit)"
         console.print(table)
 
+    _render_pools(data, console)
+
     trig = Table(title="triggerers", title_justify="left")
     for col in ("triggerer", "shards", "heartbeat age", "triggers held", "loop lag p99"):
         trig.add_column(col)
@@ -312,6 +369,45 @@ def render(data: dict[str, Any], console: Console) -> None:
                 style="bold red",
             )
         )
+
+
+def _render_pools(data: dict[str, Any], console: Console) -> None:
+    """Pools in use, queues nobody serves, and the ready tasks they hold back (issue 14)."""
+    limited = [p for p in data["pools"] if p["slots"] is not None]
+    if limited:
+        table = Table(title="pools", title_justify="left")
+        for col in ("pool", "used", "ready"):
+            table.add_column(col)
+        for p in data["pools"]:
+            size = "unlimited" if p["slots"] is None else str(p["slots"])
+            full = p["slots"] is not None and p["used"] >= p["slots"]
+            table.add_row(
+                p["name"], Text(f"{p['used']}/{size}", style="bold yellow" if full else ""),
+                str(p["ready"]),
+            )  # fmt: skip
+        console.print(table)
+    for q in data["queues"]:
+        if q["ready"] and not q["served"]:
+            console.print(
+                Text(
+                    f"queue {q['name']}: {q['ready']} task(s) ready, no live worker serves it "
+                    f"(slotless worker --queues {q['name']})",
+                    style="bold red",
+                )
+            )
+    held = data["held_back"]
+    if held:
+        table = Table(
+            title=f"HELD BACK: ready, waiting for a pool or a queue - {len(held)}",
+            title_justify="left",
+        )
+        table.add_column("task / run", overflow="fold", ratio=3)
+        table.add_column("for", justify="right", no_wrap=True)
+        table.add_column("waits for", overflow="fold", ratio=4)
+        for t in held:
+            name = Text(task_name(t)).append(f"\n{t['run_id']}", style="dim")
+            table.add_row(name, human_seconds(t["for_seconds"]), t["waits_for"])
+        console.print(table)
 
 
 _FAILED = re.compile(r"^attempt \d+ of \d+ failed: (.*?)(; retrying in [\d.]+ s)?$", re.DOTALL)

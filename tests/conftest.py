@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support.helpers import FakeClock
+from support.receivers import http_receiver, smtp_receiver  # noqa: F401  (fixtures)
 
 from executor.store import Store, open_store
 

@@ -1,15 +1,29 @@
-"""The triggerer's memory: one entry per distinct check, and a heap of due times.
+"""The triggerer's memory: one compact record per distinct check, and a heap of due times.
 
-No coroutine per trigger: a check is a small object (the trigger, its subscribers, when
-it is due) and a heap entry, so 100,000 waits cost memory, not scheduler work.
+No coroutine per trigger: a check is a small record (its trigger class and validated
+kwargs, its subscribers, when it is due) and a heap entry, so a million waits cost
+memory, not scheduler work. Memory per wait is a budget (1 KiB at a million), so:
+
+* the trigger's pydantic model is not held: a row's kwargs are validated when it loads,
+  and the record keeps the class and the kwargs' JSON (equal JSON shared); the model is
+  rebuilt (~2 us) only while the check runs (:meth:`Check.model`), then let go;
+* a check with one subscriber (the common case) holds it directly, a dict only from two;
+* intervals are interned, and heap entries are ``(due, poke_hash)`` pairs that share
+  their float and str with the record: an entry costs its tuple alone, and no entry
+  refers to a tracked object, so the heap adds nothing to garbage-collection work.
+
+After a load the records are frozen out of the collector's generations
+(:func:`freeze_held`), so a full collection never walks the held waits.
 """
 
 from __future__ import annotations
 
+import gc
 import heapq
-import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 from triggers.base import BaseTrigger
 
@@ -22,37 +36,159 @@ class Subscriber:
     resumable: bool
 
 
-@dataclass(slots=True, eq=False)
+_INTERVALS: dict[float, float] = {}
+
+
+def _interned(interval: float) -> float:
+    """One float object per distinct interval (a million waits share a few)."""
+    if len(_INTERVALS) > 4096:  # intervals are few; a flood of odd ones is not kept
+        return interval
+    return _INTERVALS.setdefault(interval, interval)
+
+
 class Check:
-    poke_hash: str
-    trigger: BaseTrigger
-    shard: int
-    subscribers: dict[int, Subscriber] = field(default_factory=dict)
-    interval: float = 60.0
-    due: float = 0.0
-    seq: int = 0  # of its current heap entry; older entries are stale
-    checks: int = 0
-    failures: int = 0
-    running: bool = False
-    last_result: str = ""
+    """One distinct check: what to check, who waits on it, when it is due next."""
+
+    __slots__ = (
+        "_model",
+        "_subs",
+        "checks",
+        "cls",
+        "due",
+        "failures",
+        "interval",
+        "kwargs",
+        "last_result",
+        "poke_hash",
+        "running",
+        "shard",
+    )
+
+    def __init__(
+        self,
+        poke_hash: str,
+        trigger: BaseTrigger | tuple[type[BaseTrigger], str],
+        shard: int,
+        *,
+        interval: float = 60.0,
+    ) -> None:
+        self.poke_hash = poke_hash
+        if isinstance(trigger, BaseTrigger):
+            self.cls: type[BaseTrigger] = type(trigger)
+            self.kwargs: str = trigger.model_dump_json()
+        else:
+            self.cls, self.kwargs = trigger
+        self.shard = shard
+        self._subs: Subscriber | dict[int, Subscriber] | None = None
+        self.interval = _interned(interval)
+        self.due = 0.0
+        self.checks = 0
+        self.failures = 0
+        self.running = False
+        # What the last check said, to log a change at once: the interval for "not yet"
+        # (a shared float, no new string per check), the line of a failure.
+        self.last_result: object = None
+        self._model: BaseTrigger | None = None
+
+    # -- the trigger, only while it is checked ------------------------------------------
+
+    def model(self) -> BaseTrigger:
+        """The trigger object, rebuilt from the validated kwargs and kept until
+        :meth:`release` (the runner calls it once the result is settled)."""
+        if self._model is None:
+            self._model = self._build()
+        return self._model
+
+    def _build(self) -> BaseTrigger:
+        try:
+            return self.cls.model_validate_json(self.kwargs)
+        except ValueError:  # the JSON mode refused what the load accepted: as loaded
+            return self.cls.model_validate(json.loads(self.kwargs))
+
+    def release(self) -> None:
+        self._model = None
+
+    @property
+    def trigger(self) -> BaseTrigger:
+        """The trigger object (rebuilt when it is not being checked: a copy)."""
+        return self._model if self._model is not None else self._build()
+
+    # -- subscribers ----------------------------------------------------------------------
+
+    @property
+    def subscribers(self) -> Mapping[int, Subscriber]:
+        """task row -> subscriber (read-only: change them through the table)."""
+        subs = self._subs
+        if subs is None:
+            return {}
+        if isinstance(subs, Subscriber):
+            return {subs.task_row: subs}
+        return subs
+
+    def subscriber(self, task_row: int) -> Subscriber | None:
+        subs = self._subs
+        if isinstance(subs, Subscriber):
+            return subs if subs.task_row == task_row else None
+        return None if subs is None else subs.get(task_row)
+
+    def _add(self, sub: Subscriber) -> None:
+        subs = self._subs
+        if subs is None or (isinstance(subs, Subscriber) and subs.task_row == sub.task_row):
+            self._subs = sub
+        elif isinstance(subs, Subscriber):
+            self._subs = {subs.task_row: subs, sub.task_row: sub}
+        else:
+            subs[sub.task_row] = sub
+
+    def _remove(self, task_row: int) -> None:
+        subs = self._subs
+        if isinstance(subs, Subscriber):
+            if subs.task_row == task_row:
+                self._subs = None
+        elif subs is not None:
+            subs.pop(task_row, None)
+            if len(subs) == 1:
+                (self._subs,) = subs.values()
+            elif not subs:
+                self._subs = None
 
     def recompute_interval(self) -> None:
         """Shortest interval any subscriber asked for."""
-        if self.subscribers:
-            self.interval = min(s.interval for s in self.subscribers.values())
+        subs = self.subscribers
+        if subs:
+            self.interval = min(s.interval for s in subs.values())
+
+
+class CheckWatcher(Protocol):
+    """What the push layer (triggerer/push.py) hears from the table, and its one say."""
+
+    def added(self, check: Check) -> None: ...
+
+    def removed(self, check: Check) -> None: ...
+
+    def next_check(self, check: Check, now: float) -> float | None:
+        """When a check that said "not yet" is due next; None: its own interval."""
+        ...
 
 
 class CheckTable:
     """poke_hash -> Check, plus the schedule of due checks."""
 
     def __init__(self) -> None:
+        # The push layer, told when a distinct check is first held and when it is let go.
+        self.watcher: CheckWatcher | None = None
         self.by_hash: dict[str, Check] = {}
         self.by_row: dict[int, Check] = {}
-        # Entries name their check by poke_hash, not by reference: a tuple of a float, an
-        # int and a str is untracked by the garbage collector, so 100,000 entries add
-        # nothing to the full collections that would otherwise stall the loop.
-        self._heap: list[tuple[float, int, str]] = []
-        self._seq = itertools.count()
+        # Entries name their check by poke_hash, not by reference: a tuple of a float and
+        # a str is untracked by the garbage collector. An entry is current while its due
+        # time is its check's (a rescheduled check leaves a stale entry, skipped on pop).
+        self._heap: list[tuple[float, str]] = []
+        # While a load holds them, the first due times of new checks wait here: the
+        # checker sees a load's checks together, not split by the moments it looked.
+        self._holding = False
+        self._held: list[tuple[float, str]] = []
+        # Called with each check that leaves the table (a held run() is stopped then).
+        self.on_forget: Callable[[Check], None] | None = None
 
     def __len__(self) -> int:
         return len(self.by_hash)
@@ -62,64 +198,183 @@ class CheckTable:
         return len(self.by_row)
 
     def subscribe(
-        self, poke_hash: str, trigger: BaseTrigger, shard: int, sub: Subscriber, now: float
+        self,
+        poke_hash: str,
+        trigger: BaseTrigger | tuple[type[BaseTrigger], str],
+        shard: int,
+        sub: Subscriber,
+        now: float,
+        *,
+        first_at: float | None = None,
     ) -> Check:
+        """Add ``sub`` to the check of ``poke_hash`` (created if new, first due at
+        ``first_at``, else the trigger's ``first_check_at(now)``)."""
+        sub.interval = _interned(sub.interval)
         check = self.by_hash.get(poke_hash)
         if check is None:
             check = Check(poke_hash, trigger, shard, interval=sub.interval)
+            if first_at is None:
+                first_at = (
+                    trigger if isinstance(trigger, BaseTrigger) else check.trigger
+                ).first_check_at(now)
             self.by_hash[poke_hash] = check
-            self.schedule(check, trigger.first_check_at(now))
-        check.subscribers[sub.task_row] = sub
+            self._schedule_new(check, first_at)
+            if self.watcher is not None:
+                self.watcher.added(check)
+        check._add(sub)
         self.by_row[sub.task_row] = check
         if sub.interval < check.interval:
             check.interval = sub.interval
             # A newcomer in a hurry: check no later than its own interval from now.
             if check.due > now + sub.interval and not check.running:
-                self.schedule(check, trigger.next_check_at(now, sub.interval))
+                model = trigger if isinstance(trigger, BaseTrigger) else check.trigger
+                self._schedule_new(check, model.next_check_at(now, sub.interval))
         return check
+
+    def _schedule_new(self, check: Check, at: float) -> None:
+        if self._holding:
+            check.due = at
+            self._held.append((at, check.poke_hash))
+        else:
+            self.schedule(check, at)
 
     def unsubscribe(self, task_row: int) -> None:
         check = self.by_row.pop(task_row, None)
         if check is None:
             return
-        check.subscribers.pop(task_row, None)
-        if not check.subscribers:
-            self.by_hash.pop(check.poke_hash, None)
+        check._remove(task_row)
+        if check._subs is None:
+            if self.by_hash.get(check.poke_hash) is check:
+                del self.by_hash[check.poke_hash]
+                self._forgotten(check)
         else:
             check.recompute_interval()
 
     def drop(self, check: Check) -> None:
         """Forget a check and every subscription to it (it fired or failed for good)."""
-        self.by_hash.pop(check.poke_hash, None)
+        if self.by_hash.get(check.poke_hash) is check:
+            del self.by_hash[check.poke_hash]
+            self._forgotten(check)
         for row in check.subscribers:
             if self.by_row.get(row) is check:
                 del self.by_row[row]
 
+    def _forgotten(self, check: Check) -> None:
+        if self.on_forget is not None:
+            self.on_forget(check)
+        if self.watcher is not None:
+            self.watcher.removed(check)
+
     def schedule(self, check: Check, at: float) -> None:
         check.due = at
-        check.seq = next(self._seq)
-        heapq.heappush(self._heap, (at, check.seq, check.poke_hash))
+        heapq.heappush(self._heap, (at, check.poke_hash))
+
+    def hold(self) -> None:
+        """From now on, checks scheduled by :meth:`subscribe` are not due until
+        :meth:`publish` (a load in progress: see loading.py)."""
+        self._holding = True
+
+    def publish(self, *, keep_holding: bool = False) -> None:
+        """Put the held checks on the schedule (and stop holding, unless asked)."""
+        held, self._held = self._held, []
+        self._holding = keep_holding
+        if held:
+            heap = self._heap
+            if len(held) * 8 > len(heap):
+                heap.extend(held)
+                heapq.heapify(heap)
+            else:
+                for entry in held:
+                    heapq.heappush(heap, entry)
+
+    def schedule_many(self, entries: list[tuple[float, Check]]) -> None:
+        """Reschedule many checks at once (a settled batch): one heapify when they are
+        many compared with the heap, else one push each."""
+        heap = self._heap
+        if len(entries) * 8 > len(heap):
+            for at, check in entries:
+                check.due = at
+                heap.append((at, check.poke_hash))
+            heapq.heapify(heap)
+        else:
+            for at, check in entries:
+                check.due = at
+                heapq.heappush(heap, (at, check.poke_hash))
+
+    def wake(self, hashes: Iterable[str], now: float, again: set[str]) -> int:
+        """Make these checks due now (a push source heard of a change); one running now
+        is added to ``again``, to run once more when it ends. How many were woken."""
+        n = 0
+        by_hash = self.by_hash
+        for poke_hash in hashes:
+            check = by_hash.get(poke_hash)
+            if check is None:
+                continue
+            if check.running:
+                again.add(poke_hash)
+            elif check.due > now:
+                self.schedule(check, now)
+            n += 1
+        return n
 
     def next_due(self) -> float | None:
         self._discard_stale()
         return self._heap[0][0] if self._heap else None
 
     def pop_due(self, now: float, limit: int) -> Iterator[Check]:
-        """Due checks, earliest first; entries of dropped or rescheduled checks are skipped."""
+        """Due checks, earliest first; entries of dropped or rescheduled checks are skipped.
+
+        The caller marks each check ``running`` before asking for the next, so that a
+        second entry for the same check and time is skipped too.
+        """
         n = 0
-        while self._heap and n < limit:
-            self._discard_stale()
-            if not self._heap or self._heap[0][0] > now:
+        heap = self._heap
+        by_hash = self.by_hash
+        while heap and n < limit:
+            at, poke_hash = heap[0]
+            if at > now:
                 return
-            _, _, poke_hash = heapq.heappop(self._heap)
+            heapq.heappop(heap)
+            check = by_hash.get(poke_hash)
+            if check is None or check.due != at or check.running:
+                continue  # stale
             n += 1
-            yield self.by_hash[poke_hash]
+            yield check
 
     def _discard_stale(self) -> None:
         heap = self._heap
         while heap:
-            _, seq, poke_hash = heap[0]
+            at, poke_hash = heap[0]
             check = self.by_hash.get(poke_hash)
-            if check is not None and check.seq == seq and not check.running:
+            if check is not None and check.due == at and not check.running:
                 return
             heapq.heappop(heap)
+
+    def compact(self) -> None:
+        """Drop stale heap entries when they outnumber the live ones (many reschedules
+        of checks that were dropped or moved earlier leave entries behind)."""
+        heap = self._heap
+        if len(heap) <= 2 * len(self.by_hash) + 1024:
+            return
+        by_hash = self.by_hash
+        live = []
+        for at, poke_hash in heap:
+            check = by_hash.get(poke_hash)
+            if check is not None and check.due == at:
+                live.append((at, poke_hash))
+        heapq.heapify(live)
+        self._heap = live
+
+
+def freeze_held() -> None:
+    """Move every object alive now out of the collector's generations.
+
+    The held waits live until they fire; a full collection would walk all of them (a
+    second-long stall at a million) and free none. Frozen objects are still freed by
+    reference counting when dropped; only a reference cycle among them would outlive its
+    use, and the records hold none. The young generations are collected first, so that
+    cyclic garbage made meanwhile (it is young: a freeze follows every chunk loaded) is
+    freed rather than frozen.
+    """
+    gc.collect(1)
+    gc.freeze()

@@ -75,6 +75,16 @@ class TriggererCollector(Collector):
             "Checks whose condition held (each fires every task waiting on it)",
             t.events_fired,
         )
+        repaired = CounterMetricFamily(
+            "slotless_triggerer_repaired",
+            "Orphans repaired (triggerer/repair.py), by kind: a DEFERRED task whose trigger row "
+            "is missing (failed or timed out), a trigger row nobody waits on (deleted), a "
+            "RUNNING task whose owner is unknown (retried), an unloadable trigger row (failed)",
+            labels=["kind"],
+        )
+        for kind, n in sorted(t.repaired.items()):
+            repaired.add_metric([kind], n)
+        yield repaired
         blocked = CounterMetricFamily(
             "slotless_triggerer_blocked",
             "Times the event loop was blocked, by the trigger class running at the time",
@@ -83,6 +93,38 @@ class TriggererCollector(Collector):
         for cls, n in sorted(dict(t.watch.blocked).items()):
             blocked.add_metric([cls], n)
         yield blocked
+        blocked_s = CounterMetricFamily(
+            "slotless_triggerer_blocked_seconds",
+            "Seconds the event loop was blocked (each stall counted when it ended), by class",
+            labels=["trigger_class"],
+        )
+        for cls, secs in sorted(dict(t.watch.blocked_seconds).items()):
+            blocked_s.add_metric([cls], secs)
+        yield blocked_s
+        yield CounterMetricFamily(
+            "slotless_triggerer_takeovers",
+            "Triggerers found dead by their liveness lock whose shards this one freed",
+            t.takeovers,
+        )
+        yield CounterMetricFamily(
+            "slotless_triggerer_shards_lost",
+            "Shards this triggerer found taken by another when it renewed (it had paused)",
+            t.shards_lost,
+        )
+        sources = list(t.push.sources.values())
+        push = GaugeMetricFamily(
+            "slotless_triggerer_push_sources",
+            "Push sources open (inotify watches, S3 event queues, LISTEN), live or polled",
+            labels=["state"],
+        )
+        push.add_metric(["live"], sum(sources))
+        push.add_metric(["polled"], len(sources) - sum(sources))
+        yield push
+        yield CounterMetricFamily(
+            "slotless_triggerer_pushes",
+            "Changes heard from push sources (each wakes the checks of its topic)",
+            t.push.pushes,
+        )
         info = GaugeMetricFamily(
             "slotless_triggerer_info", "This triggerer's id", labels=["triggerer_id"]
         )

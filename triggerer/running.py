@@ -18,17 +18,29 @@ import asyncio
 import json
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
-from triggers.base import BaseTrigger, TransientError, TriggerEvent
+from triggers.base import BaseTrigger, TransientError, TriggerEvent, clip
 from triggers.checking import CheckContext, check_once
 
 from .checks import Check, CheckTable
 from .store import Fire, Waits
 from .writing import Outbox
 
+# Bounds on a wait's sampled check log (see _log_check): lines past the first CHANGED_LINES
+# checks come only at powers of two, and each line is clipped to LOG_LINE characters.
+CHANGED_LINES = 64
+LOG_LINE = 1000
+
 TRANSIENT = (TransientError, OSError, TimeoutError, ConnectionError)
+# While a connection's checks back off, one of them (its probe) retries at least this
+# often, so a server that comes back is seen within seconds; its first success resets
+# the backoff of every wait on that connection (BaseTrigger.connection_key).
+PROBE_EVERY = 5.0
+
+# Rounds of plain checks started per dispatch (each ~2 ms of work at 500 cheap checks).
+_ROUNDS_PER_PASS = 2
 
 
 class CheckRunner:
@@ -45,6 +57,8 @@ class CheckRunner:
         batch_size: int,
         check_timeout: float,
         max_backoff: float,
+        fenced: Callable[[], bool] = lambda: False,
+        round_size: int = 500,
     ) -> None:
         self._table = table
         self._ctx = ctx
@@ -56,37 +70,59 @@ class CheckRunner:
         self._batch_size = batch_size
         self._check_timeout = check_timeout
         self._max_backoff = max_backoff
+        # True while our leases may have lapsed: a call dispatched before a pause does
+        # not start after it (the renewal first says whether the shard is still ours).
+        self._fenced = fenced
+        self._round_size = round_size  # plain checks per round (~2 ms of work)
         self._sem = asyncio.Semaphore(max_concurrency)
         self.calls = 0  # check calls in flight (one call may check a batch)
         self.running: set[Check] = set()  # read by the watchdog's thread: who blocks the loop
+        self.current: Check | None = None  # the check being called in a round, likewise
         self.tasks: set[asyncio.Task[None]] = set()
         self.checks_done = 0
+        # connection key -> poke_hashes backing off on it; the first is the probe.
+        self._backing_off: dict[str, dict[str, None]] = {}
         self.checks_failed = 0
         self.events_fired = 0
         # Called after each check call with (trigger classpath, triggers checked, seconds).
         self.on_check_call: Callable[[str, int, float], None] | None = None
+        # Starts holding a check whose class is `held` (triggerer/holding.py).
+        self.hold: Callable[[Check], None] | None = None
 
     @property
     def full(self) -> bool:
         return self.calls >= self._max_concurrency
 
     def dispatch(self, now: float) -> bool:
-        """Start the checks due at ``now`` that there is room for; whether any was started."""
-        # At most `wave` calls per round: Tasks alive at a collection of the young
-        # generations are promoted to the old one, and the more are promoted, the
-        # sooner a full collection (a stall at 100,000 waits) comes.
+        """Start the checks due at ``now`` that there is room for; whether any was started.
+
+        Checks of a class that batches go out in ``poke_many`` calls, one Task each. Any
+        other due check joins a *round*: one Task that calls its checks one after the
+        other, each as a plain call. A check that finishes without waiting (a cheap one)
+        is settled at once and costs no Task, future or timeout of its own; one that
+        waits keeps the round's Task for itself, and the rest of the round goes on in a
+        new Task (its coroutine has started in that Task: it must finish there).
+        """
+        # At most `wave` new Tasks per round of this loop: Tasks alive at a collection of
+        # the young generations are promoted to the old one, and the more are promoted,
+        # the sooner a full collection comes.
         room = min(self._max_concurrency - self.calls, self._wave)
         if room <= 0:
             return False
         size = self._batch_size
         groups: dict[type[BaseTrigger], list[Check]] = {}
+        plain: list[Check] = []
+        rounds = 0
         started = False
         for check in self._table.pop_due(now, 10 * size):
             started = True
+            cls = check.cls
+            if cls.held and self.hold is not None:
+                self.hold(check)  # waits, not checks: no room taken
+                continue
             check.running = True
-            self.running.add(check)
-            cls = type(check.trigger)
             if cls.is_batched() and not cls.is_push():
+                self.running.add(check)
                 group = groups.setdefault(cls, [])
                 if not group:
                     room -= 1  # a new call
@@ -95,14 +131,125 @@ class CheckRunner:
                     self._start_call(cls, group)
                     groups[cls] = []
             else:
-                room -= 1
-                self._start_call(cls, [check])
+                if not plain:
+                    room -= 1  # a new round
+                plain.append(check)
+                if len(plain) == self._round_size:
+                    self._start_round(plain)
+                    plain = []
+                    rounds += 1
+                    # The rounds started now run in the loop's next pass, one after
+                    # the other: a few at a time keep that pass short (loop lag).
+                    if rounds >= _ROUNDS_PER_PASS:
+                        break
             if room <= 0:
                 break
+        if plain:
+            self._start_round(plain)
         for cls, group in groups.items():
             if group:
                 self._start_call(cls, group)
         return started
+
+    def _start_round(self, checks: list[Check]) -> None:
+        self.calls += 1
+        task = asyncio.create_task(self._run_round(checks))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run_round(self, checks: list[Check]) -> None:
+        """Call each check in turn (see :meth:`dispatch`), settling the ones that finish."""
+        if self._fenced():  # dispatched before a pause: not started after it
+            self._put_back(checks)
+            return
+        hook = self.on_check_call
+        settled: list[tuple[float, Check]] = []
+        waiting: tuple[Check, Any, Any] | None = None
+        try:
+            for i, check in enumerate(checks):
+                began = time.perf_counter()
+                self.current = check
+                try:
+                    model = check.model()
+                    if check.cls.is_push():
+                        coro = check_once(model, self._ctx)
+                    else:
+                        coro = model.poke(self._ctx)
+                    step = coro.send(None)
+                except StopIteration as done:
+                    result: Any = done.value
+                except Exception as exc:  # the trigger's own failure: its check's result
+                    result = exc
+                else:
+                    waiting = (check, coro, step)
+                    rest = checks[i + 1 :]
+                    if rest:
+                        self._hand_on(rest)
+                    break
+                finally:
+                    self.current = None
+                if hook is not None:
+                    hook(check.cls.classpath(), 1, time.perf_counter() - began)
+                check.running = False
+                self._settle(check, result, self._clock(), settled)
+        finally:
+            if settled:
+                self._table.schedule_many(settled)
+            if waiting is None:
+                self.calls -= 1
+                self._wake.set()
+        if waiting is not None:
+            check, coro, step = waiting
+            self.running.add(check)
+            await self._finish(check, _Resume(coro, step))
+
+    def _hand_on(self, rest: list[Check]) -> None:
+        """The rest of a round whose Task a waiting check keeps: a new round if there is
+        room, else back on the heap (they are due: the next dispatch takes them)."""
+        if self.calls < self._max_concurrency:
+            self._start_round(rest)
+            return
+        for check in rest:
+            check.running = False
+        self._table.schedule_many([(check.due, check) for check in rest])
+        self._wake.set()
+
+    async def _finish(self, check: Check, rest: _Resume) -> None:
+        """The part of a check after its first wait, in the Task it started in."""
+        began = time.perf_counter()
+        result: Any
+        try:
+            async with asyncio.timeout(self._check_timeout):
+                result = await rest
+        except asyncio.CancelledError:
+            rest.close()
+            raise
+        except TimeoutError:
+            result = TimeoutError(f"check took longer than {self._check_timeout:g} s")
+        except Exception as exc:
+            result = exc
+        finally:
+            self.calls -= 1
+        if self.on_check_call is not None:
+            self.on_check_call(check.cls.classpath(), 1, time.perf_counter() - began)
+        check.running = False
+        self.running.discard(check)
+        settled: list[tuple[float, Check]] = []
+        self._settle(check, result, self._clock(), settled)
+        self._table.schedule_many(settled)
+        self._wake.set()
+
+    def _put_back(self, checks: list[Check]) -> None:
+        """Checks of a call fenced at its start (our leases may have lapsed): due again at
+        once, run after the renewal says which shards are still ours."""
+        self.calls -= 1
+        now = self._clock()
+        for check in checks:
+            check.running = False
+            self.running.discard(check)
+            if self._table.by_hash.get(check.poke_hash) is check:
+                self._table.schedule(check, now)
+        self._wake.set()
 
     def _start_call(self, cls: type[BaseTrigger], checks: list[Check]) -> None:
         self.calls += 1
@@ -112,6 +259,9 @@ class CheckRunner:
 
     async def _run_checks(self, cls: type[BaseTrigger], checks: list[Check]) -> None:
         async with self._sem:
+            if self._fenced():
+                self._put_back(checks)
+                return
             results: list[Any]
             began = time.perf_counter()
             try:
@@ -134,36 +284,69 @@ class CheckRunner:
                 self.on_check_call(cls.classpath(), len(checks), time.perf_counter() - began)
         self.calls -= 1
         now = self._clock()
+        settled: list[tuple[float, Check]] = []
         for check, result in zip(checks, results, strict=True):
             check.running = False
             self.running.discard(check)
-            self._settle(check, result, now)
+            self._settle(check, result, now, settled)
+        self._table.schedule_many(settled)
         self._wake.set()
 
     async def _call(self, cls: type[BaseTrigger], checks: list[Check]) -> Any:
+        models = [c.model() for c in checks]
         if len(checks) > 1 or (cls.is_batched() and not cls.is_push()):
-            return await cls.poke_many([c.trigger for c in checks], self._ctx)
+            return await cls.poke_many(models, self._ctx)
         # No push_wait: the call is already bounded by check_timeout.
-        return [await check_once(checks[0].trigger, self._ctx)]
+        return [await check_once(models[0], self._ctx)]
 
-    def _settle(self, check: Check, result: Any, now: float) -> None:
-        if self._table.by_hash.get(check.poke_hash) is not check:
-            return  # dropped meanwhile (shard lost, every subscriber gone)
+    def settle(self, check: Check, result: Any, now: float) -> None:
+        """Settle one check's result from outside a round (a held trigger's event): fire,
+        fail, or put it back on the heap."""
+        settled: list[tuple[float, Check]] = []
+        self._settle(check, result, now, settled)
+        self._table.schedule_many(settled)
+
+    def _settle(
+        self, check: Check, result: Any, now: float, settled: list[tuple[float, Check]]
+    ) -> None:
+        """Act on one result; a check to run again is appended to ``settled`` (its next
+        due time), for the caller to put back on the heap with the rest of its batch."""
         try:
-            self._settle_result(check, result, now)
-        except Exception as exc:  # the trigger's own code (payload, next_check_at) failed
-            self.checks_failed += 1
-            self._table.drop(check)
-            self._outbox.fail(
-                _waits(check), f"cannot handle the result of {check.trigger.describe()}: "
-                               f"{type(exc).__name__}: {exc}"
-            )  # fmt: skip
+            if self._table.by_hash.get(check.poke_hash) is not check:
+                return  # dropped meanwhile (shard lost, every subscriber gone)
+            try:
+                self._settle_result(check, result, now, settled)
+            except Exception as exc:  # the trigger's own code (payload, next_check_at) failed
+                self.checks_failed += 1
+                self._table.drop(check)
+                self._outbox.fail(
+                    _waits(check), f"cannot handle the result of {_where(check)}: "
+                                   f"{type(exc).__name__}: {exc}"
+                )  # fmt: skip
+        finally:
+            check.release()  # the model lives only while its check runs
 
-    def _settle_result(self, check: Check, result: Any, now: float) -> None:
+    def _settle_result(
+        self, check: Check, result: Any, now: float, settled: list[tuple[float, Check]]
+    ) -> None:
         check.checks += 1
         self.checks_done += 1
-        where = check.trigger.describe()
+        if result is None:  # not yet: the hot path, no string built unless it is logged
+            check.failures = 0
+            if self._backing_off:  # a server was down: this success may end its outage
+                self._connection_back(check, now)
+            n = check.checks
+            if n & (n - 1) == 0 or check.last_result is not check.interval:
+                self._outbox.log(
+                    check.subscribers,
+                    f"checked {_where(check)}: not yet; next in {check.interval:g} s",
+                )
+            check.last_result = check.interval
+            settled.append((self._next_at(check, now), check))
+            return
+        where = _where(check)
         if isinstance(result, TriggerEvent):
+            self._connection_back(check, now)
             if result.error:
                 msg = f"trigger {where} reported an error: {result.error}"
             else:
@@ -187,24 +370,104 @@ class CheckRunner:
             self.checks_failed += 1
             check.failures += 1
             delay = min(self._max_backoff, check.interval * 2 ** min(check.failures, 10))
+            if self._is_probe(check):
+                delay = min(delay, max(PROBE_EVERY, check.interval))
             line = (
                 f"check of {where} failed ({type(result).__name__}: {result}); "
                 f"retry {check.failures} in {delay:g} s"
             )
             self._log_check(check, line, force=check.failures == 1)
-            self._table.schedule(check, now + delay)
+            settled.append((now + delay, check))
             return
+        # Anything else is "not yet" too (a poke returning a falsy non-None value).
         check.failures = 0
+        self._connection_back(check, now)
         line = f"checked {where}: not yet; next in {check.interval:g} s"
         self._log_check(check, line)
-        self._table.schedule(check, check.trigger.next_check_at(now, check.interval))
+        settled.append((self._next_at(check, now), check))
+
+    def _next_at(self, check: Check, now: float) -> float:
+        """Its own interval, or the push layer's say (the slow safety poll of a check whose
+        source is live; at once for one pushed while it ran)."""
+        watcher = self._table.watcher
+        if watcher is not None:
+            at = watcher.next_check(check, now)
+            if at is not None:
+                return at
+        return check.model().next_check_at(now, check.interval)
+
+    def _is_probe(self, check: Check) -> bool:
+        """Note a check backing off on its connection; whether it is that connection's probe
+        (the first one, or the next when the probe is gone)."""
+        key = check.trigger.connection_key()
+        if key is None:
+            return False
+        waiting = self._backing_off.setdefault(key, {})
+        waiting[check.poke_hash] = None
+        for poke_hash in list(waiting):
+            if self._table.by_hash.get(poke_hash) is not None:
+                return poke_hash == check.poke_hash
+            del waiting[poke_hash]  # fired, failed or unsubscribed meanwhile
+        return True
+
+    def _connection_back(self, check: Check, now: float) -> None:
+        """A check on a connection succeeded: its waits backing off are checked at once."""
+        key = check.trigger.connection_key()
+        waiting = self._backing_off.pop(key, None) if key is not None else None
+        if not waiting:
+            return
+        for poke_hash in waiting:
+            other = self._table.by_hash.get(poke_hash)
+            if other is not None and other is not check and other.failures and not other.running:
+                other.failures = 0
+                self._table.schedule(other, now)
 
     def _log_check(self, check: Check, line: str, force: bool = False) -> None:
-        # Sampled so that a six-hour wait stays readable: checks 1, 2, 4, 8, 16, ...
+        # Sampled so that a six-hour wait stays readable: checks 1, 2, 4, 8, 16, ..., and a
+        # changed result, but only for the first CHANGED_LINES checks: a result that differs
+        # every time (a message with a counter) must not write a line per check for 14 hours.
+        # So a wait gets at most CHANGED_LINES + log2(checks) lines of LOG_LINE characters.
         n = check.checks
-        if force or n & (n - 1) == 0 or line != check.last_result:
-            self._outbox.log(check.subscribers, line)
+        if n & (n - 1) == 0 or ((force or line != check.last_result) and n <= CHANGED_LINES):
+            self._outbox.log(check.subscribers, clip(line, LOG_LINE))
         check.last_result = line
+
+
+def _where(check: Check) -> str:
+    return check.model().describe()
+
+
+class _Resume:
+    """The rest of a check coroutine that waited at its first step: awaiting this goes
+    on where it stopped, passing its waits up to the Task (what ``await`` would do)."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Any, first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self._coro, self._first
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+    def close(self) -> None:
+        self._coro.close()
 
 
 def _waits(check: Check) -> Waits:

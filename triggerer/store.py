@@ -9,6 +9,7 @@ fire racing a timeout, changes nothing the second time.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -16,21 +17,34 @@ from dataclasses import dataclass, field
 from executor.statemachine import Carry, retry_or_fail, transition
 from executor.states import State
 from executor.store import Database, Row, Tx
+from executor.store.deadlines import fire_run_waits
+from executor.store.events import prune_events
+from executor.store.people import answer_by_default
+from executor.store.runwaits import is_run_wait, run_wait_id
 from executor.store.starts import fail_starts, fire_starts
 from triggers.base import SHARDS
+
+log = logging.getLogger("slotless.triggerer")
 
 # The waits a check answers: task row -> the trigger row it waits on. A task that resumed
 # and deferred again since waits on another trigger, and a late event must not wake it.
 # A start wait (a schedule or start condition: executor/store/starts.py) is keyed by the
-# negative of its id, so that both kinds share one compact subscriber table.
+# negative of its id, a run wait (a deadline, a dagrun_timeout, an expected_by:
+# executor/store/runwaits.py) by the negative of 2^40 plus its id, so that every kind
+# shares one compact subscriber table.
 Waits = dict[int, int]
 
 
 def split_waits(waits: Waits) -> tuple[Waits, Waits]:
-    """(task row -> trigger id, start wait id -> trigger id)."""
+    """(task row -> trigger id, start wait id -> trigger id); see :func:`run_waits_of`."""
     tasks = {k: v for k, v in waits.items() if k > 0}
-    starts = {-k: v for k, v in waits.items() if k < 0}
+    starts = {-k: v for k, v in waits.items() if k < 0 and not is_run_wait(k)}
     return tasks, starts
+
+
+def run_waits_of(waits: Waits) -> Waits:
+    """run wait id -> trigger id."""
+    return {run_wait_id(k): v for k, v in waits.items() if is_run_wait(k)}
 
 
 @dataclass(slots=True)
@@ -62,11 +76,14 @@ class TriggererStore:
         self.db = db
         self.clock = clock
 
-    async def lease_shards(self, owner: str, ttl: float, liveness: float) -> set[int]:
+    async def lease_shards(
+        self, owner: str, ttl: float, liveness: float, released: set[int] | None = None
+    ) -> set[int]:
         """Renew this triggerer's leases and converge on its fair share of the shards.
 
         Fair share is ceil(shards / live triggerers); a triggerer over its share releases
-        the excess so that a newcomer can take it, one whose leases expired loses them.
+        the excess so that a newcomer can take it (added to ``released``), one whose
+        leases expired loses them.
         """
         now = self.clock()
         async with self.db.write() as tx:
@@ -77,6 +94,8 @@ class TriggererStore:
             held = sorted(r["shard"] for r in renewed)
             for shard in held[fair:]:
                 await tx.execute("release_shard", shard=shard, owner=owner)
+                if released is not None:
+                    released.add(shard)
             held = held[:fair]
             if len(held) < fair:
                 for r in await tx.fetch("free_shards", now=now):
@@ -99,6 +118,18 @@ class TriggererStore:
                 loop_lag_ms=loop_lag_ms,
             )
 
+    async def other_triggerers(self, me: str) -> list[str]:
+        """The other triggerers: listed, or holding shard leases (expired or not)."""
+        async with self.db.read() as tx:
+            return [r["id"] for r in await tx.fetch("other_triggerers", me=me)]
+
+    async def forget_triggerer(self, owner: str) -> int:
+        """A triggerer whose process is gone: free its shards now; returns how many."""
+        async with self.db.write() as tx:
+            freed = await tx.execute("release_all_shards", owner=owner)
+            await tx.execute("triggerer_leave", id=owner)
+        return freed
+
     async def triggerer_leave(self, owner: str) -> None:
         async with self.db.write() as tx:
             await tx.execute("release_all_shards", owner=owner)
@@ -113,10 +144,16 @@ class TriggererStore:
             row = await tx.fetchone("max_trigger_id")
         return int(row["id"]) if row is not None else 0
 
-    async def triggerer_commit(self, batch: TriggererBatch) -> None:
-        """Fire events, fail broken waits and write check logs, in one transaction."""
+    async def triggerer_commit(self, batch: TriggererBatch, owner: str | None = None) -> None:
+        """Fire events, fail broken waits and write check logs, in one transaction.
+
+        With ``owner``, fenced: only waits whose trigger's shard ``owner`` still leases are
+        fired or failed (a triggerer that woke after losing shards writes nothing for them).
+        """
         now = self.clock()
         async with self.db.write() as tx:
+            if owner is not None:
+                batch = await _fenced(tx, batch, owner, now)
             logs = [(row, line) for row, line in batch.logs if row > 0]  # start waits: no log
             if logs:
                 await tx.executemany(
@@ -141,7 +178,9 @@ class TriggererStore:
                     continue
                 if starts:
                     await fire_starts(tx, starts, json.loads(fire.payload_json), now)
-                rows = await _still_waiting(tx, waits)
+                if runs := run_waits_of(fire.waits):
+                    await fire_run_waits(tx, runs, now)
+                rows = _still_firable(await _still_waiting(tx, waits), now)
                 sensors = [r["id"] for r in rows if r["next_method"] is None]
                 resumable = [r["id"] for r in rows if r["next_method"] is not None]
                 # A sensor is done when its condition holds: no worker round trip.
@@ -172,7 +211,15 @@ class TriggererStore:
         now = self.clock()
         ended: list[int] = []
         async with self.db.write() as tx:
-            for r in await tx.fetch("expired_waits", now=now, shards=sorted(shards)):
+            expired = await tx.fetch(
+                "expired_waits", now=now, shards=sorted(shards), n_shards=SHARDS
+            )
+            # A person's wait with a default answer takes it (store/people.py).
+            answered = await answer_by_default(tx, [r["id"] for r in expired], now)
+            ended += sorted(answered)
+            for r in expired:
+                if r["id"] in answered:
+                    continue
                 waited = now - (r["wait_started_at"] or now)
                 new = State.SKIPPED if r["soft_fail"] else State.FAILED
                 why = f"sensor timeout: the condition did not hold within {waited:.0f} s"
@@ -189,6 +236,10 @@ class TriggererStore:
             await tx.execute("prune_releases", before=self.clock() - 3600)
             return await tx.execute("delete_orphan_triggers", shards=sorted(shards))
 
+    async def prune_events(self, retention: float) -> int:
+        """Delete the events older than ``retention`` seconds, in batches; how many went."""
+        return await prune_events(self.db, self.clock() - retention)
+
     async def released_waits(self, after_id: int) -> list[Row]:
         """Waits an operator ended (cancel, clear) since release ``after_id``."""
         async with self.db.read() as tx:
@@ -200,10 +251,50 @@ class TriggererStore:
         return int(row["id"]) if row is not None else 0
 
 
+async def _fenced(tx: Tx, batch: TriggererBatch, owner: str, now: float) -> TriggererBatch:
+    """The part of ``batch`` about shards ``owner`` still holds (locked until commit)."""
+    held = {r["shard"] for r in await tx.fetch("held_shards_fenced", owner=owner, now=now)}
+    ids = {t for fire in batch.fires for t in fire.waits.values()}
+    ids |= {t for waits, _ in batch.failures for t in waits.values()}
+    if not ids:
+        return batch
+    shard = {r["id"]: r["shard"] for r in await tx.fetch("trigger_shards", ids=sorted(ids))}
+
+    def mine(waits: Waits) -> Waits:
+        # A trigger row already gone is no shard's: leave it to the row's owner (if any).
+        return {row: t for row, t in waits.items() if shard.get(t) in held}
+
+    out = TriggererBatch(logs=batch.logs)
+    for fire in batch.fires:
+        if waits := mine(fire.waits):
+            out.fires.append(Fire(waits, fire.payload_json, fire.message, fire.error))
+    for waits, why in batch.failures:
+        if kept := mine(waits):
+            out.failures.append((kept, why))
+    dropped = len(batch.fires) - len(out.fires) + len(batch.failures) - len(out.failures)
+    if dropped:
+        log.warning(
+            "triggerer %s no longer holds the shards of %d fires/failures: not written "
+            "(their waits belong to another triggerer now)", owner, dropped,
+        )  # fmt: skip
+    return out
+
+
 async def _still_waiting(tx: Tx, waits: Waits) -> list[Row]:
     """The rows still DEFERRED on the very trigger the event or failure is about."""
     rows = await tx.fetch("deferred_rows", ids=list(waits))
     return [r for r in rows if r["trigger_id"] == waits[r["id"]]]
+
+
+def _still_firable(rows: list[Row], now: float) -> list[Row]:
+    """Checked at flush time, not when the check ran: an event fires no wait whose own
+    timeout has passed (the timeout sweep ends it) nor one whose trigger row is gone (a fire
+    from memory; orphan repair ends it, "trigger row missing")."""
+    return [
+        r
+        for r in rows
+        if r["has_trigger"] and (r["wait_timeout_at"] is None or r["wait_timeout_at"] > now)
+    ]
 
 
 async def _fail_waits(tx: Tx, waits: Waits, why: str, now: float) -> None:
@@ -212,6 +303,10 @@ async def _fail_waits(tx: Tx, waits: Waits, why: str, now: float) -> None:
     tasks, starts = split_waits(waits)
     if starts:
         await fail_starts(tx, starts, why, now)
+    if runs := run_waits_of(waits):
+        # A time wait's moment is all it waits for: one past its moment is fired; one
+        # not yet due stays armed, loaded again at the next full reload.
+        await fire_run_waits(tx, runs, now, due_only=True)
     for r in await _still_waiting(tx, tasks):
         await retry_or_fail(
             tx, r["id"], State.DEFERRED, attempt=r["attempt"], max_attempts=r["max_attempts"],

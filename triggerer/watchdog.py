@@ -3,7 +3,8 @@
 A coroutine ticks every ``interval``; how late each tick wakes is the loop's lag. A
 thread beside the loop notices when ticks stop, looks at the loop thread's stack, and
 names the trigger class whose code is running there: a blocking call in a trigger is
-found by class, not guessed.
+found by class, not guessed. A stall is logged when it passes the threshold and again,
+with its true length, when it ends.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import logging
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
+from typing import Any
 
 from triggers.base import BaseTrigger
 
@@ -26,14 +28,19 @@ class LoopWatch:
         self,
         interval: float = 0.05,
         block_threshold: float = 0.25,
-        on_block: Callable[[str, float], None] | None = None,
+        on_block: Callable[[str, float, Any], None] | None = None,
+        blame: Callable[[str], Any] | None = None,
     ) -> None:
         self.interval = interval
         self.block_threshold = block_threshold
         self.lags: deque[float] = deque(maxlen=2048)
-        self.blocked: Counter[str] = Counter()
+        self.blocked: Counter[str] = Counter()  # stalls, by trigger class
+        self.blocked_seconds: defaultdict[str, float] = defaultdict(float)  # once ended
         self.on_lag: Callable[[float], None] | None = None  # each lag sample (the metrics)
+        # blame(culprit) is called when a stall is seen (who is running then: the checks
+        # have ended by the time it ends); on_block(culprit, length, blamed) when it ends.
         self._on_block = on_block
+        self._blame = blame
         self._last_tick = time.monotonic()
         self._loop_thread = threading.get_ident()
         self._stop = threading.Event()
@@ -61,26 +68,38 @@ class LoopWatch:
             self._stop.set()
 
     def _watch(self) -> None:
-        reported_tick = 0.0
+        # A stall is announced when it passes the threshold (it may never end) and reported
+        # again, with its true length, when the loop ticks again: the length is measured
+        # from the loop's last tick before the stall to its first one after.
+        stalled_since: float | None = None  # the last tick before the stall in progress
+        culprit = ""
+        blamed: Any = None
         while not self._stop.wait(self.interval):
             tick = self._last_tick
+            if stalled_since is not None and tick != stalled_since:
+                length = max(0.0, tick - stalled_since - self.interval)
+                self.blocked_seconds[culprit] += length
+                log.warning("event loop was blocked for %.2f s in %s", length, culprit)
+                if self._on_block is not None:
+                    self._on_block(culprit, length, blamed)
+                stalled_since = None
             stalled = time.monotonic() - tick
-            if stalled < self.block_threshold or tick == reported_tick:
+            if stalled_since is not None or stalled < self.block_threshold:
                 continue
-            reported_tick = tick
+            stalled_since = tick
             culprit = self._culprit() or "unknown (not inside a trigger)"
             self.blocked[culprit] += 1
-            log.warning("event loop blocked for %.2f s in %s", stalled, culprit)
-            if self._on_block is not None:
-                self._on_block(culprit, stalled)
+            blamed = self._blame(culprit) if self._blame is not None else None
+            log.warning("event loop blocked for %.2f s so far in %s", stalled, culprit)
 
     def _culprit(self) -> str | None:
         frame = sys._current_frames().get(self._loop_thread)
         while frame is not None:
             for name in ("self", "cls"):
                 obj = frame.f_locals.get(name)
-                cls = obj if isinstance(obj, type) else type(obj)
-                if isinstance(cls, type) and issubclass(cls, BaseTrigger):
-                    return cls.classpath()
+                if isinstance(obj, BaseTrigger):
+                    return obj.blame()  # a host (AirflowTrigger) names the class it runs
+                if isinstance(obj, type) and issubclass(obj, BaseTrigger):
+                    return obj.classpath()
             frame = frame.f_back
         return None

@@ -8,16 +8,25 @@ longer DEFERRED on that trigger), a fire lost would leave its tasks waiting for 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sequence
+
+from executor.store.faults import is_transient, split_apart
 
 from .store import Fire, TriggererBatch, TriggererStore, Waits
+
+log = logging.getLogger("slotless.triggerer.writing")
+
+# Check log lines written per transaction (5,000 take ~30 ms to build and write here).
+LOGS_PER_FLUSH = 5000
 
 
 class Outbox:
     """What the triggerer has decided and not yet written."""
 
-    def __init__(self, ops: TriggererStore) -> None:
+    def __init__(self, ops: TriggererStore, owner: str | None = None) -> None:
         self._ops = ops
+        self._owner = owner  # fenced writes: only for shards this triggerer still leases
         self.batch = TriggererBatch()
 
     def fire(self, fire: Fire) -> None:
@@ -34,10 +43,58 @@ class Outbox:
         batch, self.batch = self.batch, TriggererBatch()
         if not batch:
             return
+        if len(batch.logs) > LOGS_PER_FLUSH:
+            # A cycle of a million cheap checks logs a line for each of its waits at once
+            # (checks 1, 2, 4, ...): built and written in one go, the lines would stall
+            # the loop. The rest go out with the next flushes; fires never wait for them.
+            self.batch.logs = batch.logs[LOGS_PER_FLUSH:]
+            del batch.logs[LOGS_PER_FLUSH:]
         try:
-            await self._ops.triggerer_commit(batch)
-        except BaseException:  # cancelled at stop mid-commit too: the last flush retries it
+            await self._ops.triggerer_commit(batch, self._owner)
+        except BaseException as exc:  # cancelled at stop mid-commit too: the last flush retries it
+            if isinstance(exc, Exception) and not is_transient(exc):
+                try:
+                    await self._commit_apart(batch)
+                    return
+                except Exception as again:  # the database went away meanwhile: keep it all
+                    exc = again
             self.batch.fires[:0] = batch.fires
             self.batch.failures[:0] = batch.failures
             self.batch.logs[:0] = batch.logs
             raise
+
+    async def _commit_apart(self, batch: TriggererBatch) -> None:
+        """A deterministic error: commit the batch in halves, one wait per unit at the
+        bottom, so that every other wait goes through; a fire that fails alone fails its
+        task with the error instead, a failure or a log line that fails alone is dropped
+        (logged here). Writing a unit twice changes nothing (compare-and-set)."""
+        units = [
+            TriggererBatch(fires=[Fire({row: trigger_id}, f.payload_json, f.message, f.error)])
+            for f in batch.fires
+            for row, trigger_id in f.waits.items()
+        ]
+        units += [
+            TriggererBatch(failures=[({row: trigger_id}, why)])
+            for waits, why in batch.failures
+            for row, trigger_id in waits.items()
+        ]
+        units += [TriggererBatch(logs=[line]) for line in batch.logs]
+
+        async def commit(part: Sequence[TriggererBatch]) -> None:
+            merged = TriggererBatch()
+            for u in part:
+                merged.fires += u.fires
+                merged.failures += u.failures
+                merged.logs += u.logs
+            await self._ops.triggerer_commit(merged, self._owner)
+
+        for unit, err in await split_apart(units, commit):
+            why = f"cannot record this wait's event: {type(err).__name__}: {err}"
+            log.error("triggerer flush: %s (%s)", why, unit)
+            if unit.fires:
+                try:
+                    await commit([TriggererBatch(failures=[(unit.fires[0].waits, why)])])
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    log.exception("cannot fail the wait either: it waits for its timeout")

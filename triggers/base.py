@@ -18,17 +18,32 @@ import hashlib
 import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .context import TriggerContext
+from .push import PushInterest
+
+if TYPE_CHECKING:
+    from .events import EventWait
 
 # Virtual shards: shard = poke_hash mod SHARDS. Fixed, because the worker that defers and
 # every triggerer must agree on it; triggerers lease shards, never single triggers.
 SHARDS = 64
 
 _TEMPLATE = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+# describe() is copied into task logs, `slotless status` and the web page: a 10 MB value in
+# a valid field (a path) must not be copied with it. Longer descriptions are clipped here.
+MAX_DESCRIBE = 200
+
+
+def clip(text: str, limit: int = MAX_DESCRIBE) -> str:
+    """``text``, cut to ``limit`` characters with a note saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def shard_of(poke_hash: str) -> int:
@@ -60,6 +75,26 @@ class BaseTrigger(BaseModel):
     # Fields that say how to wait, not what to wait for: left out of the poke context.
     execution_fields: ClassVar[frozenset[str]] = frozenset({"poke_interval"})
 
+    # A push trigger whose run() the triggerer holds open for the whole wait (one coroutine
+    # per distinct wait, as Airflow's triggers expect) instead of re-entering it at each
+    # check. No check timeout applies to it; see triggerer/holding.py.
+    held: ClassVar[bool] = False
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        # Every describe(), the base one or a subclass's own, is clipped (MAX_DESCRIBE), so
+        # no caller can forget to: it reaches logs, status and the web page.
+        super().__pydantic_init_subclass__(**kwargs)
+        own = cls.__dict__.get("describe")
+        if own is not None and not getattr(own, "_clipped", False):
+
+            def describe(self: BaseTrigger, _own: Any = own) -> str:
+                return clip(_own(self))
+
+            describe._clipped = True  # type: ignore[attr-defined]
+            describe.__doc__ = own.__doc__
+            cls.describe = describe  # type: ignore[method-assign]
+
     @classmethod
     def classpath(cls) -> str:
         return f"{cls.__module__}.{cls.__qualname__}"
@@ -88,7 +123,23 @@ class BaseTrigger(BaseModel):
     def describe(self) -> str:
         """A short readable description for logs and the status view."""
         fields = ", ".join(f"{k}={v!r}" for k, v in self.poke_context().items())
-        return f"{type(self).__name__}({fields})"
+        return clip(f"{type(self).__name__}({fields})")
+
+    def connection_key(self) -> str | None:
+        """The server this check talks to, so that checks sharing it share their backoff:
+        after an outage, one success resets every wait on it. By default the ``conn_id``
+        field if there is one, else the host of a ``url`` field; None: nothing shared."""
+        conn_id = getattr(self, "conn_id", None)
+        if conn_id:
+            return f"{self.classpath()}:{conn_id}"
+        url = getattr(self, "url", None)
+        if isinstance(url, str) and "://" in url:
+            return f"{self.classpath()}:{url.split('://', 1)[1].split('/', 1)[0]}"
+        return None
+
+    def blame(self) -> str:
+        """The class named when this trigger's code blocks the loop (a host names its guest)."""
+        return self.classpath()
 
     def first_check_at(self, now: float) -> float:
         """When to check first; a time trigger returns its moment instead of polling."""
@@ -111,6 +162,14 @@ class BaseTrigger(BaseModel):
         raise NotImplementedError
         yield  # pragma: no cover - makes this an async generator
 
+    def push_interest(self, ctx: TriggerContext) -> PushInterest | None:
+        """The shared push source that would wake this check, and its topic there.
+
+        None (the default): polled only. The triggerer asks once, when the check is first
+        held; a push only wakes the check early, the check still decides (triggers/push.py).
+        """
+        return None
+
     @classmethod
     def is_push(cls) -> bool:
         return cls.run is not BaseTrigger.run
@@ -129,6 +188,11 @@ class BaseTrigger(BaseModel):
         the check it stands for.
         """
         raise NotImplementedError
+
+    def event_wait(self) -> EventWait | None:
+        """An event wait (triggers/events.py): the name and payload fields it waits for.
+        Such a wait is settled by the event's sender, never checked; None for the rest."""
+        return None
 
     def run_requests(self, payload: Any) -> list[tuple[str | None, Any]]:
         """As a DAG's start condition (``DAG(start_when=...)``): the runs one event asks

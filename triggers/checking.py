@@ -21,6 +21,7 @@ from .context import TriggerContext
 T = TypeVar("T")
 
 ExternalStates = Callable[[Sequence[dict[str, Any]]], Awaitable[list[Any]]]
+Subscribe = Callable[[str, Callable[[str | None], None]], Awaitable[Callable[[], None] | None]]
 
 
 class CheckContext:
@@ -35,8 +36,10 @@ class CheckContext:
         external_states: ExternalStates | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        subscribe: Subscribe | None = None,
     ) -> None:
         self._external_states = external_states
+        self._subscribe = subscribe
         self._clock = clock
         self._shared: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -64,6 +67,14 @@ class CheckContext:
         if self._external_states is None:
             raise RuntimeError("this trigger context has no store to answer external_states")
         return await self._external_states(questions)
+
+    async def subscribe(
+        self, channel: str, callback: Callable[[str | None], None]
+    ) -> Callable[[], None] | None:
+        """The database's notifications on ``channel`` (None: this host has none)."""
+        if self._subscribe is None:
+            return None
+        return await self._subscribe(channel, callback)
 
     async def aclose(self) -> None:
         """Close every shared resource; one that fails to close must not keep the rest open."""

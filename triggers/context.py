@@ -25,6 +25,16 @@ class TriggerContext(Protocol):
         """Answer cross-DAG questions (see Store.external_states) in one query."""
         ...
 
+    async def subscribe(
+        self, channel: str, callback: Callable[[str | None], None]
+    ) -> Callable[[], None] | None:
+        """Hear the database's notifications on ``channel`` (for push sources).
+
+        ``callback(payload)`` for each one, ``callback(None)`` when the listening
+        connection was lost (anything may have been missed). Returns the function that
+        stops it, or None where the database sends no notifications (SQLite)."""
+        ...
+
 
 async def to_thread(func: Callable[..., T], *args: Any) -> T:
     """Run an unavoidable blocking call off the event loop."""

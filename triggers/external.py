@@ -2,12 +2,19 @@
 
 Batched: every waiting question is answered by one query per cycle
 (``ctx.external_states``), however many tasks wait on other runs.
+
+Pushed on PostgreSQL: a table trigger (schema/postgres/012_run_state_notify.sql) sends
+``NOTIFY slotless_runs, 'dag_id/logical_date'`` whenever a run is created or changes
+state, and one LISTEN per triggerer wakes the waits on that run at once; they are then
+polled only at the safety interval. A wait on one task of a run (``task_id``) and every
+wait on SQLite are polled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -16,6 +23,9 @@ from pydantic import field_validator, model_validator
 from .base import BaseTrigger, TriggerEvent
 from .context import TriggerContext
 from .listing import on_grid
+from .push import PushInterest, PushSource, PushUnavailable, Wake
+
+RUNS_CHANNEL = "slotless_runs"  # the schema's run-state trigger notifies it
 
 _TEMPLATE = re.compile(r"\{\{.*\}\}")
 
@@ -114,6 +124,16 @@ class ExternalDagRunTrigger(BaseTrigger):
             )
         return None
 
+    def push_interest(self, ctx: TriggerContext) -> PushInterest | None:
+        """Woken by the NOTIFY of the other run's state change (PostgreSQL)."""
+        if self.task_id is not None:
+            return None  # task ends are not announced: polled
+        try:
+            topic = f"{self.dag_id}/{self.target_date}"
+        except ValueError:
+            return None  # never rendered: the check says so
+        return PushInterest(("notify", RUNS_CHANNEL), RunStateNotifications, topic=topic)
+
     @classmethod
     async def poke_many(
         cls, triggers: Sequence[BaseTrigger], ctx: TriggerContext
@@ -139,3 +159,29 @@ class ExternalDagRunTrigger(BaseTrigger):
                 assert isinstance(t, ExternalDagRunTrigger)
                 results[i] = t.answer(row["state"] if row else None, row["run_id"] if row else None)
         return results
+
+
+class RunStateNotifications(PushSource):
+    """The database's notifications of runs' state changes: topics ``dag_id/logical_date``."""
+
+    def describe(self) -> str:
+        return f"LISTEN {RUNS_CHANNEL}"
+
+    async def run(self, ctx: Any, ready: Callable[[], None], wake: Wake) -> None:
+        lost = asyncio.Event()
+
+        def heard(payload: str | None) -> None:
+            if payload is None:
+                lost.set()
+            else:
+                wake([payload])
+
+        stop = await ctx.subscribe(RUNS_CHANNEL, heard)
+        if stop is None:
+            raise PushUnavailable("this database sends no notifications", retry=False)
+        try:
+            ready()
+            await lost.wait()
+        finally:
+            stop()
+        raise PushUnavailable("the LISTEN connection was lost")

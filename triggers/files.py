@@ -1,4 +1,5 @@
-"""FileTrigger: a local path or glob exists (batched: one listing per directory)."""
+"""FileTrigger: a local path or glob exists (batched: one listing per directory; pushed by
+inotify, one watch per directory, where the filesystem has it)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import glob
 import os
 from collections import defaultdict
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from pydantic import field_validator
 
 from .base import BaseTrigger, TriggerEvent
 from .context import TriggerContext, to_thread
+from .inotify import InotifyDirectory
+from .push import PushInterest
 
 
 class FileTrigger(BaseTrigger):
@@ -47,6 +51,19 @@ class FileTrigger(BaseTrigger):
         if not self.is_glob:
             return [(None, payload)]
         return [(f"file://{p}", {"path": p}) for p in payload["paths"]]
+
+    def push_interest(self, ctx: TriggerContext) -> PushInterest | None:
+        """Woken by the inotify watch of its directory (one per directory, however many
+        waits): by its file's name, or any name its glob matches. A glob in the directory
+        part (``/in/*/done``) is polled."""
+        directory, name = os.path.split(self.path)
+        if glob.has_magic(directory):
+            return None
+        directory = os.path.abspath(directory or ".")
+        opener = partial(InotifyDirectory, directory)
+        if glob.has_magic(name):
+            return PushInterest(("inotify", directory), opener, pattern=fnmatch.translate(name))
+        return PushInterest(("inotify", directory), opener, topic=name)
 
     @classmethod
     async def poke_many(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from functools import lru_cache, partial
 from typing import Any, TypeVar
@@ -90,24 +91,30 @@ class SingleFlight:
     A caller that is cancelled (its check timed out) does not cancel the shared request.
     """
 
-    def __init__(self) -> None:
-        self._inflight: dict[Hashable, asyncio.Future[Any]] = {}
+    def __init__(self, max_age: float | None = None) -> None:
+        self._inflight: dict[Hashable, tuple[float, asyncio.Future[Any]]] = {}
+        # A request older than this is not joined: it may have been sent before the change
+        # a pushed check was woken for (its answer would be stale); one of its own is made.
+        self._max_age = max_age
         self.started = 0  # requests actually made (for tests and benchmarks)
         self.joined = 0  # callers served by a request someone else started
 
     async def run(self, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
-        fut = self._inflight.get(key)
-        if fut is None:
+        entry = self._inflight.get(key)
+        now = time.monotonic()
+        if entry is None or (self._max_age is not None and now - entry[0] > self._max_age):
             self.started += 1
-            fut = asyncio.ensure_future(fn())
-            self._inflight[key] = fut
+            fut: asyncio.Future[Any] = asyncio.ensure_future(fn())
+            self._inflight[key] = (now, fut)
             fut.add_done_callback(partial(self._done, key))
         else:
             self.joined += 1
+            fut = entry[1]
         return await asyncio.shield(fut)
 
     def _done(self, key: Hashable, fut: asyncio.Future[Any]) -> None:
-        if self._inflight.get(key) is fut:
+        entry = self._inflight.get(key)
+        if entry is not None and entry[1] is fut:
             del self._inflight[key]
         if not fut.cancelled():
             fut.exception()  # retrieved: no "never retrieved" warning if every caller left

@@ -8,6 +8,7 @@ packaging), and classes registered in-process with :func:`register`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from importlib.metadata import entry_points
@@ -25,6 +26,13 @@ BUILTINS = (
     "triggers.sftp.SFTPFileTrigger",
     "triggers.external.ExternalDagRunTrigger",
     "triggers.http.HttpTrigger",
+    "triggers.events.EventTrigger",
+    "triggers.people.Approval",
+    "triggers.people.Choice",
+    "triggers.people.BranchChoice",
+    "triggers.people.Form",
+    # Hosts Airflow trigger classes; those are allow-listed apart (triggers/airflow.py).
+    "triggers.airflow.AirflowTrigger",
 )
 
 _registered: dict[str, type[BaseTrigger]] = {}
@@ -40,9 +48,17 @@ def register(cls: type[BaseTrigger]) -> type[BaseTrigger]:
     return cls
 
 
+@functools.cache
+def _entry_point_classpaths(scan: Any) -> frozenset[str]:
+    """The installed ``slotless.triggers`` entry points, read once per process (keyed by
+    the scanning function, so that a test can swap it): a scan costs ~30 ms, and a
+    worker deferring on a plugin trigger class asked twice per deferral."""
+    return frozenset(ep.value.replace(":", ".") for ep in scan(group="slotless.triggers"))
+
+
 def allowed_classpaths() -> set[str]:
     paths = set(BUILTINS) | set(_registered)
-    paths |= {ep.value.replace(":", ".") for ep in entry_points(group="slotless.triggers")}
+    paths |= _entry_point_classpaths(entry_points)
     env = os.environ.get("SLOTLESS_ALLOWED_TRIGGERS", "")
     paths |= {p.strip() for p in env.split(",") if p.strip()}
     return paths
@@ -67,7 +83,10 @@ def trigger_class(classpath: str) -> type[BaseTrigger]:
     except (ImportError, AttributeError) as exc:
         raise TriggerLoadError(f"cannot import trigger class {classpath}: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, BaseTrigger)):
-        raise TriggerLoadError(f"{classpath} is not a BaseTrigger subclass")
+        hint = ""
+        if module_name.startswith("airflow."):
+            hint = " (an Airflow trigger: wrap it in triggers.airflow.AirflowTrigger)"
+        raise TriggerLoadError(f"{classpath} is not a BaseTrigger subclass{hint}")
     return cls
 
 

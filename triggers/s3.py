@@ -12,6 +12,10 @@ The connection (``SLOTLESS_CONN_<ID>``) is a URI such as
 skip TLS verification), ``connect_timeout``, ``read_timeout``, ``max_attempts``. Without
 a key and secret, botocore's usual chain (environment, profile, instance role) is used.
 The credentials need ``s3:ListBucket`` on the bucket.
+
+Pushed where the bucket publishes event notifications to an SQS queue that the connection
+names (``events_queue``; triggers/s3_events.py): then idle waits make no LIST but a slow
+safety poll.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import re
 from collections import defaultdict
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from pydantic import field_validator
@@ -27,6 +32,8 @@ from pydantic import field_validator
 from .base import BaseTrigger, TransientError, TriggerEvent, unbatched
 from .context import TriggerContext
 from .listing import SingleFlight, compile_glob, has_magic, literal_prefix, on_grid
+from .push import PushInterest
+from .s3_events import SqsEventQueue, aws_client, buckets_of
 
 # Error codes S3 (and S3-compatible servers) use for a passing condition: retried.
 TRANSIENT_CODES = frozenset(
@@ -162,6 +169,28 @@ class S3KeyTrigger(BaseTrigger):
         bucket = payload["bucket"]
         return [(f"s3://{bucket}/{k}", {"bucket": bucket, "key": k}) for k in payload["keys"]]
 
+    def push_interest(self, ctx: TriggerContext) -> PushInterest | None:
+        """Woken by the bucket's event notifications when its connection names a queue
+        (``events_queue``; triggers/s3_events.py): one consumer per queue."""
+        try:
+            conn = ctx.connection(self.conn_id)
+        except Exception:  # unknown connection: the check says so, polled
+            return None
+        queue = conn.extra.get("events_queue")
+        if not queue:
+            return None
+        buckets = set(buckets_of(conn.extra))
+        if buckets and self.bucket not in buckets:
+            return None
+        key = ("sqs", self.conn_id, queue)
+        opener = partial(SqsEventQueue, self.conn_id, queue)
+        if self.is_prefix:
+            return PushInterest(key, opener, pattern=re.escape(f"{self.bucket}/{self.key}") + ".")
+        if has_magic(self.key):
+            pattern = re.escape(f"{self.bucket}/") + compile_glob(self.key).pattern
+            return PushInterest(key, opener, pattern=pattern)
+        return PushInterest(key, opener, topic=f"{self.bucket}/{self.key}")
+
     # -- checking -----------------------------------------------------------------------
 
     async def poke(self, ctx: TriggerContext) -> TriggerEvent | None:
@@ -229,46 +258,21 @@ class _S3Link:
         self.conn = conn
         self.client = client
         self._cm = cm
-        self.flights = SingleFlight()
+        # Concurrent calls of one cycle start within milliseconds of each other; a listing
+        # older than that may predate the object a pushed check was woken for.
+        self.flights = SingleFlight(max_age=0.05)
 
     @classmethod
     async def open(cls, conn: Any) -> _S3Link:
-        from aiobotocore.config import AioConfig
-        from aiobotocore.session import get_session
-
         if conn.scheme not in ("s3", "aws"):
             raise S3CheckError(
                 f"connection {conn.conn_id!r} is {conn.redacted()}: an S3 connection "
                 "must be an s3:// URI"
             )
-        extra = conn.extra
-        config: dict[str, Any] = {
-            "connect_timeout": float(extra.get("connect_timeout", 10)),
-            "read_timeout": float(extra.get("read_timeout", 30)),
-            # The triggerer retries with backoff and logs it; one quick retry here only.
-            "retries": {
-                "mode": "standard",
-                "total_max_attempts": int(extra.get("max_attempts", 2)),
-            },
-            "max_pool_connections": 50,
-        }
-        if "addressing_style" in extra:
-            config["s3"] = {"addressing_style": extra["addressing_style"]}
-        kwargs: dict[str, Any] = {
-            "region_name": extra.get("region_name", "us-east-1"),
-            "config": AioConfig(**config),
-        }
-        if "endpoint_url" in extra:
-            kwargs["endpoint_url"] = extra["endpoint_url"]
-        if extra.get("verify", "").lower() in ("false", "0", "no"):
-            kwargs["verify"] = False
-        if conn.login:
-            kwargs["aws_access_key_id"] = conn.login
-            kwargs["aws_secret_access_key"] = conn.password or ""
-        token = extra.get("aws_session_token") or extra.get("session_token")
-        if token:
-            kwargs["aws_session_token"] = token
-        cm = get_session().create_client("s3", **kwargs)
+        options: dict[str, Any] = {"max_pool_connections": 50}
+        if "addressing_style" in conn.extra:
+            options["s3"] = {"addressing_style": conn.extra["addressing_style"]}
+        cm = aws_client(conn, "s3", options)
         client = await cm.__aenter__()
         return cls(conn, client, cm)
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .db import Database, Row
+from ..dag import DagError
+from .db import Database, Row, Tx
+from .pools import check_known
+from .runs import RunShape
 from .starts import StartSpec, arm, disarm, start_row
 
 
@@ -60,9 +63,19 @@ class CatalogueOps:
         """
         now = self.clock()
         async with self.db.write() as tx:
+            retry = False
+            if error is None:
+                # Issue 14: a pool or queue that does not exist (yet) breaks the file, naming
+                # it; the file is parsed again on each scan (mtime NULL) until it exists.
+                error = await _unknown_pools(tx, dags)
+                retry = error is not None
             if error is not None:
                 await tx.execute(
-                    "upsert_dag_file", path=path, mtime=mtime, now=now, parse_error=error
+                    "upsert_dag_file",
+                    path=path,
+                    mtime=None if retry else mtime,
+                    now=now,
+                    parse_error=error,
                 )
                 await tx.execute("mark_file_dags_broken", file=path, parse_error=error, now=now)
                 # A broken file starts no run (a worker could not import it); fixed, it is
@@ -166,6 +179,19 @@ class CatalogueOps:
         if row is None:
             raise _unknown(dag_id)
         return StartSpec.of(row)
+
+
+async def _unknown_pools(tx: Tx, dags: Sequence[DeclaredDag]) -> str | None:
+    problems = []
+    for dag in dags:
+        if dag.shape is None:
+            continue
+        try:
+            tasks = RunShape.from_json(dag.dag_id, dag.shape).tasks
+            await check_known(tx, tasks, f"DAG {dag.dag_id!r}")
+        except DagError as exc:
+            problems.append(str(exc))
+    return "; ".join(problems) or None
 
 
 def _unknown(dag_id: str) -> UnknownDag:

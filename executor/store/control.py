@@ -19,6 +19,9 @@ report of a cleared or cancelled attempt is discarded (its owner token no longer
   trigger row is dropped by the triggerer's sweep) and a RUNNING attempt FAILED (its
   result, when it comes, is discarded); the DAG's next queued run may start.
 * **retry**: clear every FAILED and UPSTREAM_FAILED task of a run.
+* **resume**: a run PAUSED by ``on_task_failure="pause"`` goes on, its failed tasks run
+  again (or, without retrying them, their failures flow to their children). A clear or a
+  mark on a paused run resumes it too. A cancel ends it CANCELLED.
 """
 
 from __future__ import annotations
@@ -29,8 +32,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..rows import TaskRow
-from ..statemachine import Carry, evaluate, start_queued, transition, transition_run
+from ..rows import MovedTask, TaskRow
+from ..statemachine import (
+    Carry,
+    evaluate,
+    release_waits,
+    resume_run,
+    start_queued,
+    stop_run,
+    transition,
+    transition_run,
+)
 from ..states import RUN_TERMINAL, TERMINAL, RunState, State
 from .db import Database, Row, Tx
 
@@ -136,6 +148,7 @@ class ControlOps:
             after = graph.select([task_id], downstream=True, upstream=False)
             stuck = [t for t in after if graph.tasks[t].state == State.UPSTREAM_FAILED.value]
             await _clear(tx, graph, stuck, force=False, why=why, now=now)
+            await resume_run(tx, run_id, now, why=why)  # a paused run goes on; else nothing
             return Done(run_id, await _run_state(tx, run_id), picked + stuck)
 
     async def cancel(self, run_id: str, *, who: str = "operator", reason: str = "") -> Done:
@@ -151,24 +164,33 @@ class ControlOps:
                 return Done(run_id, state.value, [])
             if state in RUN_TERMINAL:
                 raise ControlError(f"run {run_id} has ended {state.value}: nothing to cancel")
-            await transition_run(tx, run_id, state, RunState.CANCELLED, now=now)
-            why = _why("cancelled", who, reason)
-            rows = await tx.fetch("unfinished_tasks", run_id=run_id)
-            moves: dict[tuple[State, State], list[int]] = defaultdict(list)
-            for r in rows:
-                old = State(r["state"])
-                # A running attempt FAILED; the rest (waits, pending work, and a mapped
-                # task's template, which runs no attempt of its own) SKIPPED.
-                attempt = old is State.RUNNING and not (r["map_index"] < 0 and r["expand_from"])
-                moves[(old, State.FAILED if attempt else State.SKIPPED)].append(r["id"])
-            # Each a compare-and-set: a row that ended meanwhile keeps how it ended. The
-            # skips first: a failed attempt would otherwise fail its children upstream.
-            for (old, new), ids in sorted(moves.items(), key=lambda m: m[0][1] is State.FAILED):
-                moved = await transition(tx, ids, old, new, now=now, message=why)
-                if old is State.DEFERRED:
-                    await _release(tx, [m.id for m in moved], rows, now)
-            await start_queued(tx, run["dag_id"], now)
-            return Done(run_id, RunState.CANCELLED.value, sorted({r["task_id"] for r in rows}))
+            moved = await cancel_run(tx, run, _why("cancelled", who, reason), now)
+            return Done(run_id, RunState.CANCELLED.value, sorted({m.task_id for m in moved}))
+
+    async def resume(
+        self, run_id: str, *, retry_failed: bool = True, who: str = "operator", reason: str = ""
+    ) -> Done:
+        """Resume a run PAUSED by its failure policy: its FAILED tasks run again (cleared,
+        fresh attempts) unless ``retry_failed`` is false, in which case the failures stand
+        and flow to their children as under ``continue``. Refused for a run not PAUSED."""
+        async with self.db.write() as tx:
+            now = self.clock()
+            graph = await _Graph.read(tx, run_id)
+            state = graph.run["state"]
+            if state != RunState.PAUSED.value:
+                raise ControlError(f"run {run_id} is {state}, not PAUSED: nothing to resume")
+            why = _why("resumed", who, reason)
+            picked: list[str] = []
+            if retry_failed:
+                picked = [t for t, r in graph.tasks.items() if r.state == State.FAILED.value]
+                # UPSTREAM_FAILED too: under pause none is, unless marked by hand.
+                picked = graph.select(picked, downstream=True, upstream=False)
+                picked = [t for t in picked if graph.tasks[t].state in _FAILED]
+                await _clear(tx, graph, picked, force=False, why=why, now=now)
+            # Resumed by the clear, or here (nothing to clear: a mapped task's instance
+            # failed, which is rerun by clearing the mapped task).
+            await resume_run(tx, run_id, now, why=why)
+            return Done(run_id, await _run_state(tx, run_id), picked)
 
 
 @dataclass(slots=True)
@@ -251,20 +273,25 @@ async def _clear(
     state = RunState(graph.run["state"])
     if state in RUN_TERMINAL:
         await transition_run(tx, run_id, state, RunState.RUNNING, now=now)
+    elif state is RunState.PAUSED:  # a clear is how a paused run goes on (or resume)
+        await resume_run(tx, run_id, now, why=why)
     rows = TaskRow.all(await tx.fetch("tasks_by_id", ids=recount))
     await evaluate(tx, rows, now)
 
 
+async def cancel_run(tx: Tx, run: Row, why: str, now: float) -> list[MovedTask]:
+    """End ``run`` (its dag_run row, not ended) CANCELLED in ``tx``, saying ``why`` (an
+    operator's cancel, a dagrun_timeout): see the module. The tasks it stopped."""
+    state = RunState(run["state"])
+    moved = await stop_run(tx, run["run_id"], state, RunState.CANCELLED, why=why, now=now)
+    await start_queued(tx, run["dag_id"], now)
+    return moved
+
+
 async def _release(tx: Tx, ids: Sequence[int], rows: Sequence[Row], now: float) -> None:
-    """Tell the triggerers that these waits ended (their rows: id -> trigger_id), so they
-    drop them within a second instead of at their next full reload."""
+    """Tell the triggerers that these waits ended (their rows: id -> trigger_id)."""
     trigger_of = {r["id"]: r["trigger_id"] for r in rows}
-    released = [
-        {"task_row": i, "trigger_id": trigger_of[i], "now": now}
-        for i in ids
-        if trigger_of.get(i) is not None
-    ]
-    await tx.executemany("release_waits", released)
+    await release_waits(tx, [(i, trigger_of.get(i)) for i in ids], now)
 
 
 async def _drop_instances(tx: Tx, run_id: str, task_ids: Sequence[str]) -> None:

@@ -7,13 +7,16 @@ keyword parameters. Everything above this line is backend-agnostic Python.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from schema import Query
 
+from .liveness import Liveness
+
 Row = Mapping[str, Any]
+T = TypeVar("T")
 
 
 class SchemaTooNew(RuntimeError):
@@ -53,6 +56,12 @@ class Database(Protocol):
 
     def read(self) -> AbstractAsyncContextManager[Tx]: ...
 
+    async def transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        """``await body(tx)`` in one read-write transaction, as ``async with write()``
+        would, for a body that awaits nothing but ``tx``: SQLite runs it whole in its
+        driver's thread, one call per transaction instead of one per statement."""
+        ...
+
     async def wait(self, channel: str, timeout: float) -> bool:
         """Sleep until the database signals ``channel`` (True) or ``timeout`` passes (False).
 
@@ -60,6 +69,18 @@ class Database(Protocol):
         (trigger rows were inserted). PostgreSQL wakes on LISTEN/NOTIFY; SQLite has no
         signal and simply sleeps, so callers keep polling there.
         """
+        ...
+
+    def liveness(self) -> Liveness:
+        """This process's lock that dies with it (executor/store/liveness.py)."""
+        ...
+
+    async def subscribe(
+        self, channel: str, callback: Callable[[str | None], None]
+    ) -> Callable[[], None] | None:
+        """Call ``callback(payload)`` for each NOTIFY on ``channel`` (``None``: the LISTEN
+        connection was lost, something may have been missed) until the returned function
+        is called. None where there are no notifications (SQLite)."""
         ...
 
     async def close(self) -> None: ...

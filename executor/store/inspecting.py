@@ -10,6 +10,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from triggers.base import clip
+
 from .db import Database, Row
 
 # A mapped task's page lists at most this many instances (the counts cover them all).
@@ -107,6 +109,11 @@ class InspectOps:
                 counts[r["run_id"]][r["state"]] = r["n"]
         return [(run, counts[run["run_id"]]) for run in runs]
 
+    async def runs_needing_attention(self, limit: int = 100) -> list[Row]:
+        """Runs PAUSED by their failure policy, or going on past their deadline."""
+        async with self.db.read() as tx:
+            return await tx.fetch("ops_runs_needing_attention", n=limit)
+
     async def dags_page(self, runs_per_dag: int = RUNS_PER_DAG) -> DagsPage:
         """Every catalogued DAG with its newest runs, and the files whose parse failed."""
         async with self.db.read() as tx:
@@ -131,7 +138,7 @@ class InspectOps:
             ]
             waits = {
                 r["task_id"] if r["map_index"] < 0 else f"{r['task_id']}[{r['map_index']}]": (
-                    r["description"] or r["classpath"]
+                    clip(r["description"] or r["classpath"])
                 )
                 for r in await tx.fetch("ops_run_waits", run_id=run_id)
             }

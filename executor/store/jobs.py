@@ -13,17 +13,25 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
+from triggers.people import PersonWait
+from triggers.registry import load_trigger
+
 from ..outcomes import Deferred, Failed, Outcome, Rescheduled, SensorTimedOut, Succeeded
 from ..params import resolve
+from ..pools import DEFAULT, claim_rounds
 from ..rows import MovedTask
 from ..schedules import Interval
 from ..statemachine import Carry, retry_or_fail, transition
 from ..states import State
 from .backfills import BATCH, Backfilled, backfill_runs
+from .callbacks import CallbackOps, CallbackRow, claim_callbacks
 from .catalogue import CatalogueOps
 from .control import ControlOps
 from .db import Database, Row, Tx
+from .events import EventOps, look_back, register_waits
 from .inspecting import InspectOps
+from .people import PERSON_KEY, PeopleOps, request_made
+from .pools import PoolOps, check_known
 from .runs import NewRun, RunShape, StartedRun, insert_run, manual_run_key, new_run_id
 from .starts import StartSpec
 
@@ -31,9 +39,10 @@ if TYPE_CHECKING:
     from ..dag import DAG
 
 Clock = Callable[[], float]
+DEFAULT_QUEUES = (DEFAULT,)
 
 
-class Store(InspectOps, CatalogueOps, ControlOps):
+class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps, PeopleOps):
     def __init__(self, db: Database, clock: Clock = time.time) -> None:
         self.db = db
         self.clock = clock
@@ -102,8 +111,11 @@ class Store(InspectOps, CatalogueOps, ControlOps):
             max_active=max_active,
             run_id=run_id or new_run_id(dag.dag_id, logical_date, token),
         )
+        shape = RunShape.of(dag)
         async with self.db.write() as tx:
-            return await insert_run(tx, RunShape.of(dag), new, self.clock())
+            # Unknown pools and queues are refused here, before any row (naming them).
+            await check_known(tx, shape.tasks, f"DAG {dag.dag_id!r}")
+            return await insert_run(tx, shape, new, self.clock())
 
     async def backfill(
         self,
@@ -187,46 +199,65 @@ class Store(InspectOps, CatalogueOps, ControlOps):
 
     # -- workers -------------------------------------------------------------------------
 
-    async def claim(self, owner: str, limit: int) -> list[MovedTask]:
-        """Take up to ``limit`` claimable tasks for ``owner``, highest priority first."""
-        return await self.exchange([], owner, limit)
+    async def claim(
+        self, owner: str, limit: int, queues: Sequence[str] = DEFAULT_QUEUES
+    ) -> list[MovedTask]:
+        """Take up to ``limit`` claimable tasks of ``queues`` for ``owner``, highest
+        priority first, within their pools' slots."""
+        return await self.exchange([], owner, limit, queues)
 
     async def complete(self, outcomes: Iterable[Outcome]) -> None:
         """Record a batch of finished attempts in one transaction."""
         await self.exchange(outcomes, "", 0)
 
     async def exchange(
-        self, outcomes: Iterable[Outcome], owner: str, limit: int
+        self,
+        outcomes: Iterable[Outcome],
+        owner: str,
+        limit: int,
+        queues: Sequence[str] = DEFAULT_QUEUES,
+        callbacks: list[CallbackRow] | None = None,
     ) -> list[MovedTask]:
         """Record finished attempts and claim up to ``limit`` new tasks, in one transaction.
 
         A worker's steady state is one transaction per batch in each direction at once:
-        what finished goes in, what is now runnable (often its children) comes out.
+        what finished goes in, what is now runnable (often its children) comes out. Only
+        tasks of ``queues`` are claimed, and only as many of a pool as its free slots
+        (:func:`executor.pools.claim_rounds`: the check and the claim in this transaction).
+        Given a ``callbacks`` list, the slots no task took claim due callback rows into it.
         """
         outcomes = list(outcomes)
         if not outcomes and limit <= 0:
             return []
         now = self.clock()
-        async with self.db.write() as tx:
+
+        async def body(tx: Tx) -> list[MovedTask]:
             if outcomes:
                 await _record(tx, outcomes, now)
             if limit <= 0:
                 return []
-            by_state: dict[str, list[int]] = defaultdict(list)
-            for row in await tx.fetch("claim_candidates", now=now, n=limit):
-                by_state[row["state"]].append(row["id"])
             claimed: list[MovedTask] = []
-            for state, ids in by_state.items():
-                claimed += await transition(
-                    tx,
-                    ids,
-                    State(state),
-                    State.RUNNING,
-                    now=now,
-                    message=f"claimed by {owner}",
-                    owner=owner,
-                )
+            async for batch in claim_rounds(tx, now, queues, limit):
+                by_state: dict[str, list[int]] = defaultdict(list)
+                for c in batch:
+                    by_state[c.state].append(c.id)
+                for state, ids in by_state.items():
+                    claimed += await transition(
+                        tx,
+                        ids,
+                        State(state),
+                        State.RUNNING,
+                        now=now,
+                        message=f"claimed by {owner}",
+                        owner=owner,
+                    )
+            if callbacks is not None:
+                callbacks.extend(await claim_callbacks(tx, owner, limit - len(claimed), now))
             return claimed
+
+        # One call into SQLite's driver thread for the whole transaction (the worker's
+        # hot path: a round trip per statement was most of a no-op task's cost).
+        return await self.db.transact(body)
 
     async def parent_outputs(self, row: MovedTask) -> dict[str, Any]:
         """``ctx.inputs`` for a claimed task: each parent's output, a mapped one as a list."""
@@ -253,11 +284,44 @@ class Store(InspectOps, CatalogueOps, ControlOps):
             rows = await tx.fetch("heartbeat", now=self.clock(), ids=list(ids), owner=owner)
         return [r["id"] for r in rows]
 
+    # -- liveness (issue 16): the workers that run, and taking back a dead one's attempts --
+
+    async def worker_beat(self, worker_id: str) -> None:
+        """List this worker (or keep its row fresh) for the others' liveness checks."""
+        async with self.db.write() as tx:
+            await tx.execute("worker_beat", id=worker_id, now=self.clock())
+
+    async def worker_leave(self, worker_id: str) -> None:
+        async with self.db.write() as tx:
+            await tx.execute("worker_leave", id=worker_id)
+
+    async def other_workers(self, me: str) -> list[str]:
+        async with self.db.read() as tx:
+            return [r["id"] for r in await tx.fetch("other_workers", me=me)]
+
+    async def reap_worker(self, worker_id: str, why: str) -> int:
+        """Take back every attempt of a worker whose process is gone (its liveness lock was
+        released), retrying or failing each per its policy, and forget the worker."""
+        now = self.clock()
+        taken = 0
+        async with self.db.write() as tx:
+            for row in await tx.fetch("running_of_worker", prefix=f"{worker_id}#"):
+                moved = await retry_or_fail(
+                    tx, row["id"], State.RUNNING, attempt=row["attempt"],
+                    max_attempts=row["max_attempts"], now=now,
+                    why=f"worker {row['owner']} lost: {why}", expect_owner=row["owner"],
+                    queued_since=row["run_created_at"],
+                )  # fmt: skip
+                taken += len(moved)
+            await tx.execute("worker_leave", id=worker_id)
+        return taken
+
     async def reap(self, stale_after: float) -> int:
         """Take back tasks whose worker stopped heartbeating; retry or fail them per policy."""
         now = self.clock()
         taken = 0
         async with self.db.write() as tx:
+            await tx.execute("forget_stale_workers", before=now - stale_after)
             for row in await tx.fetch("stale_running", before=now - stale_after):
                 why = (
                     f"worker {row['owner']} lost: no heartbeat for "
@@ -266,13 +330,20 @@ class Store(InspectOps, CatalogueOps, ControlOps):
                 moved = await retry_or_fail(
                     tx, row["id"], State.RUNNING, attempt=row["attempt"],
                     max_attempts=row["max_attempts"], now=now, why=why,
-                    expect_owner=row["owner"],
+                    expect_owner=row["owner"], queued_since=row["run_created_at"],
                 )  # fmt: skip
                 taken += len(moved)
         return taken
 
 
 async def _record(tx: Tx, outcomes: list[Outcome], now: float) -> None:
+    # Event waits first: their names' locks come before any other this transaction takes.
+    await register_waits(
+        tx,
+        (o.deferral.event for o in outcomes
+         if isinstance(o, Deferred) and o.deferral.event is not None),
+        now,
+    )  # fmt: skip
     await _write_logs(tx, outcomes)
     successes: dict[str, list[Succeeded]] = defaultdict(list)
     for o in outcomes:
@@ -325,16 +396,21 @@ async def _record(tx: Tx, outcomes: list[Outcome], now: float) -> None:
 
 async def _defer(tx: Tx, o: Deferred, now: float) -> None:
     d = o.deferral
-    row = await tx.fetchone(
-        "insert_trigger",
-        classpath=d.classpath,
-        kwargs=d.kwargs_json,
-        poke_hash=d.poke_hash,
-        shard=d.shard,
-        now=now,
-        description=d.description,
-        not_before=None,
-    )
+    trigger_row = {
+        "classpath": d.classpath,
+        "kwargs": d.kwargs_json,
+        "poke_hash": d.poke_hash,
+        "shard": d.shard,
+        "now": now,
+        "description": d.description,
+    }
+    # A person's wait is settled by the answer (store/people.py) and an event wait by its
+    # events (store/events.py): their rows carry a key and are never loaded by a triggerer.
+    key = f"{PERSON_KEY}{o.row_id}" if d.person else d.event.key if d.event else None
+    if key is not None:
+        row = await tx.fetchone("insert_event_trigger", **trigger_row, event_key=key)
+    else:
+        row = await tx.fetchone("insert_trigger", **trigger_row, not_before=None)
     assert row is not None
     limit = (
         "" if d.timeout_at is None else f"; gives up after {d.timeout_at - d.wait_started_at:g} s"
@@ -359,6 +435,12 @@ async def _defer(tx: Tx, o: Deferred, now: float) -> None:
     )
     if not moved:  # a stale report: the attempt is no longer ours, nor is the trigger
         await tx.execute("delete_trigger", id=row["id"])
+    elif d.event is not None:  # an event sent before the wait began counts (its lookback)
+        await look_back(tx, o.row_id, row["id"], d.event, d.wait_started_at, now)
+    elif d.person:  # tell the respondents (notify=), in this transaction
+        wait = load_trigger(d.classpath, d.kwargs_json)
+        if isinstance(wait, PersonWait):
+            await request_made(tx, o.run_id, o.row_id, wait, now)
 
 
 async def _write_logs(tx: Tx, outcomes: list[Outcome]) -> None:

@@ -28,9 +28,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
@@ -38,10 +38,24 @@ import asyncpg
 import schema
 from schema import Query
 
-from .db import Row, check_params
+from .db import Row, Tx, check_params
+from .liveness import Liveness, PgLiveness
 from .migrate import migrate
 
+T = TypeVar("T")
+
 log = logging.getLogger("slotless.store.postgres")
+
+
+class _PoolFloorFilter(logging.Filter):
+    """asyncpg's pool logs a traceback each time it fails to reopen its idle connections
+    during an outage; the store's callers already say once that the database is away."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to restore the pool connection floor")
+
+
+logging.getLogger("asyncpg.pool").addFilter(_PoolFloorFilter())
 
 CLOCK_RESYNC = 60.0  # seconds between two measurements of the server clock
 LISTEN_CHECK = 30.0  # seconds between two checks that the LISTEN connection is alive
@@ -106,6 +120,8 @@ class PostgresDatabase:
         self._listen_failed_at = -float("inf")
         self._channels: dict[str, asyncio.Event] = {}
         self._listened: set[str] = set()  # channels the current LISTEN connection follows
+        # Payload subscribers per channel (push sources: triggerer/push.py).
+        self._subscribers: dict[str, list[Callable[[str | None], None]]] = {}
 
     @classmethod
     async def open(cls, url: str) -> PostgresDatabase:
@@ -161,6 +177,11 @@ class PostgresDatabase:
                 log.warning("could not read the database clock; keeping the last offset")
         async with self._pool.acquire() as conn, conn.transaction():
             yield PostgresTx(conn, self._sql)
+
+    async def transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        """``body(tx)`` in one write transaction (SQLite runs it in one driver call)."""
+        async with self.write() as tx:
+            return await body(tx)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[PostgresTx]:
@@ -223,9 +244,13 @@ class PostgresDatabase:
                 except Exception as exc:
                     if conn is not None:
                         conn.terminate()
+                    if self._listen_failed_at == -float("inf"):  # once per outage
+                        log.warning("cannot LISTEN (%s); polling until it works again", exc)
                     self._listen_failed_at = now
-                    log.warning("cannot LISTEN (%s); polling until it works again", exc)
                     return
+                if self._listen_failed_at != -float("inf"):
+                    log.warning("LISTEN works again")
+                    self._listen_failed_at = -float("inf")
                 self._listen_conn = conn
                 self._listen_checked = now
                 for event in self._channels.values():
@@ -235,18 +260,68 @@ class PostgresDatabase:
                 self._listened.add(channel)
                 self._channels[channel].set()
 
+    async def subscribe(
+        self, channel: str, callback: Callable[[str | None], None]
+    ) -> Callable[[], None] | None:
+        """Payloads of ``channel``'s notifications, on the process's LISTEN connection."""
+        if not self._options["listen"]:
+            return None
+        if channel not in self._channels:
+            self._channels[channel] = asyncio.Event()
+        subs = self._subscribers.setdefault(channel, [])
+        subs.append(callback)
+        await self._listening(channel)
+        if self._listen_conn is None:  # cannot LISTEN now: the caller polls, tries later
+            subs.remove(callback)
+            return None
+
+        def stop() -> None:
+            if callback in subs:
+                subs.remove(callback)
+
+        return stop
+
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         event = self._channels.get(channel)
         if event is not None:
             event.set()
+        for callback in list(self._subscribers.get(channel, ())):
+            try:
+                callback(payload)
+            except Exception:  # one subscriber's bug must not stop the others hearing
+                log.exception("a subscriber of %s failed", channel)
 
     def _lost(self, conn: Any) -> None:
         if conn is self._listen_conn:
             self._listen_conn = None
             for event in self._channels.values():
                 event.set()  # wake the waiters: they poll once and listen again
+            for subs in self._subscribers.values():
+                for callback in list(subs):
+                    with contextlib.suppress(Exception):
+                        callback(None)
         if not conn.is_closed():
             conn.terminate()
+
+    # -- liveness -------------------------------------------------------------------------
+
+    def liveness(self) -> Liveness:
+        """A session advisory lock on a connection of its own (see liveness.py)."""
+        return PgLiveness(self._connect_liveness, self._run_liveness)
+
+    async def _connect_liveness(self) -> asyncpg.Connection:
+        # Keepalives: a host cut off is noticed by the server in about 30 s, not 2 hours,
+        # and its lock released then (its leases have expired long before).
+        return await asyncpg.connect(
+            self._dsn, server_settings={"tcp_keepalives_idle": "10",
+                                        "tcp_keepalives_interval": "5",
+                                        "tcp_keepalives_count": "3"}
+        )  # fmt: skip
+
+    async def _run_liveness(
+        self, conn: asyncpg.Connection, name: str, params: dict[str, Any]
+    ) -> list[Row]:
+        return await PostgresTx(conn, self._sql).fetch(name, **params)
 
     async def close(self) -> None:
         conn, self._listen_conn = self._listen_conn, None

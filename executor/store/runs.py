@@ -17,16 +17,20 @@ import functools
 import json
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
+from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
 from ..rules import Counts, Decision, decide
+from ..runpolicy import RunPolicy, anchor, late_json, moment
 from ..schedules import Interval
 from ..statemachine import evaluate, transition_run
 from ..states import RunState
 from .db import Tx
+from .runwaits import Wait, arm, waits_of
 
 if TYPE_CHECKING:
     from ..dag import DAG
@@ -51,6 +55,12 @@ class TaskShape:
     expand_from: str | None = None
     map_cap: int | None = None
     max_attempts: int = 1
+    # Issue 14 (executor/pools.py): shapes stored before these fields read as the defaults.
+    pool: str = "default"
+    pool_slots: int = 1
+    queue: str = "default"
+    hooks: int = 0  # which events write a callback row (executor.notifications.task_mask)
+    expected_by: str | None = None  # a sensor's expected_by, HH:MM:SS (executor/runpolicy.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,8 @@ class RunShape:
 
     dag_id: str
     tasks: tuple[TaskShape, ...]
+    hooks: int = 0  # the run's own events with handlers (executor.notifications.run_mask)
+    policy: RunPolicy = field(default_factory=RunPolicy)
 
     @classmethod
     def of(cls, dag: DAG) -> RunShape:
@@ -73,22 +85,56 @@ class RunShape:
                     s.expand,
                     s.effective_map_cap(),
                     s.retries + 1,
+                    s.pool,
+                    s.pool_slots,
+                    s.queue,
+                    task_mask(s.hooks, dag.hooks),
+                    s.sensor.expected_by if s.sensor is not None else None,
                 )
                 for s in dag.tasks.values()
             ),
+            run_mask(dag.hooks),
+            dag.policy,
+        )
+
+    @property
+    def has_times(self) -> bool:
+        """Whether its runs have time waits: a deadline, a dagrun_timeout, an expected_by."""
+        return (
+            self.policy.deadline is not None
+            or self.policy.dagrun_timeout is not None
+            or any(t.expected_by for t in self.tasks)
         )
 
     def to_json(self) -> str:
-        return json.dumps([[*_fields(t)] for t in self.tasks], separators=(",", ":"))
+        tasks = [[*_fields(t)] for t in self.tasks]
+        # A list when the run has no hooks nor policy of its own: the form stored before.
+        doc: Any = tasks
+        if self.hooks or not self.policy.is_default:
+            doc = {"tasks": tasks, "hooks": self.hooks, "policy": self.policy.to_json()}
+        return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, dag_id: str, text: str) -> RunShape:
-        return cls(dag_id, tuple(_task(*fields) for fields in json.loads(text)))
+        tasks, hooks, policy = shape_parts(text)
+        return cls(dag_id, tasks, hooks, policy)
+
+
+@functools.lru_cache(maxsize=4096)
+def shape_parts(text: str) -> tuple[tuple[TaskShape, ...], int, RunPolicy]:
+    """A stored shape's tasks, run hooks and policy (many DAGs store the same text: parsed
+    once)."""
+    doc = json.loads(text)
+    if isinstance(doc, list):
+        return tuple(_task(*fields) for fields in doc), 0, RunPolicy()
+    tasks = tuple(_task(*fields) for fields in doc["tasks"])
+    return tasks, doc.get("hooks", 0), RunPolicy.from_json(doc.get("policy"))
 
 
 def _fields(t: TaskShape) -> tuple[Any, ...]:
-    return (t.task_id, t.parents, t.trigger_rule, t.priority, t.expand_from, t.map_cap,
-            t.max_attempts)  # fmt: skip
+    out = (t.task_id, t.parents, t.trigger_rule, t.priority, t.expand_from, t.map_cap,
+           t.max_attempts, t.pool, t.pool_slots, t.queue, t.hooks)  # fmt: skip
+    return out if t.expected_by is None else (*out, t.expected_by)
 
 
 def _task(task_id: str, parents: list[str], *rest: Any) -> TaskShape:
@@ -157,6 +203,7 @@ async def insert_runs(
         start, end = (None, None) if new.interval is None else interval_text(new.interval)
         rows.append(
             {
+                **_policy_columns(shape, new),
                 "run_id": run_id,
                 "dag_id": shape.dag_id,
                 "logical_date": new.logical_date.isoformat(),
@@ -170,6 +217,7 @@ async def insert_runs(
                 "data_interval_end": end,
                 "start_event": None if new.start_event is None else json.dumps(new.start_event),
                 "max_active": new.max_active,
+                "hooks": shape.hooks,
             }
         )
     await tx.executemany("insert_run", rows)
@@ -177,17 +225,22 @@ async def insert_runs(
     # PostgreSQL an insert of a key being inserted concurrently waited for that commit.
     ours = {r["run_id"] for r in await tx.fetch("runs_by_id", ids=run_ids)}
     out: list[StartedRun] = []
+    waits: list[Wait] = []
     tasks: list[dict[str, Any]] = []
     edges: list[dict[str, Any]] = []
     to_expand: list[str] = []
     empty: list[str] = []
-    for (shape, new), state, run_id in zip(requests, states, run_ids, strict=True):
+    for (shape, new), state, run_id, row in zip(requests, states, run_ids, rows, strict=True):
         if run_id not in ours:
             existing = await tx.fetchone("run_by_key", dag_id=shape.dag_id, run_key=new.run_key)
             assert existing is not None, f"run key {new.run_key!r} taken, yet no run has it"
             out.append(StartedRun(existing["run_id"], new.run_key, False, existing["state"]))
             continue
         out.append(StartedRun(run_id, new.run_key, True, state))
+        if shape.has_times:
+            going = state == RunState.RUNNING.value
+            new_run = {**row, "deadline_missed_at": None}
+            waits += waits_of(new_run, now, times=True, timeout=going)
         has_children = {p for t in shape.tasks for p in t.parents}
         going = state == RunState.RUNNING.value
         for t in shape.tasks:
@@ -205,11 +258,31 @@ async def insert_runs(
             empty.append(run_id)
     await tx.executemany("insert_task", tasks)
     await tx.executemany("insert_edge", edges)
+    await arm(tx, waits, now)
     for run_id in empty:
         await transition_run(tx, run_id, RunState.RUNNING, RunState.SUCCESS, now=now)
     if to_expand:
         await evaluate(tx, TaskRow.all(await tx.fetch("runs_tasks", ids=to_expand)), now)
     return out
+
+
+def _policy_columns(shape: RunShape, new: NewRun) -> dict[str, Any]:
+    """The run's copy of its DAG's policy, its times made moments (executor/runpolicy.py)."""
+    policy = shape.policy
+    deadline_at = None
+    late: dict[str, float] = {}
+    if shape.has_times:
+        zone = ZoneInfo(policy.timezone)
+        start = anchor(new.logical_date, None if new.interval is None else new.interval.end, zone)
+        if policy.deadline is not None:
+            deadline_at = moment(policy.deadline, start)
+        late = {t.task_id: moment(t.expected_by, start) for t in shape.tasks if t.expected_by}
+    return {
+        "on_task_failure": policy.on_task_failure.value,
+        "deadline_at": deadline_at,
+        "timeout_s": policy.dagrun_timeout,
+        "late_at": late_json(late),
+    }
 
 
 def _runs_at_once(t: TaskShape) -> bool:
@@ -257,4 +330,8 @@ def _task_row(run_id: str, t: TaskShape, is_leaf: bool, ready: bool, now: float)
         "n_parents": len(t.parents),
         "ready_at": now if ready else None,
         "now": now,
+        "pool": t.pool,
+        "pool_slots": t.pool_slots,
+        "queue": t.queue,
+        "hooks": t.hooks,
     }

@@ -33,7 +33,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from triggers.base import BaseTrigger, shard_of
+from triggers.base import BaseTrigger
 from triggers.registry import load_trigger
 from triggers.temporal import DateTimeTrigger
 
@@ -43,11 +43,11 @@ from .lines import one_line
 from .runs import (
     NewRun,
     RunShape,
-    TaskShape,
     insert_runs,
     interval_text,
     scheduled_run_key,
 )
+from .runwaits import insert_trigger as _insert_trigger
 
 SCHEDULE = "schedule"
 CONDITION = "condition"
@@ -90,7 +90,7 @@ class StartSpec:
             schedule=schedule,
             catchup=bool(row["catchup"]),
             max_active_runs=row["max_active_runs"],
-            shape=RunShape(row["dag_id"], _tasks(row["shape"])) if row["shape"] else None,
+            shape=_shape(row["dag_id"], row["shape"]) if row["shape"] else None,
             start_when=None if when is None else (when[0], json.dumps(when[1], sort_keys=True)),
             paused=bool(row["paused"]),
             parse_error=row["parse_error"],
@@ -113,8 +113,8 @@ def _schedule(text: str, zone: str, start: str | None, end: str | None) -> Sched
 
 
 @functools.lru_cache(maxsize=4096)
-def _tasks(text: str) -> tuple[TaskShape, ...]:
-    return RunShape.from_json("", text).tasks
+def _shape(dag_id: str, text: str) -> RunShape:
+    return RunShape.from_json(dag_id, text)
 
 
 async def start_row(tx: Tx, dag_id: str) -> Row | None:
@@ -388,25 +388,6 @@ async def _rearm(
         now=now,
         id=wait["id"],
     )
-
-
-async def _insert_trigger(
-    tx: Tx, trigger: BaseTrigger, now: float, not_before: float | None
-) -> int:
-    classpath, kwargs = trigger.serialize()
-    poke_hash = trigger.poke_hash()
-    row = await tx.fetchone(
-        "insert_trigger",
-        classpath=classpath,
-        kwargs=json.dumps(kwargs, sort_keys=True),
-        poke_hash=poke_hash,
-        shard=shard_of(poke_hash),
-        now=now,
-        description=trigger.describe(),
-        not_before=not_before,
-    )
-    assert row is not None
-    return int(row["id"])
 
 
 def _schedule_trigger(iv: Interval) -> BaseTrigger:

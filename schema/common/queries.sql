@@ -21,20 +21,22 @@ VALUES (:worker_id, :slot, :task_row, :kind, :started_at, :ended_at);
 -- runs_by_id says which were inserted.
 INSERT INTO dag_run (run_id, dag_id, logical_date, state, dag_file, created_at, tasks_unfinished,
                      run_key, conf, data_interval_start, data_interval_end, start_event,
-                     max_active)
+                     max_active, hooks, on_task_failure, deadline_at, timeout_s, late_at)
 VALUES (:run_id, :dag_id, :logical_date, :state, :dag_file, :now, :tasks, :run_key, :conf,
-        :data_interval_start, :data_interval_end, :start_event, :max_active)
+        :data_interval_start, :data_interval_end, :start_event, :max_active, :hooks,
+        :on_task_failure, :deadline_at, :timeout_s, :late_at)
 ON CONFLICT (dag_id, run_key) DO NOTHING;
 
 -- name: run_by_key
 SELECT run_id, state FROM dag_run WHERE dag_id = :dag_id AND run_key = :run_key;
 
 -- name: dags_runs_going
--- Read under lock_dags_runs: whether new runs of these DAGs must queue.
+-- Read under lock_dags_runs: whether new runs of these DAGs must queue. A PAUSED run holds
+-- its place: it goes on when resumed.
 SELECT dag_id,
-       COALESCE(sum(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END), 0) AS running,
+       COALESCE(sum(CASE WHEN state IN ('RUNNING', 'PAUSED') THEN 1 ELSE 0 END), 0) AS running,
        COALESCE(sum(CASE WHEN state = 'QUEUED' THEN 1 ELSE 0 END), 0) AS queued
-FROM dag_run WHERE dag_id = ANY(:dag_ids) AND state IN ('RUNNING', 'QUEUED')
+FROM dag_run WHERE dag_id = ANY(:dag_ids) AND state IN ('RUNNING', 'QUEUED', 'PAUSED')
 GROUP BY dag_id;
 
 -- name: runs_by_id
@@ -47,8 +49,8 @@ SELECT * FROM task WHERE run_id = ANY(:ids) AND map_index = -1 ORDER BY id;
 -- name: next_queued_run
 -- The DAG's oldest queued run (by interval, then creation), and how many runs it has going.
 SELECT r.run_id, r.max_active,
-       (SELECT count(*) FROM dag_run a WHERE a.dag_id = r.dag_id AND a.state = 'RUNNING')
-           AS running
+       (SELECT count(*) FROM dag_run a
+        WHERE a.dag_id = r.dag_id AND a.state IN ('RUNNING', 'PAUSED')) AS running
 FROM dag_run r WHERE r.dag_id = :dag_id AND r.state = 'QUEUED'
 ORDER BY COALESCE(r.data_interval_start, r.logical_date), r.created_at, r.run_id
 LIMIT 1;
@@ -56,19 +58,23 @@ LIMIT 1;
 -- name: insert_task
 -- :ready_at is set for the tasks a new RUNNING run starts at once (executor/store/runs.py).
 INSERT INTO task (run_id, task_id, state, trigger_rule, priority, is_leaf, expand_from, map_cap,
-                  max_attempts, n_parents, ready_at, updated_at)
+                  max_attempts, n_parents, ready_at, updated_at, pool, pool_slots, queue,
+                  hooks)
 VALUES (:run_id, :task_id, 'PENDING', :trigger_rule, :priority, :is_leaf, :expand_from,
-        :map_cap, :max_attempts, :n_parents, :ready_at, :now);
+        :map_cap, :max_attempts, :n_parents, :ready_at, :now, :pool, :pool_slots, :queue,
+        :hooks);
 
 -- name: insert_edge
 INSERT INTO edge (run_id, parent, child) VALUES (:run_id, :parent, :child);
 
 -- name: insert_instance
--- Instances keep expand_from so that their inputs leave out the list they were cut from.
+-- Instances keep expand_from so that their inputs leave out the list they were cut from,
+-- and their template's pool and queue.
 INSERT INTO task (run_id, task_id, map_index, state, trigger_rule, priority, is_leaf,
-                  max_attempts, item, map_total, expand_from, ready_at, updated_at)
+                  max_attempts, item, map_total, expand_from, ready_at, updated_at,
+                  pool, pool_slots, queue)
 VALUES (:run_id, :task_id, :map_index, 'PENDING', 'all_success', :priority, 0, :max_attempts,
-        :item, :map_total, :expand_from, :now, :now)
+        :item, :map_total, :expand_from, :now, :now, :pool, :pool_slots, :queue)
 ON CONFLICT DO NOTHING;
 
 -- name: set_expanded
@@ -84,13 +90,14 @@ SELECT * FROM task WHERE run_id = :run_id AND map_index = -1 ORDER BY id;
 UPDATE dag_run
 SET tasks_unfinished = tasks_unfinished - :done, leaves_failed = leaves_failed + :leaves_failed
 WHERE run_id = :run_id
-RETURNING tasks_unfinished, leaves_failed, dag_id;
+RETURNING tasks_unfinished, leaves_failed, dag_id, state, on_task_failure;
 
 -- name: cas_run
--- A run's compare-and-set (executor.statemachine.transition_run).
+-- A run's compare-and-set (executor.statemachine.transition_run), with what arming its
+-- time waits needs (executor/store/runwaits.py).
 UPDATE dag_run SET state = :new, ended_at = :ended_at
 WHERE run_id = :run_id AND state = :expected
-RETURNING run_id;
+RETURNING run_id, hooks, deadline_at, timeout_s, late_at, deadline_missed_at;
 
 -- name: bump_template
 -- Instances of a mapped task ended: count them in the template's counters.
@@ -133,7 +140,9 @@ WHERE id = ANY(:ids) AND state = 'RUNNING' AND owner = :owner
 RETURNING id;
 
 -- name: stale_running
-SELECT id, owner, attempt, max_attempts, heartbeat_at FROM task
+SELECT id, owner, attempt, max_attempts, heartbeat_at,
+       (SELECT r.created_at FROM dag_run r WHERE r.run_id = task.run_id) AS run_created_at
+FROM task
 WHERE state = 'RUNNING' AND owner IS NOT NULL AND heartbeat_at < :before;
 
 -- name: run_info
@@ -165,6 +174,52 @@ SELECT task_id, state, count(*) AS n FROM task
 WHERE run_id = :run_id AND map_index >= 0
 GROUP BY task_id, state;
 
+-- ---------------------------------------------------------------- callbacks and notifications
+-- executor/notifications.py records events; executor/store/callbacks.py delivers them.
+
+-- name: insert_callback
+-- In the transaction of the change that raises the event; a :dedup_key already recorded
+-- records nothing (a replayed fire).
+INSERT INTO callback (run_id, task_row, task_id, event, attempt, message, context, dedup_key,
+                      ready_at, created_at)
+VALUES (:run_id, :task_row,
+        COALESCE(:task_id, (SELECT t.task_id FROM task t WHERE t.id = :task_row)),
+        :event, :attempt, :message, :context, :dedup_key, :now, :now)
+ON CONFLICT (dedup_key) DO NOTHING;
+
+-- name: callback_heartbeat
+UPDATE callback SET heartbeat_at = :now
+WHERE id = ANY(:ids) AND state = 'RUNNING' AND owner = :owner
+RETURNING id;
+
+-- name: stale_callbacks
+-- Rows whose worker stopped heartbeating: claimable again (a try was spent).
+UPDATE callback SET state = 'PENDING', owner = NULL, ready_at = :now, last_error = :why
+WHERE state = 'RUNNING' AND heartbeat_at < :before
+RETURNING id, task_row, attempt, event, tries;
+
+-- name: callback_delivered
+-- One handler done: remembered at once, so a retry of the row does not run it again.
+UPDATE callback SET delivered = :delivered, heartbeat_at = :now
+WHERE id = :id AND state = 'RUNNING' AND owner = :owner
+RETURNING id;
+
+-- name: end_callback
+-- DONE, FAILED (tries spent), or PENDING again at :ready_at (a retry, with backoff).
+UPDATE callback SET state = :state, owner = NULL, ready_at = :ready_at, ended_at = :ended_at,
+                    last_error = :error, delivered = :delivered
+WHERE id = :id AND state = 'RUNNING' AND owner = :owner
+RETURNING id;
+
+-- name: callback_log_tail
+-- What a handler sees of the task's log: its last lines (ctx.log, tracebacks) up to the event.
+SELECT ts, kind, message FROM task_event
+WHERE task_row = :task_row AND kind IN ('log', 'error') AND ts <= :before
+ORDER BY id DESC LIMIT :n;
+
+-- name: run_callbacks
+SELECT * FROM callback WHERE run_id = :run_id ORDER BY id;
+
 -- ---------------------------------------------------------------- deferral
 
 -- name: insert_trigger
@@ -186,6 +241,37 @@ ON CONFLICT (id) DO UPDATE SET seen_at = :now, triggers = :triggers, loop_lag_ms
 
 -- name: live_triggerers
 SELECT id FROM triggerer WHERE seen_at >= :since ORDER BY id;
+
+-- Liveness (issue 16): who else runs, to ask whether each still holds its lock -------
+
+-- name: other_triggerers
+-- Every other triggerer known: holding leases, or only listed (it may hold none yet).
+SELECT owner AS id FROM shard_lease WHERE owner IS NOT NULL AND owner <> :me
+UNION
+SELECT id FROM triggerer WHERE id <> :me;
+
+-- name: worker_beat
+INSERT INTO worker (id, started_at, seen_at) VALUES (:id, :now, :now)
+ON CONFLICT (id) DO UPDATE SET seen_at = :now;
+
+-- name: worker_leave
+DELETE FROM worker WHERE id = :id;
+
+-- name: other_workers
+SELECT id FROM worker WHERE id <> :me;
+
+-- name: forget_stale_workers
+DELETE FROM worker WHERE seen_at < :before;
+
+-- name: running_of_worker
+-- A worker's claims are owned by "<worker id>#<n>": every attempt it runs, by prefix.
+SELECT id, owner, attempt, max_attempts, heartbeat_at,
+       (SELECT r.created_at FROM dag_run r WHERE r.run_id = task.run_id) AS run_created_at
+FROM task
+WHERE state = 'RUNNING' AND owner IS NOT NULL AND substr(owner, 1, length(:prefix)) = :prefix;
+
+-- name: trigger_shards
+SELECT id, shard FROM trigger WHERE id = ANY(:ids);
 
 -- name: triggerer_leave
 DELETE FROM triggerer WHERE id = :id;
@@ -211,7 +297,28 @@ UPDATE shard_lease SET owner = NULL, expires_at = NULL WHERE owner = :owner;
 DELETE FROM trigger
 WHERE shard = ANY(:shards)
   AND NOT EXISTS (SELECT 1 FROM task t WHERE t.trigger_id = trigger.id AND t.state = 'DEFERRED')
-  AND NOT EXISTS (SELECT 1 FROM start_wait s WHERE s.trigger_id = trigger.id);
+  AND NOT EXISTS (SELECT 1 FROM start_wait s WHERE s.trigger_id = trigger.id)
+  AND NOT EXISTS (SELECT 1 FROM run_wait w WHERE w.trigger_id = trigger.id);
+
+-- Orphan repair (triggerer/repair.py), once per full reconcile. A row with no trigger has
+-- no shard: it is homed by `task id mod shards`, so exactly one triggerer repairs it.
+
+-- name: orphan_deferred
+-- DEFERRED tasks whose trigger row is missing, or whose trigger_id is NULL.
+SELECT t.id, t.trigger_id, t.attempt, t.max_attempts, t.soft_fail, t.wait_started_at,
+       t.wait_timeout_at
+FROM task t
+WHERE t.state = 'DEFERRED' AND (t.id % :n_shards) = ANY(:shards)
+  AND (t.trigger_id IS NULL OR NOT EXISTS (SELECT 1 FROM trigger g WHERE g.id = t.trigger_id));
+
+-- name: orphan_running
+-- RUNNING tasks whose owner is unknown to the store: no owner or no heartbeat ever (a
+-- claim sets both; the workers' reap only judges rows that have them). An expanded mapped
+-- task's template is RUNNING with no owner while its instances run: not an orphan.
+SELECT id, owner, attempt, max_attempts FROM task
+WHERE state = 'RUNNING' AND (owner IS NULL OR heartbeat_at IS NULL)
+  AND (expand_from IS NULL OR map_index >= 0)
+  AND (id % :n_shards) = ANY(:shards);
 
 -- name: max_trigger_id
 -- Where the next incremental load starts after a full reload read shard by shard.
@@ -234,6 +341,112 @@ SELECT COALESCE(max(version), 0) AS version FROM schema_version;
 -- name: schema_version_insert
 INSERT INTO schema_version (version, name, applied_at) VALUES (:version, :name, :now);
 
+-- ---------------------------------------------------------------- pools and queues
+-- Issue 14: executor/pools.py (the rules), executor/store/pools.py; 006_pools_queues.sql.
+
+-- name: pool_running
+-- Slots in use per pool: its RUNNING rows (a mapped task's template holds none), read
+-- through task_pool_running, so the cost is the pool's size, not the table's.
+SELECT pool, SUM(pool_slots) AS used FROM task
+WHERE pool = ANY(:names) AND state = 'RUNNING' AND (map_index >= 0 OR expand_from IS NULL)
+GROUP BY pool;
+
+-- name: pool_set
+INSERT INTO pool (name, slots, updated_at) VALUES (:name, :slots, :now)
+ON CONFLICT (name) DO UPDATE SET slots = :slots, updated_at = :now;
+
+-- name: pool_delete
+DELETE FROM pool WHERE name = :name;
+
+-- name: pools_named
+SELECT name, slots FROM pool WHERE name = ANY(:names);
+
+-- name: pool_unfinished
+-- How many unfinished tasks name a pool (or a queue): what forbids deleting it.
+SELECT count(*) AS n FROM task
+WHERE pool = :name AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED');
+
+-- name: queue_unfinished
+SELECT count(*) AS n FROM task
+WHERE queue = :name AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED');
+
+-- name: queue_add
+INSERT INTO queue (name, created_at) VALUES (:name, :now) ON CONFLICT (name) DO NOTHING;
+
+-- name: queue_delete
+DELETE FROM queue WHERE name = :name;
+
+-- name: queues_named
+SELECT name FROM queue WHERE name = ANY(:names);
+
+-- name: queue_worker_beat
+-- A worker says which queues it serves until :expires_at (renewed with its heartbeat).
+INSERT INTO queue_worker (worker_id, queue, slots, seen_at, expires_at)
+VALUES (:worker_id, :queue, :slots, :now, :expires_at)
+ON CONFLICT (worker_id, queue) DO UPDATE SET slots = :slots, seen_at = :now,
+                                             expires_at = :expires_at;
+
+-- name: queue_worker_leave
+DELETE FROM queue_worker WHERE worker_id = :worker_id;
+
+-- name: queue_workers_forget
+-- Rows of workers gone for an hour: nobody reads them any more.
+DELETE FROM queue_worker WHERE expires_at < :before;
+
+-- name: ops_pools
+-- Every stored pool with its slots in use and its tasks ready to run (claimable now).
+SELECT p.name, p.slots,
+       (SELECT COALESCE(SUM(r.pool_slots), 0) FROM task r
+        WHERE r.pool = p.name AND r.state = 'RUNNING'
+          AND (r.map_index >= 0 OR r.expand_from IS NULL)) AS used,
+       (SELECT count(*) FROM task w
+        WHERE w.ready_at IS NOT NULL AND w.ready_at <= :now AND w.pool = p.name) AS ready
+FROM pool p ORDER BY p.name;
+
+-- name: ops_default_pool
+SELECT (SELECT COALESCE(SUM(r.pool_slots), 0) FROM task r
+        WHERE r.pool = 'default' AND r.state = 'RUNNING'
+          AND (r.map_index >= 0 OR r.expand_from IS NULL)) AS used,
+       (SELECT count(*) FROM task w
+        WHERE w.ready_at IS NOT NULL AND w.ready_at <= :now AND w.pool = 'default') AS ready;
+
+-- name: ops_queues
+-- Every queue tasks are ready in or a worker serves or an operator declared: its live
+-- workers and their slots, and its tasks ready to run.
+SELECT q.name,
+       (SELECT count(*) FROM queue_worker w WHERE w.queue = q.name AND w.expires_at >= :now)
+           AS workers,
+       (SELECT COALESCE(SUM(w.slots), 0) FROM queue_worker w
+        WHERE w.queue = q.name AND w.expires_at >= :now) AS slots,
+       (SELECT count(*) FROM task t
+        WHERE t.ready_at IS NOT NULL AND t.ready_at <= :now AND t.queue = q.name) AS ready,
+       (SELECT count(*) FROM queue d WHERE d.name = q.name) AS declared
+FROM (SELECT 'default' AS name UNION SELECT name FROM queue
+      UNION SELECT queue FROM queue_worker WHERE expires_at >= :now
+      UNION SELECT queue FROM task WHERE ready_at IS NOT NULL AND ready_at <= :now) AS q
+ORDER BY q.name;
+
+-- name: ops_held_back
+-- :n at most. Tasks ready to run in a limited pool or in a queue other than default: the
+-- ones a full pool, a missing pool or a queue nobody serves may be holding back
+-- (executor/pools.py says which, and why).
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.attempt, t.max_attempts,
+       t.updated_at, t.ready_at, t.pool, t.pool_slots, t.queue
+FROM task t
+WHERE t.ready_at IS NOT NULL AND t.ready_at <= :now
+  AND (t.pool <> 'default' OR t.queue <> 'default')
+ORDER BY t.ready_at, t.id
+LIMIT :n;
+
+-- name: ops_run_held_back
+-- ops_held_back for one run (its page): every such ready task of it.
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.attempt, t.max_attempts,
+       t.updated_at, t.ready_at, t.pool, t.pool_slots, t.queue
+FROM task t
+WHERE t.run_id = :run_id AND t.ready_at IS NOT NULL AND t.ready_at <= :now
+  AND (t.pool <> 'default' OR t.queue <> 'default')
+ORDER BY t.ready_at, t.id;
+
 -- ---------------------------------------------------------------- operating (read-only)
 -- `slotless status`, the metrics endpoints and the web page. Waiting tasks are read
 -- through the partial indexes: task_deferred (DEFERRED), task_claimable (SENSING and
@@ -246,7 +459,7 @@ SELECT state, count(*) AS n FROM dag_run GROUP BY state;
 -- Task instances of unfinished runs by state (an expanded mapped task counts as its instances).
 SELECT t.state, count(*) AS n
 FROM dag_run r JOIN task t ON t.run_id = r.run_id
-WHERE r.state = 'RUNNING' AND NOT (t.map_index = -1 AND t.map_total IS NOT NULL)
+WHERE r.state IN ('RUNNING', 'PAUSED') AND NOT (t.map_index = -1 AND t.map_total IS NOT NULL)
 GROUP BY t.state;
 
 -- name: ops_waiting_summary
@@ -503,6 +716,100 @@ SELECT s.dag_id, s.kind, s.logical_date, s.interval_end, s.armed_at, g.descripti
 FROM start_wait s JOIN trigger g ON g.id = s.trigger_id
 ORDER BY s.dag_id, s.kind;
 
+-- ---------------------------------------------------------------- events (issue 19)
+-- Pushed, never polled: executor/store/events.py. Each event settles the waits it matches.
+
+-- name: event_shapes
+-- The field sets each of these names is waited on with.
+SELECT name, fields FROM event_shape WHERE name = ANY(:names);
+
+-- name: insert_event_shape
+INSERT INTO event_shape (name, fields, first_at) VALUES (:name, :fields, :now)
+ON CONFLICT (name, fields) DO NOTHING;
+
+-- name: event_key_triggers
+-- The trigger rows of the waits on these keys (an index lookup per key). Two statements,
+-- not a join: PostgreSQL, with statistics behind a growing table, hashed every DEFERRED
+-- task to join them (the cost of an event then grew with the waits held).
+SELECT id, event_key FROM trigger WHERE event_key = ANY(:keys);
+
+-- name: deferred_on_triggers
+-- The tasks still waiting on these trigger rows (task_deferred: one lookup per row).
+SELECT id, trigger_id FROM task WHERE trigger_id = ANY(:ids) AND state = 'DEFERRED';
+
+-- name: events_since
+-- A wait that begins: the events of its name in its lookback window, newest first, but
+-- none that already woke this task (a task that waits again waits for a newer event).
+-- :since NULL: since the task's run started (the default lookback).
+SELECT e.id, e.payload, e.sent_at, e.source FROM event e
+WHERE e.name = :name
+  AND e.sent_at >= COALESCE(:since, (SELECT r.created_at FROM task t
+                                     JOIN dag_run r ON r.run_id = t.run_id
+                                     WHERE t.id = :task_row))
+  AND NOT EXISTS (SELECT 1 FROM event_woke w WHERE w.event_id = e.id AND w.task_row = :task_row)
+ORDER BY e.sent_at DESC, e.id DESC;
+
+-- name: insert_event_woke
+INSERT INTO event_woke (event_id, task_row, woke_at) VALUES (:event_id, :task_row, :now)
+ON CONFLICT (event_id, task_row) DO NOTHING;
+
+-- name: delete_triggers
+DELETE FROM trigger WHERE id = ANY(:ids);
+
+-- name: recent_events
+SELECT id, name, payload, sent_at, source FROM event
+ORDER BY sent_at DESC, id DESC LIMIT :limit;
+
+-- name: recent_events_named
+SELECT id, name, payload, sent_at, source FROM event WHERE name = :name
+ORDER BY sent_at DESC, id DESC LIMIT :limit;
+
+-- name: event_by_id
+SELECT id, name, payload, sent_at, source FROM event WHERE id = :id;
+
+-- name: event_name_known
+-- An event of this name is stored, or a wait was ever registered on it.
+SELECT 1 AS known FROM event WHERE name = :name
+UNION ALL
+SELECT 1 FROM event_shape WHERE name = :name
+LIMIT 1;
+
+-- name: event_wakes
+SELECT w.event_id, w.woke_at, t.id AS task_row, t.run_id, t.task_id, t.map_index, t.state
+FROM event_woke w JOIN task t ON t.id = w.task_row
+WHERE w.event_id = ANY(:ids)
+ORDER BY w.event_id, t.id;
+
+-- name: prune_events
+-- One batch of events past their retention, oldest first (the caller repeats).
+DELETE FROM event WHERE id IN (
+    SELECT id FROM event WHERE sent_at < :before ORDER BY sent_at LIMIT :n
+)
+RETURNING id;
+
+-- name: prune_event_wakes
+DELETE FROM event_woke WHERE event_id = ANY(:ids);
+
+-- ---------------------------------------------------------------- people in the loop (issue 19)
+-- executor/store/people.py: a person's wait is a DEFERRED task on a trigger row whose
+-- event_key is 'person:<task row>' (never loaded by a triggerer, never matched by an event).
+
+-- name: person_task
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.trigger_id, t.output,
+       g.classpath, g.kwargs, g.event_key
+FROM task t LEFT JOIN trigger g ON g.id = t.trigger_id
+WHERE t.run_id = :run_id AND t.task_id = :task_id AND t.map_index = :map_index;
+
+-- name: person_waits_of
+SELECT t.id, t.run_id, t.task_id, t.trigger_id, g.classpath, g.kwargs
+FROM task t JOIN trigger g ON g.id = t.trigger_id
+WHERE t.id = ANY(:ids) AND g.event_key LIKE 'person:%';
+
+-- (needs_you and needs_you_count: in each backend's queries.sql, to read the partial index.)
+
+-- name: task_children
+SELECT child FROM edge WHERE run_id = :run_id AND parent = :parent ORDER BY child;
+
 -- ---------------------------------------------------------------- backfill
 -- executor/store/backfills.py creates the runs; `slotless backfill` follows them.
 
@@ -574,11 +881,6 @@ WHERE run_id = :run_id;
 -- name: tasks_by_id
 SELECT * FROM task WHERE id = ANY(:ids) ORDER BY id;
 
--- name: unfinished_tasks
-SELECT id, task_id, map_index, expand_from, state, trigger_id FROM task
-WHERE run_id = :run_id AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')
-ORDER BY map_index DESC, id;
-
 -- name: release_waits
 -- Waits an operator ended (cancel, clear): the triggerers drop them (005_wait_release.sql).
 INSERT INTO wait_release (task_row, trigger_id, released_at) VALUES (:task_row, :trigger_id, :now);
@@ -591,6 +893,60 @@ SELECT COALESCE(max(id), 0) AS id FROM wait_release;
 
 -- name: prune_releases
 DELETE FROM wait_release WHERE released_at < :before;
+
+-- ---------------------------------------------------------------- run policy
+-- Deadlines, dagrun_timeout, a sensor's expected_by (executor/store/runwaits.py, armed by
+-- the state machine; fired by executor/store/deadlines.py in the triggerer's outbox) and
+-- the failure policy (fail_fast, pause: executor/statemachine.py; resume: control.py).
+
+-- name: insert_run_wait
+-- A wait that exists already is kept (a queued run's deadline when it starts).
+INSERT INTO run_wait (run_id, kind, task_id, trigger_id, due_at, armed_at)
+VALUES (:run_id, :kind, :task_id, :trigger_id, :due_at, :now)
+ON CONFLICT (run_id, kind, task_id) DO NOTHING;
+
+-- name: delete_run_waits_of
+DELETE FROM run_wait WHERE run_id = ANY(:run_ids);
+
+-- name: run_waits_of
+-- For people: a run's armed waits, the soonest first.
+SELECT id, kind, task_id, due_at, trigger_id FROM run_wait WHERE run_id = :run_id
+ORDER BY due_at, id;
+
+-- name: ops_runs_needing_attention
+-- :n at most. Runs a person must look at: PAUSED by their failure policy, or still going
+-- past their deadline; the oldest first.
+SELECT run_id, dag_id, logical_date, state, state_reason, created_at, deadline_at,
+       deadline_missed_at
+FROM dag_run
+WHERE state = 'PAUSED'
+   OR (deadline_missed_at IS NOT NULL AND state IN ('RUNNING', 'QUEUED'))
+ORDER BY created_at, run_id
+LIMIT :n;
+
+-- name: delete_run_waits_by_id
+DELETE FROM run_wait WHERE id = ANY(:ids);
+
+-- name: run_policy
+-- A run's state and failure policy, when a task of it failed (a mapped instance).
+SELECT run_id, dag_id, state, on_task_failure FROM dag_run WHERE run_id = :run_id;
+
+-- name: hold_ready
+-- A run paused: its tasks that were about to start (claimable, not claimed) wait again;
+-- resuming decides them anew. RETRYING, SENSING and DEFERRED rows keep their time.
+UPDATE task SET ready_at = NULL
+WHERE run_id = :run_id AND state = 'PENDING' AND ready_at IS NOT NULL;
+
+-- name: held_tasks
+-- What a resumed run decides anew: its PENDING rows that are not claimable.
+SELECT * FROM task WHERE run_id = :run_id AND state = 'PENDING' AND ready_at IS NULL
+ORDER BY id;
+
+-- name: set_run_reason
+UPDATE dag_run SET state_reason = :reason WHERE run_id = :run_id;
+
+-- name: set_deadline_missed
+UPDATE dag_run SET deadline_missed_at = :now WHERE run_id = :run_id;
 
 -- ---------------------------------------------------------------- run progress
 -- `slotless run`'s live view (slotless/progress.py) through executor/store/inspecting.py,

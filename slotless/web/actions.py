@@ -48,6 +48,7 @@ class Act:
     store: Store
     form: MultiDictProxy[Any]
     parse_timeout: float
+    who: str = "operator"  # the signed-in session's token name
 
     @property
     def name(self) -> str:
@@ -158,3 +159,9 @@ async def retry(a: Act) -> str:
 @action("cancel")
 async def cancel(a: Act) -> str:
     return await _control(a, a.store.cancel(a.field("run_id"), who=_who(a)))
+
+
+@action("resume")
+async def resume(a: Act) -> str:
+    """A run PAUSED by its failure policy goes on, its failed tasks run again."""
+    return await _control(a, a.store.resume(a.field("run_id"), who=_who(a)))

@@ -7,9 +7,11 @@ GET  /runs/{run_id}                          the run's tasks as a graph and a ta
 GET  /runs/{run_id}/tasks/{task_id}          a task: attempts, wait, log (mapped: instances)
 GET  /runs/{run_id}/tasks/{task_id}/{index}  one instance of a mapped task
 GET  /api/live/<any page above>              what changed on that page, as JSON (the live poll)
+GET  /needs-you                              requests waiting for a person's answer (people.py)
 GET  /api/status                             what `slotless status --json` prints
 GET  /login, POST /login, POST /logout       signing in with the operator's token, and out
 POST /actions/{name}                         a write: pause, unpause, trigger, ... (actions.py)
+*    /api/v1/...                                 the JSON API, bearer tokens (api.py)
 
 GET never writes. Every POST is refused (403, one log line, nothing changed) unless the page
 has a token, the request's session is signed in and its form's CSRF token is good.
@@ -27,7 +29,9 @@ from executor.store import Store
 
 from ..status import collect
 from . import pages
+from . import people as people_page
 from .actions import ACTIONS, Act, Refused
+from .api import MAX_BODY, add_api
 from .auth import Auth, Session, clear_cookie, csrf_ok, set_cookie
 
 log = logging.getLogger("slotless.web")
@@ -49,7 +53,8 @@ def make_app(
     parse_timeout: float = 30.0,
 ) -> web.Application:
     """The page over ``store``; with ``token``, an operator who signs in with it may write."""
-    app = web.Application(middlewares=[_errors])
+    # The JSON API's batches of events are larger than aiohttp's default 1 MiB body.
+    app = web.Application(middlewares=[_errors, _needs_count], client_max_size=MAX_BODY)
     app[STORE] = store
     app[AUTH] = Auth(token)
     app[SETTINGS] = {
@@ -67,11 +72,14 @@ def make_app(
     ):
         app.router.add_get(path, handler)
         app.router.add_get(LIVE + path, handler)  # the same page's changes, as JSON
+    app.router.add_get("/needs-you", needs_you)
+    app.router.add_get(LIVE + "/needs-you", needs_you)
     app.router.add_get("/api/status", api_status)
     app.router.add_get("/login", login_form)
     app.router.add_post("/login", login)
     app.router.add_post("/logout", logout)
     app.router.add_post("/actions/{name}", act)
+    add_api(app, store, app[AUTH], parse_timeout)  # /api/v1: api.py
     return app
 
 
@@ -96,6 +104,7 @@ def _html(
         poll=LIVE + request.path if status == 200 else "",
         w=w,
         flash=flash,
+        needs=request.get(NEEDS),
     )
     return web.Response(
         text=body, status=status, content_type="text/html", headers={"Cache-Control": "no-store"}
@@ -135,6 +144,10 @@ async def run(request: web.Request) -> web.Response:
         return _not_found(request, f"There is no run {run_id!r}.")
     if _polled(request):
         return _json(pages.live_run(g, store.clock()))
+    # Ready tasks a pool or a queue holds back say so in their box (issue 14).
+    for r, why in await store.held_back_tasks(0, run_id):
+        name = r["task_id"] if r["map_index"] < 0 else f"{r['task_id']}[{r['map_index']}]"
+        g.waits.setdefault(name, why.removeprefix("waiting for "))
     main, live = pages.run_page(g, store.clock(), request.app[AUTH].writes(request))
     return _html(request, run_id, main, live)
 
@@ -154,6 +167,17 @@ async def task(request: web.Request) -> web.Response:
         return _json(pages.live_task(d))
     main, live = pages.task_page(d, store.clock(), request.app[AUTH].writes(request))
     return _html(request, f"{pages.task_name(task_id, index)} - {run_id}", main, live)
+
+
+async def needs_you(request: web.Request) -> web.Response:
+    """Requests waiting for a person's answer (people.py), each with its form."""
+    count, requests = await request.app[STORE].needs_you()
+    if _polled(request):
+        return _json({"count": count, "tasks": [r.task_row for r in requests]})
+    w = request.app[AUTH].writes(request)
+    kept = dict(w.session.form) if w.session is not None else {}
+    main = people_page.needs_you_page(count, requests, w, request.app[STORE].clock(), kept)
+    return _html(request, "needs you", main, False)
 
 
 async def api_status(request: web.Request) -> web.Response:
@@ -207,13 +231,15 @@ async def act(request: web.Request) -> web.Response:
     if handler is None:
         raise web.HTTPNotFound()
     form = await request.post()
-    a = Act(request, request.app[STORE], form, request.app[SETTINGS]["parse_timeout"])
+    a = Act(request, request.app[STORE], form, request.app[SETTINGS]["parse_timeout"], session.who)
     try:
         session.flash, session.form = ("ok", await handler(a)), {}
     except Refused as exc:
         session.flash = ("error", str(exc))
         kept = {k: v for k, v in form.items() if isinstance(v, str) and k != "csrf"}
         session.form = kept | {"action": name}
+        if isinstance(exc, people_page.AnswerRefused):  # drawn beside the field it is about
+            session.form |= {"error_field": exc.field, "error": str(exc)}
     except Exception as exc:
         log.exception("action %s failed", name)
         session.flash = ("error", f"{name} failed: {type(exc).__name__}: {exc}")
@@ -258,6 +284,21 @@ def _back(path: object) -> str:
 
 def _not_found(request: web.Request, what: str) -> web.Response:
     return _html(request, "not found", pages.not_found(what), False, status=404)
+
+
+NEEDS = "needs_you_count"
+
+
+@web.middleware
+async def _needs_count(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The header's "Needs you" count, on every HTML page (one indexed count)."""
+    if request.method == "GET" and not request.path.startswith("/api/"):
+        try:
+            count, _ = await request.app[STORE].needs_you(limit=0)
+            request[NEEDS] = count
+        except Exception:  # the page still shows without its count
+            log.exception("counting the requests that need a person")
+    return await handler(request)
 
 
 @web.middleware

@@ -44,6 +44,9 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .st-SKIPPED { background: #f5f5f5; border-color: #bdbdbd; color: #757575;
               border-style: dotted; }
 .st-CANCELLED { background: #e0e0e0; border-color: #424242; color: #212121; }
+.st-PAUSED { background: #fff59d; border-color: #f57f17; color: #5d4000; border-width: 2px; }
+.attention { background: #fff8e1; border: 2px solid #f57f17; padding: .4em .8em;
+             margin: .4em 0; font-weight: bold; }
 .legend { display: flex; flex-wrap: wrap; gap: .4em; margin: .4em 0 .8em; }
 .bar { display: flex; height: 10px; width: 220px; border-radius: 2px; overflow: hidden;
        background: #eceff1; border: 1px solid var(--line); }
@@ -98,6 +101,7 @@ a.sq:hover { outline: 2px solid #1d2330; outline-offset: 1px; }
 .sq.st-SUCCESS { background: #43a047; border: 1px solid #1b5e20; }
 .sq.st-FAILED { background: #e53935; border: 1px solid #7f0000; }
 .sq.st-CANCELLED { background: #9e9e9e; border: 1px solid #424242; }
+.sq.st-PAUSED { background: #fbc02d; border: 2px solid #e65100; }
 .log td.msg { white-space: pre-wrap; word-break: break-word; max-width: 80em; }
 .log tr.k-error td { background: #fff3f3; }
 .log tr.k-check td.msg { color: #4a126b; }
@@ -109,6 +113,18 @@ pre.tb { margin: 0; white-space: pre-wrap; font-size: 12px; color: #7f1010; }
           font-size: 12.5px; color: #6d4c00; }
 .flash { padding: .5em .8em; margin: 0 0 .8em; border: 1px solid; border-radius: 3px;
          max-width: 70em; white-space: pre-wrap; word-break: break-word; }
+/* the "Needs you" list (people.py) */
+header .needs b { background: #555; color: #fff; border-radius: 8px; padding: 0 .45em; }
+header .needs.on b { background: #e65100; }
+.request { border: 1px solid #ccc; border-radius: 4px; padding: .6em .9em; margin: 0 0 1em; }
+.request .subject { margin: 0 0 .3em; font-size: 1.1em; }
+.request .facts { display: grid; grid-template-columns: max-content 1fr; gap: .1em .8em;
+  margin: 0 0 .5em; font-size: 12px; }
+.request .facts dt { color: #666; }
+.request .facts dd { margin: 0; }
+.request form.act { display: inline-block; margin: .3em .6em .3em 0; }
+.request label.field { display: block; margin: .3em 0; }
+.field-error { color: #b71c1c; font-weight: 600; margin-left: .5em; }
 .flash.ok { background: #e8f5e9; border-color: #2e7d32; color: #1b4d1e; }
 .flash.error { background: #ffebee; border-color: #b71c1c; color: #7f1010; font-weight: 600; }
 .stale { background: #e3f2fd; padding: .3em .8em; max-width: 70em; }

@@ -12,6 +12,12 @@ changed.) The cookie is HttpOnly and SameSite=Strict, and Secure when served ove
 Every write is a POST carrying a CSRF token: an HMAC, keyed by a random per-session key,
 of the form's action (its path), compared in constant time. A form's token is good for
 that action only, in that session only.
+
+**Named tokens.** The token may be a comma-separated list of ``NAME:TOKEN`` pairs (a bare
+token is named ``operator``), so that what an operator does records who did it: the web
+session keeps the name, and the JSON API (``Authorization: Bearer TOKEN``, :mod:`.api`)
+hands it to its handlers. Every token is compared, in constant time, on every check, so
+the time taken says nothing about which token nearly matched.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class Session:
     expires: float
     flash: tuple[str, str] | None = None  # (kind: "ok" | "error", message), shown once
     form: dict[str, str] = field(default_factory=dict)  # what a refused form held
+    who: str = "operator"  # the name of the token it signed in with
 
 
 @dataclass(frozen=True)
@@ -52,9 +59,29 @@ class Writes:
         return csrf_token(self.session, action)
 
 
+def parse_tokens(text: str | None) -> dict[str, str]:
+    """``"alice:s3cret,bob:0ther"`` -> {name: token}; a bare token is named ``operator``.
+    A malformed list is a :class:`ValueError` naming the entry (never the token)."""
+    tokens: dict[str, str] = {}
+    for i, entry in enumerate(e.strip() for e in (text or "").split(",")):
+        if not entry:
+            continue
+        name, sep, token = entry.partition(":")
+        if not sep:
+            name, token = "operator", entry
+        if not name.strip() or not token or name.strip() in tokens:
+            raise ValueError(
+                f"token entry {i + 1}: expected NAME:TOKEN with a unique, non-empty name "
+                "and a non-empty token"
+            )
+        tokens[name.strip()] = token
+    return tokens
+
+
 class Auth:
     def __init__(self, token: str | None, clock: Callable[[], float] = time.monotonic) -> None:
-        self._token = token.encode() if token else None
+        self._tokens = {name: t.encode() for name, t in parse_tokens(token).items()}
+        self._token = b"" if self._tokens else None  # writes are on when any token is set
         self._clock = clock
         self._sessions: dict[str, Session] = {}
 
@@ -62,16 +89,27 @@ class Auth:
     def enabled(self) -> bool:
         return self._token is not None
 
+    def who(self, given: str) -> str | None:
+        """The name of the token ``given`` is, or None; every token compared in constant time."""
+        found = None
+        for name, token in self._tokens.items():
+            if hmac.compare_digest(given.encode(), token):
+                found = name
+        return found
+
     def login(self, given: str) -> Session | None:
-        """A new session when ``given`` is the token; None otherwise (or writes are off)."""
-        if self._token is None or not hmac.compare_digest(given.encode(), self._token):
+        """A new session when ``given`` is a token; None otherwise (or writes are off)."""
+        who = self.who(given) if self._token is not None else None
+        if who is None:
             return None
         now = self._clock()
         for sid in [s.id for s in self._sessions.values() if s.expires < now]:
             del self._sessions[sid]
         while len(self._sessions) >= MAX_SESSIONS:
             del self._sessions[next(iter(self._sessions))]
-        session = Session(secrets.token_urlsafe(32), secrets.token_bytes(32), now + SESSION_TTL)
+        session = Session(
+            secrets.token_urlsafe(32), secrets.token_bytes(32), now + SESSION_TTL, who=who
+        )
         self._sessions[session.id] = session
         return session
 

@@ -13,6 +13,7 @@ from urllib.parse import quote
 from executor.states import RUN_TERMINAL, TERMINAL
 from executor.store import Row
 from executor.store.inspecting import INSTANCES_SHOWN, RUNS_PER_DAG, DagsPage, RunGraph, TaskDetail
+from triggers.base import clip
 
 from ..schedule_shown import schedule_shown
 from ..status import failure_cause, human_seconds, shard_ranges
@@ -23,9 +24,9 @@ from .auth import Writes
 ALL_STATES = graph.STATE_ORDER
 # A run's states, as the DAGs page's squares draw them. QUEUED (a run waiting for its turn)
 # is drawn before any run is queued, so that the page is ready when runs start to queue.
-RUN_STATES = ("QUEUED", "RUNNING", "SUCCESS", "FAILED", "CANCELLED")
+RUN_STATES = ("QUEUED", "RUNNING", "PAUSED", "SUCCESS", "FAILED", "CANCELLED")
 RUN_MARK = {"QUEUED": "\u2026", "RUNNING": "\u25b6", "SUCCESS": "\u2713", "FAILED": "\u2717",
-            "CANCELLED": "\u2298"}  # fmt: skip
+            "CANCELLED": "\u2298", "PAUSED": "\u23f8"}  # fmt: skip
 
 
 # -- small pieces ----------------------------------------------------------------------
@@ -154,6 +155,7 @@ def page(
     poll: str = "",
     w: Writes | None = None,
     flash: tuple[str, str] | None = None,
+    needs: int | None = None,
 ) -> str:
     """The whole page around ``main``: the header (who may write), the banner saying the
     page is read-only when writes are off, a flashed message, and the live poll's script
@@ -183,6 +185,7 @@ def page(
         f"<style>{CSS}</style></head>"
         f'<body data-live="{int(live)}" data-refresh="{refresh:g}" data-poll="{escape(poll)}">'
         '<header><a href="/">slotless</a><a href="/dags">DAGs</a><a href="/">runs</a>'
+        f"{_needs_link(needs)}"
         f'<span class="db">{escape(db)}</span>'
         f'<span id="live" class="live{" on" if live else ""}">'
         f"{'live, refreshing' if live else 'not live'}</span>{account}</header>{banner}"
@@ -191,6 +194,14 @@ def page(
         f"{main}</main>"
         f"<script>{JS}</script></body></html>"
     )
+
+
+def _needs_link(needs: int | None) -> str:
+    """The header's link to the requests waiting for a person, with their count."""
+    if needs is None:
+        return ""
+    cls = "needs on" if needs else "needs"
+    return f'<a class="{cls}" id="needs-you" href="/needs-you">Needs you <b>{needs}</b></a>'
 
 
 def login_page(enabled: bool, back: str, *, wrong: bool = False) -> str:
@@ -395,6 +406,14 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
             f'<p class="warn">{data["shards"]["unowned"]} of {data["shards"]["total"]} shards '
             "have no live triggerer: DEFERRED waits in them are not being checked.</p>"
         )
+    if data.get("attention"):
+        rows = [
+            [f'<a class="run" href="{run_href(a["run_id"])}">{escape(a["run_id"])}</a>',
+             badge(a["state"]), escape(a["why"]), escape(a["todo"])]
+            for a in data["attention"]
+        ]  # fmt: skip
+        parts.append('<h2 class="attention">Needs attention</h2>')
+        parts.append(table(["run", "state", "why", "what to do"], rows, "attention-runs"))
     if not runs:
         parts.append('<p class="empty">No runs yet.</p>')
     else:
@@ -422,8 +441,9 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
             )
         )
     parts.append(_waiting_section(waiting, now))
+    parts.append(_pools_section(data))
     parts.append(_triggerers_section(data["triggerers"]))
-    return "".join(parts), live or any(waiting[s]["count"] for s in waiting)
+    return "".join(parts), live or any(waiting[s]["count"] for s in waiting) or _held(data)
 
 
 def live_index(data: dict[str, Any]) -> dict[str, Any]:
@@ -442,9 +462,58 @@ def live_index(data: dict[str, Any]) -> dict[str, Any]:
         bar = live_bar(rid, r["tasks"])
         els |= bar["els"]
         lists |= bar["lists"]
+    for pool in data["pools"]:
+        els[f"pool:{pool['name']}"] = {"text": _pool_used(pool)}
+        els[f"pool-ready:{pool['name']}"] = {"text": str(pool["ready"])}
     waiting = data["waiting"]
     live = any(r["state"] not in RUN_TERMINAL for r in runs)
-    return {"live": live or any(waiting[s]["count"] for s in waiting), "els": els, "lists": lists}
+    live = live or any(waiting[s]["count"] for s in waiting) or _held(data)
+    return {"live": live, "els": els, "lists": lists}
+
+
+def _held(data: dict[str, Any]) -> bool:
+    return bool(data["held_back"])
+
+
+def _pool_used(pool: dict[str, Any]) -> str:
+    return f"{pool['used']}/{'unlimited' if pool['slots'] is None else pool['slots']}"
+
+
+def _pools_section(data: dict[str, Any]) -> str:
+    """Pools in use, queues nobody serves, and the ready tasks they hold back (issue 14)."""
+    parts = ["<h2>Pools and queues</h2>"]
+    rows = []
+    for pool in data["pools"]:
+        name = escape(pool["name"])
+        rows.append(
+            [
+                f'<span class="mono">{name}</span>',
+                f'<span data-k="pool:{name}">{escape(_pool_used(pool))}</span>',
+                f'<span data-k="pool-ready:{name}">{pool["ready"]}</span>',
+            ]
+        )
+    parts.append(table(["pool", "slots used", "tasks ready"], rows, "pools"))
+    for q in data["queues"]:
+        if q["ready"] and not q["served"]:
+            parts.append(
+                f'<p class="warn">queue {escape(q["name"])}: {q["ready"]} task(s) ready, '
+                "no live worker serves it.</p>"
+            )
+    held = data["held_back"]
+    if held:
+        parts.append(f"<p>{len(held)} ready task(s) held back by a pool or a queue</p>")
+        held_rows = [
+            [
+                f'<a href="{task_href(t["run_id"], t["task_id"], t["map_index"])}">'
+                f"{escape(task_name(t['task_id'], t['map_index']))}</a>"
+                f'<div class="muted">{escape(t["run_id"])}</div>',
+                human_seconds(t["for_seconds"]),
+                f'<span class="mono">{escape(t["waits_for"])}</span>',
+            ]
+            for t in held
+        ]
+        parts.append(table(["task", "ready for", "waits for"], held_rows, "waiting held-back"))
+    return "".join(parts)
 
 
 def _waiting_section(waiting: dict[str, Any], now: float) -> str:
@@ -525,6 +594,21 @@ def _triggerers_section(triggerers: list[dict[str, Any]]) -> str:
 # -- a run -----------------------------------------------------------------------------
 
 
+def attention_note(run: Any) -> str:
+    """What a person must know about a run: paused (and why), or past its deadline."""
+    notes = []
+    if run["state"] == "PAUSED":
+        why = run["state_reason"] or "paused"
+        notes.append(f"needs attention: {escape(why)}")
+    if run["deadline_missed_at"] and run["state"] not in RUN_TERMINAL:
+        notes.append(f"missed its deadline ({when(run['deadline_at'])})")
+    elif run["state_reason"] and run["state"] in ("FAILED", "CANCELLED"):
+        notes.append(escape(run["state_reason"]))
+    if not notes:
+        return ""
+    return f'<div class="attention" role="alert">{"; ".join(notes)}</div>'
+
+
 def run_page(g: RunGraph, now: float, w: Writes | None = None) -> tuple[str, bool]:
     run = g.run
     run_id = run["run_id"]
@@ -534,9 +618,12 @@ def run_page(g: RunGraph, now: float, w: Writes | None = None) -> tuple[str, boo
         actions += action_form(w, "cancel", {"run_id": run_id}, "cancel run")
     if run["state"] == "FAILED":
         actions += action_form(w, "retry", {"run_id": run_id}, "retry failed tasks")
+    if run["state"] == "PAUSED":
+        actions += action_form(w, "resume", {"run_id": run_id}, "resume (rerun failed tasks)")
     parts = [
         '<div class="crumbs"><a href="/">runs</a> &rsaquo;</div>',
         f"<h1>{escape(run_id)} {badge(run['state'], 'runstate')}</h1>",
+        attention_note(run),
         f'<div class="actions">{actions}</div>' if actions else "",
         '<div class="meta">',
         f"<span><b>DAG</b>{escape(run['dag_id'])}</span>",
@@ -771,7 +858,10 @@ def _waiting_panel(d: TaskDetail, now: float) -> str:
                 items.append(("trigger", '<span class="warn">trigger row missing</span>'))
             else:
                 items.append(
-                    ("waits for", f'<span class="mono">{escape(g["description"] or "")}</span>')
+                    (
+                        "waits for",
+                        f'<span class="mono">{escape(clip(g["description"] or ""))}</span>',
+                    )
                 )
                 items.append(("trigger", f'<span class="mono">{escape(g["classpath"])}</span>'))
                 kwargs = g["kwargs"]

@@ -38,7 +38,15 @@ async def test_metrics_while_deferred_sensors_wait_and_fire(tmp_path: Path, db_u
         "--metrics-port", str(wport), log=wlog,
     )  # fmt: skip
     triggerer = start_cli(
-        "triggerer", "--db", db_url, "--lease-ttl", "3", "--metrics-port", str(tport), log=tlog
+        "triggerer",
+        "--db",
+        db_url,
+        "--lease-ttl",
+        "3",
+        "--push",
+        "--metrics-port",
+        str(tport),
+        log=tlog,
     )
     wurl = f"http://127.0.0.1:{wport}/metrics"
     turl = f"http://127.0.0.1:{tport}/metrics"
@@ -73,6 +81,15 @@ async def test_metrics_while_deferred_sensors_wait_and_fire(tmp_path: Path, db_u
         assert ttypes["slotless_triggerer_blocked"] == "counter"
         (tid,) = [k[1][0][1] for k in ts if k[0] == "slotless_triggerer_info"]
         assert tid
+
+        # The file both wait on is pushed by one inotify watch on its directory.
+        def one_live_source():
+            s, _ = scrape(turl)
+            assert sample(s, "slotless_triggerer_push_sources", state="live") == 1
+            assert sample(s, "slotless_triggerer_push_sources", state="polled") == 0
+            return s
+
+        poll(one_live_source, 30, "the directory's watch to be live")
 
         # The worker: its own counters, and the store-wide gauges.
         def worker_settled():

@@ -103,7 +103,7 @@ def etl_dag() -> DAG:
 async def raw_execute(url: str, statement: str) -> None:
     """One statement outside the store (the test reaching under the API)."""
     if url.startswith("sqlite"):
-        conn = sqlite3.connect(url[len("sqlite:///") :])
+        conn = sqlite3.connect(url[len("sqlite:///") :], timeout=60)
         with conn:
             conn.execute(statement)
         conn.close()
@@ -710,10 +710,18 @@ async def test_wait_wakes_on_new_work_on_postgresql_and_sleeps_on_sqlite(url: st
         assert await waiting is True
         assert time.monotonic() - began < 1.0
 
+        # The run's commit may notify more than once (one per statement that made rows
+        # claimable), and the later ones may arrive after the first woke us: drain them.
+        while await listener.db.wait(TASKS_CHANNEL, 0.3):
+            pass
         [extract] = await writer.claim("w", 1)
-        assert await listener.db.wait(TASKS_CHANNEL, 0.05) is False  # claiming wakes nobody
+        assert await listener.db.wait(TASKS_CHANNEL, 0.3) is False  # claiming wakes nobody
         # a notification that arrives between two waits is not lost
         await writer.complete([deferred(extract, "/nonexistent/x", writer.clock())])
+        # NOTIFY reaches the listening connection some time after the commit: wait until it
+        # has been received while nobody waits on the channel, then a wait returns at once.
+        channel_flag = listener.db._channels[TRIGGERS_CHANNEL]  # type: ignore[attr-defined]
+        await async_wait_until(channel_flag.is_set, timeout=10, what="the NOTIFY to arrive")
         assert await listener.db.wait(TRIGGERS_CHANNEL, 0.0) is True
         assert await state_of(writer, run_id, "extract") == "DEFERRED"
     finally:

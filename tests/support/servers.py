@@ -47,10 +47,14 @@ class Request:
     path: str
     query: dict[str, list[str]]
     at: float = field(default_factory=time.time)
+    target: str = ""  # X-Amz-Target: the operation of a JSON-protocol service (SQS)
 
     @property
     def operation(self) -> str:
-        """The S3 operation, roughly: enough to tell listings from HEADs and GETs."""
+        """The S3 operation, roughly: enough to tell listings from HEADs and GETs; an SQS
+        one as ``sqs:ReceiveMessage``."""
+        if self.target.startswith("AmazonSQS."):
+            return "sqs:" + self.target.split(".", 1)[1]
         if self.method == "HEAD":
             return "HeadObject" if self.path.count("/") > 1 else "HeadBucket"
         if self.method == "GET" and "list-type" in self.query:
@@ -91,7 +95,10 @@ class _Counting:
         if path.startswith("/moto-api"):
             return self.app(environ, start_response)
         req = Request(
-            environ["REQUEST_METHOD"], path, parse_qs(environ.get("QUERY_STRING", ""), True)
+            environ["REQUEST_METHOD"],
+            path,
+            parse_qs(environ.get("QUERY_STRING", ""), True),
+            target=environ.get("HTTP_X_AMZ_TARGET", ""),
         )
         with self.owner.lock:
             self.owner.requests.append(req)

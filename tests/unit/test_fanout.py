@@ -610,4 +610,6 @@ async def test_a_fan_in_over_100000_instances(store: Store) -> None:
     info = await store.run_info(run_id)
     assert info is not None and info["state"] == "SUCCESS"
     elapsed = time.perf_counter() - started
-    assert created < 5 and elapsed < 60, (created, elapsed)
+    # Generous bounds against a pathological (per-instance, quadratic) path only: the cost is
+    # bounded above by statement counts, and speed lives in benchmarks/fanout.py.
+    assert created < 60 and elapsed < 300, (created, elapsed)

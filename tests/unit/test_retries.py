@@ -196,7 +196,9 @@ async def test_worker_retries_with_backoff_on_the_injected_clock(
 async def test_lost_worker_is_reaped_and_the_attempt_retried(
     fake_store: Store, clock: FakeClock, db_path
 ) -> None:
+    created_at = clock.now
     run_id = await fake_store.create_run(one_task_dag(retries=1), date(2026, 4, 1))
+    clock.advance(3)
     (row,) = await fake_store.claim("dead#1", 1)
     clock.advance(20)
     assert await fake_store.reap(stale_after=30) == 0
@@ -207,11 +209,14 @@ async def test_lost_worker_is_reaped_and_the_attempt_retried(
     clock.advance(6)
     assert await fake_store.reap(stale_after=30) == 1
     r = flaky_row(db_path, run_id)
+    # Claimable at once, at the head of its run's queue (as if ready since the run was
+    # created): a lost worker is not the task's fault, so it does not go behind
+    # everything that became runnable since.
     assert (r["state"], r["attempt"], r["owner"], r["ready_at"]) == (
         "RETRYING",
         2,
         None,
-        clock.now,
+        created_at,
     )
     last = [e for e in await fake_store.task_log(run_id, "flaky") or []][-1]
     assert last["message"] == "worker dead#1 lost: no heartbeat for 31.0 s; will retry"

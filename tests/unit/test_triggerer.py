@@ -181,7 +181,8 @@ async def test_file_waits_in_one_directory_cost_one_listing_per_cycle(
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
-        trig = await h.start_triggerer()
+        # The polling path: with inotify the waits would be polled only every 5 minutes.
+        trig = await h.start_triggerer(push=False)
         await async_wait_until(lambda: trig.checks_done >= 3 * n, what="three cycles")
         cycles, settled = len(listed), trig.checks_done  # read together: no await between
         for i in range(n):
@@ -336,7 +337,7 @@ async def test_a_flush_cancelled_mid_commit_keeps_its_batch() -> None:
     committing = asyncio.Event()
 
     class StuckStore:
-        async def triggerer_commit(self, batch: object) -> None:
+        async def triggerer_commit(self, batch: object, owner: str | None = None) -> None:
             committing.set()
             await asyncio.Event().wait()  # a commit that has not answered yet
 

@@ -1,0 +1,186 @@
+"""Pools and queues in the store: setting and listing them, the workers' queue registry,
+and refusing a DAG that names one that does not exist (rules: :mod:`executor.pools`).
+
+Mixed into :class:`executor.store.Store`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..dag import DagError
+from ..pools import DEFAULT, PoolError, PoolUse, check_name, check_slots, held_back, unknown
+from .db import Database, Row, Tx
+
+# Registry rows of workers gone longer than this are deleted by the next worker to start.
+FORGET_WORKERS_AFTER = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueUse:
+    name: str
+    declared: bool  # default, or added with `slotless queues add`
+    workers: int  # live workers serving it
+    slots: int  # their slots (a worker serving two queues counts in both)
+    ready: int  # tasks ready to run in it
+
+
+async def check_known(tx: Tx, tasks: Iterable[Any], what: str) -> None:
+    """Raise :class:`DagError` naming every pool and queue of ``tasks`` (each with
+    ``task_id``, ``pool``, ``queue``) that is not in the store. ``what`` names the DAG."""
+    pools: dict[str, list[str]] = defaultdict(list)
+    queues: dict[str, list[str]] = defaultdict(list)
+    for t in tasks:
+        if t.pool != DEFAULT:
+            pools[t.pool].append(t.task_id)
+        if t.queue != DEFAULT:
+            queues[t.queue].append(t.task_id)
+    problems = []
+    if pools:
+        known = [r["name"] for r in await tx.fetch("pools_named", names=sorted(pools))]
+        problems.append(
+            unknown("pool", pools, known, "create it with slotless pools set NAME SLOTS")
+        )
+    if queues:
+        known = [r["name"] for r in await tx.fetch("queues_named", names=sorted(queues))]
+        problems.append(unknown("queue", queues, known, "declare it with slotless queues add NAME"))
+    found = [p for p in problems if p]
+    if found:
+        raise DagError(f"{what}: {'; '.join(found)}")
+
+
+class PoolOps:
+    db: Database
+    clock: Callable[[], float]
+
+    # -- pools ---------------------------------------------------------------------------
+
+    async def set_pool(self, name: str, slots: int | str) -> int:
+        """Create pool ``name`` with ``slots`` slots, or resize it (tasks already RUNNING
+        keep running; no new one starts while the pool is over its new size)."""
+        check_name("pool", name)
+        size = check_slots(slots)
+        if name == DEFAULT:
+            raise PoolError("the default pool is unlimited and cannot be sized")
+        async with self.db.write() as tx:
+            await tx.execute("pool_set", name=name, slots=size, now=self.clock())
+        return size
+
+    async def delete_pool(self, name: str) -> None:
+        """Delete a pool no unfinished task names (refused otherwise, naming how many)."""
+        await self._delete_named("pool", name)
+
+    async def _delete_named(self, kind: str, name: str) -> None:
+        """Delete pool or queue ``name``, refused while an unfinished task names it."""
+        check_name(kind, name)
+        if name == DEFAULT:
+            raise PoolError(f"the default {kind} cannot be deleted")
+        async with self.db.write() as tx:
+            if not await tx.fetch(f"{kind}s_named", names=[name]):
+                raise PoolError(f"no {kind} {name!r}")
+            row = await tx.fetchone(f"{kind}_unfinished", name=name)
+            if row and row["n"]:
+                raise PoolError(
+                    f"{kind} {name!r} is named by {row['n']} unfinished task(s); "
+                    "let them end (or cancel their runs) first"
+                )
+            await tx.execute(f"{kind}_delete", name=name)
+
+    async def pools(self) -> list[PoolUse]:
+        """``default`` (unlimited) and every stored pool: slots, slots in use, tasks ready."""
+        now = self.clock()
+        async with self.db.read() as tx:
+            d = await tx.fetchone("ops_default_pool", now=now)
+            rows = await tx.fetch("ops_pools", now=now)
+        out = [PoolUse(DEFAULT, None, int(d["used"]) if d else 0, int(d["ready"]) if d else 0)]
+        out += [PoolUse(r["name"], r["slots"], int(r["used"]), int(r["ready"])) for r in rows]
+        return out
+
+    # -- queues --------------------------------------------------------------------------
+
+    async def add_queue(self, name: str) -> bool:
+        """Declare queue ``name``; False when it was already declared."""
+        check_name("queue", name)
+        if name == DEFAULT:
+            raise PoolError("the default queue always exists")
+        async with self.db.write() as tx:
+            had = await tx.fetch("queues_named", names=[name])
+            await tx.execute("queue_add", name=name, now=self.clock())
+        return not had
+
+    async def delete_queue(self, name: str) -> None:
+        await self._delete_named("queue", name)
+
+    async def queues(self) -> list[QueueUse]:
+        """Every queue declared, served by a live worker or with tasks ready in it."""
+        async with self.db.read() as tx:
+            rows = await tx.fetch("ops_queues", now=self.clock())
+        return [
+            QueueUse(
+                r["name"],
+                r["name"] == DEFAULT or bool(r["declared"]),
+                int(r["workers"]),
+                int(r["slots"]),
+                int(r["ready"]),
+            )
+            for r in rows
+        ]
+
+    async def check_queues(self, names: Sequence[str]) -> None:
+        """Refuse a worker's ``--queues`` naming a queue nobody declared (a typo would
+        leave its tasks waiting for ever), naming it."""
+        wanted = sorted(set(names) - {DEFAULT})
+        if not wanted:
+            return
+        async with self.db.read() as tx:
+            known = {r["name"] for r in await tx.fetch("queues_named", names=wanted)}
+        missing = [q for q in wanted if q not in known]
+        if missing:
+            raise PoolError(
+                f"unknown queue(s) {', '.join(missing)}: declare with slotless queues add NAME"
+            )
+
+    async def serve_queues(
+        self, worker_id: str, queues: Sequence[str], slots: int, ttl: float
+    ) -> None:
+        """Say that ``worker_id`` serves ``queues`` for the next ``ttl`` seconds (renewed
+        with its heartbeat; read by status to find queues nobody serves)."""
+        now = self.clock()
+        async with self.db.write() as tx:
+            await tx.executemany(
+                "queue_worker_beat",
+                [
+                    {"worker_id": worker_id, "queue": q, "slots": slots, "now": now,
+                     "expires_at": now + ttl}
+                    for q in queues
+                ],
+            )  # fmt: skip
+
+    async def leave_queues(self, worker_id: str) -> None:
+        async with self.db.write() as tx:
+            await tx.execute("queue_worker_leave", worker_id=worker_id)
+            await tx.execute("queue_workers_forget", before=self.clock() - FORGET_WORKERS_AFTER)
+
+    # -- why ready tasks do not run ------------------------------------------------------
+
+    async def held_back_tasks(self, limit: int, run_id: str | None = None) -> list[tuple[Row, str]]:
+        """Ready tasks that a full or missing pool, or a queue nobody serves, holds back,
+        each with the reason ("waiting for pool warehouse (4/4 used)"): at most ``limit``,
+        or every one of ``run_id``'s."""
+        now = self.clock()
+        pools = {p.name: p for p in await self.pools()}
+        served = {q.name for q in await self.queues() if q.workers}
+        async with self.db.read() as tx:
+            if run_id is None:
+                rows = await tx.fetch("ops_held_back", now=now, n=limit)
+            else:
+                rows = await tx.fetch("ops_run_held_back", now=now, run_id=run_id)
+        out = []
+        for r in rows:
+            why = held_back(r, pools, served)
+            if why is not None:
+                out.append((r, why))
+        return out

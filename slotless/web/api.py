@@ -1,0 +1,620 @@
+"""The JSON API under ``/api/v1``: events, starting runs, reading a run, answering a
+person's wait; its OpenAPI document.
+
+Hand-written aiohttp routes with pydantic models, not a framework: the page is already an
+aiohttp application (one process, one port, one token setting), a route is a few lines,
+and the models that validate each body are the ones the OpenAPI document is generated
+from (:func:`openapi`), so the document cannot drift from what is enforced. A framework
+(FastAPI, aiohttp-pydantic) would bring a second server stack or a thin, little-used layer
+for the same five routes.
+
+Writes need ``Authorization: Bearer TOKEN``, one of the tokens ``slotless ui --token``
+(or $SLOTLESS_UI_TOKEN) was given, as ``NAME:TOKEN`` pairs (:mod:`.auth`); every token is
+compared in constant time, and the token's name is who the write is recorded as. Without
+a token configured the API is read-only. A bearer token is never sent by a browser on its
+own, so the API needs no CSRF token (the page's forms, which use a cookie, do).
+
+Every error is JSON: ``{"error": "...", "field": "payload", "errors": [...]}``, ``field``
+naming what was wrong (a body field as ``events[3].payload``, a path or query parameter
+by name, ``Authorization``, ``body``). Statuses: 400 bad input, 401 no or a wrong token,
+403 read-only, 404 unknown, 409 a conflict (a paused DAG), 413 too large.
+
+**Adding a route** (as the answer to a person's wait, ``respond`` below, was added)::
+
+    class ResponseIn(BaseModel):
+        approve: bool
+        comment: str = ""
+
+    @route("POST", "/runs/{run_id}/tasks/{task_id}/response", body=ResponseIn,
+           response=ResponseOut, write=True, status=201, summary="Answer a person's wait")
+    async def respond(call: Call) -> ResponseOut:
+        answer = call.body(ResponseIn)           # validated; a bad field is a 400 naming it
+        ...                                       # call.who: the token's name
+        raise ApiError(409, "already answered by alice at ...", "task_id")
+
+It appears in ``/api/v1/openapi.json`` at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any, Literal, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+from pydantic.json_schema import models_json_schema
+
+from executor.loader import DagImportError
+from executor.params import BadConf
+from executor.store import Store
+from executor.store.catalogue import UnknownDag
+from executor.store.events import MAX_BATCH, StoredEvent, UnknownEvent
+from executor.store.people import RespondError
+from triggers.events import NAME_RULE, EventError, check_name
+from triggers.limits import MAX_SERIALIZED_BYTES
+from triggers.people import MAX_COMMENT, AnswerError
+
+from ..trigger import DagPaused, trigger_run
+from .auth import Auth
+
+log = logging.getLogger("slotless.api")
+
+PREFIX = "/api/v1"
+# A batch of MAX_BATCH events at the payload limit, with room for names and brackets.
+MAX_BODY = MAX_BATCH * (MAX_SERIALIZED_BYTES + 512)
+VERSION = "1"
+
+
+# ------------------------------------------------------------------------------- models
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class EventIn(_Model):
+    """One event: its name and its JSON payload (at most 64 KiB as compact JSON)."""
+
+    name: str = Field(pattern=NAME_RULE, examples=["export.ready"])
+    payload: JsonValue = Field(default=None, examples=[{"partner": "acme", "date": "2026-11-24"}])
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        return check_name(value)  # its message says the rule in words
+
+
+class EventBatchIn(_Model):
+    """Several events, stored in one transaction in order (at most 1,000)."""
+
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class WakeOut(_Model):
+    """A wait an event woke: the task, and its state now."""
+
+    run_id: str
+    task_id: str
+    map_index: int
+    state: str
+    woke_at: float
+
+
+class EventOut(_Model):
+    id: int
+    name: str
+    payload: JsonValue
+    sent_at: float
+    source: str
+    woke: list[WakeOut]
+
+
+class SentEventOut(_Model):
+    id: int
+    name: str
+    sent_at: float
+    woke: list[WakeOut]
+
+
+class SentOut(_Model):
+    """What a POST of events stored, in order, and the waits each woke."""
+
+    events: list[SentEventOut]
+
+
+class EventsOut(_Model):
+    events: list[EventOut]
+
+
+class RunIn(_Model):
+    """A run to start: its conf (checked against the DAG's params), and optionally its
+    logical date and run key (a run is created once per key)."""
+
+    conf: dict[str, JsonValue] | None = None
+    logical_date: date | None = None
+    run_key: str | None = Field(default=None, min_length=1, max_length=2048)
+
+
+class RunOut(_Model):
+    dag_id: str
+    run_id: str
+    run_key: str
+    created: bool
+    state: str
+
+
+class TaskOut(_Model):
+    task_id: str
+    map_index: int
+    state: str
+
+
+class RunStatusOut(_Model):
+    run_id: str
+    dag_id: str
+    state: str
+    logical_date: str
+    tasks: list[TaskOut]
+
+
+class FieldError(_Model):
+    field: str | None
+    message: str
+
+
+class ErrorOut(_Model):
+    """Every error: what was wrong, and the field it was in."""
+
+    error: str
+    field: str | None = None
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------- routes
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.errors: list[FieldError] = []
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to a route: the store, the raw request, who made it (writes only)."""
+
+    request: web.Request
+    store: Store
+    who: str | None
+    raw: Any = None  # the parsed JSON body
+
+    def param(self, name: str) -> str:
+        return self.request.match_info[name]
+
+    def body(self, model: type[_M]) -> _M:
+        """The body validated by ``model``; a 400 naming the first bad field otherwise."""
+        try:
+            return model.model_validate(self.raw)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+
+
+Handler = Callable[[Call], Awaitable[tuple[int, BaseModel]]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str  # under PREFIX
+    handler: Handler
+    summary: str
+    response: type[BaseModel]
+    body: type[BaseModel] | tuple[type[BaseModel], ...] | None = None
+    write: bool = False
+    status: int = 200
+    query: dict[str, str] = field(default_factory=dict)  # name -> description
+    errors: tuple[int, ...] = ()
+
+
+ROUTES: list[Route] = []
+
+
+def route(
+    method: str,
+    path: str,
+    *,
+    summary: str,
+    response: type[BaseModel],
+    body: type[BaseModel] | tuple[type[BaseModel], ...] | None = None,
+    write: bool = False,
+    status: int = 200,
+    query: dict[str, str] | None = None,
+    errors: tuple[int, ...] = (),
+) -> Callable[[Handler], Handler]:
+    """Register ``method PREFIX+path``; its models go into the OpenAPI document."""
+
+    def register(handler: Handler) -> Handler:
+        ROUTES.append(
+            Route(
+                method, path, handler, summary, response, body, write, status, query or {}, errors
+            )
+        )
+        return handler
+
+    return register
+
+
+# ------------------------------------------------------------------------------- events
+
+
+def _event_out(e: StoredEvent) -> EventOut:
+    return EventOut(
+        id=e.id, name=e.name, payload=e.payload, sent_at=e.sent_at, source=e.source,
+        woke=[WakeOut(run_id=w.run_id, task_id=w.task_id, map_index=w.map_index,
+                      state=w.state, woke_at=w.woke_at) for w in e.woke],
+    )  # fmt: skip
+
+
+@route(
+    "POST", "/events", summary="Send one event or a batch; each wakes the waits it matches",
+    body=(EventIn, EventBatchIn), response=SentOut, write=True, status=201,
+    errors=(400, 401, 403, 413),
+)  # fmt: skip
+async def send_events(call: Call) -> tuple[int, BaseModel]:
+    batch = isinstance(call.raw, dict) and "events" in call.raw
+    events = call.body(EventBatchIn).events if batch else [call.body(EventIn)]
+    try:
+        sent = await call.store.send_events(
+            [(e.name, e.payload) for e in events], source=f"api:{call.who}"
+        )
+    except EventError as exc:
+        raise ApiError(413 if exc.too_large else 400, str(exc), exc.field) from None
+    stored = []
+    for s in sent:
+        woke = _event_out(await call.store.get_event(s.id)).woke if s.woke else []
+        stored.append(SentEventOut(id=s.id, name=s.name, sent_at=s.sent_at, woke=woke))
+    return 201, SentOut(events=stored)
+
+
+@route(
+    "GET", "/events", summary="The newest events, with the waits each woke",
+    response=EventsOut, errors=(400, 404),
+    query={"name": "only events of this name", "limit": "how many (1-1000, default 50)"},
+)  # fmt: skip
+async def list_events(call: Call) -> tuple[int, BaseModel]:
+    name = call.request.query.get("name") or None
+    limit = _int_query(call, "limit", 50, 1, 1000)
+    try:
+        events = await call.store.list_events(name, limit=limit)
+    except UnknownEvent as exc:
+        raise ApiError(404, str(exc), exc.field) from None
+    return 200, EventsOut(events=[_event_out(e) for e in events])
+
+
+@route("GET", "/events/{id}", summary="One event and the waits it woke", response=EventOut,
+       errors=(400, 404))  # fmt: skip
+async def get_event(call: Call) -> tuple[int, BaseModel]:
+    try:
+        event_id = int(call.param("id"))
+    except ValueError:
+        raise ApiError(400, "id must be a number", "id") from None
+    try:
+        return 200, _event_out(await call.store.get_event(event_id))
+    except UnknownEvent as exc:
+        raise ApiError(404, str(exc), "id") from None
+
+
+# --------------------------------------------------------------------------------- runs
+
+
+@route(
+    "POST", "/dags/{dag_id}/runs", summary="Start a run of a catalogued DAG with a conf",
+    body=RunIn, response=RunOut, write=True, status=201, errors=(400, 401, 403, 404, 409),
+)  # fmt: skip
+async def start_run(call: Call) -> tuple[int, BaseModel]:
+    dag_id = call.param("dag_id")
+    new = call.body(RunIn)
+    try:
+        started = await trigger_run(
+            call.store, dag_id, new.conf, parse_timeout=call.request.app["api_parse_timeout"],
+            logical_date=new.logical_date, run_key=new.run_key,
+        )  # fmt: skip
+    except UnknownDag as exc:
+        raise ApiError(404, str(exc), "dag_id") from None
+    except DagPaused as exc:
+        raise ApiError(409, str(exc), "dag_id") from None
+    except DagImportError as exc:
+        raise ApiError(409, str(exc), "dag_id") from None
+    except BadConf as exc:
+        raise ApiError(400, str(exc), "conf") from None
+    out = RunOut(dag_id=dag_id, run_id=started.run_id, run_key=started.run_key,
+                 created=started.created, state=started.state)  # fmt: skip
+    return (201 if started.created else 200), out
+
+
+@route("GET", "/runs/{run_id}", summary="A run's state and its tasks' states",
+       response=RunStatusOut, errors=(404,))  # fmt: skip
+async def get_run(call: Call) -> tuple[int, BaseModel]:
+    run_id = call.param("run_id")
+    info = await call.store.run_info(run_id)
+    if info is None:
+        raise ApiError(404, f"there is no run {run_id!r}", "run_id")
+    tasks = [TaskOut(task_id=t["task_id"], map_index=t["map_index"], state=t["state"])
+             for t in await call.store.run_tasks(run_id)]  # fmt: skip
+    return 200, RunStatusOut(run_id=run_id, dag_id=info["dag_id"], state=info["state"],
+                             logical_date=str(info["logical_date"]), tasks=tasks)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ serving
+
+
+# ---------------------------------------------------------- people in the loop (issue 19)
+
+
+class ResponseIn(_Model):
+    """A person's answer: ``approve`` (an Approval), ``choose`` (a Choice or BranchChoice:
+    one option, or a list with ``multiple``), or ``form`` (a Form's fields); a comment."""
+
+    approve: bool | None = None
+    choose: str | list[str] | None = None
+    form: dict[str, JsonValue] | None = None
+    comment: str = Field(default="", max_length=MAX_COMMENT)
+    map_index: int = -1
+
+
+class ResponseOut(_Model):
+    """The answer as recorded: the task's state now and its output (the answer, by, at)."""
+
+    run_id: str
+    task_id: str
+    state: str
+    output: dict[str, JsonValue]
+    skipped: list[str]
+
+
+class RequestOut(_Model):
+    run_id: str
+    task_id: str
+    map_index: int
+    dag_id: str
+    logical_date: str
+    waiting_since: float | None
+    gives_up_at: float | None
+    request: dict[str, JsonValue]
+
+
+class NeedsYouOut(_Model):
+    count: int
+    requests: list[RequestOut]
+
+
+@route(
+    "POST", "/runs/{run_id}/tasks/{task_id}/response",
+    summary="Answer a person's wait (approve, choose, fill a form); the first answer wins",
+    body=ResponseIn, response=ResponseOut, write=True, status=201,
+    errors=(400, 401, 403, 404, 409),
+)  # fmt: skip
+async def respond(call: Call) -> tuple[int, BaseModel]:
+    given = call.body(ResponseIn)
+    answer = given.model_dump(exclude_none=True, exclude={"map_index"})
+    if not answer.get("comment"):
+        answer.pop("comment", None)
+    assert call.who is not None  # a write route: authorized
+    try:
+        done = await call.store.respond(
+            call.param("run_id"), call.param("task_id"), answer, who=call.who,
+            map_index=given.map_index,
+        )  # fmt: skip
+    except RespondError as exc:
+        raise ApiError(exc.status, str(exc), exc.field) from None
+    except AnswerError as exc:
+        err = ApiError(400, str(exc), exc.field)
+        err.errors = [FieldError(field=f, message=m) for f, m in exc.errors]
+        raise err from None
+    return 201, ResponseOut(
+        run_id=done.run_id, task_id=done.task_id, state=done.state, output=done.output,
+        skipped=done.skipped,
+    )  # fmt: skip
+
+
+@route("GET", "/needs-you", summary="The requests waiting for a person's answer",
+       response=NeedsYouOut)  # fmt: skip
+async def needs_you(call: Call) -> tuple[int, BaseModel]:
+    count, requests = await call.store.needs_you()
+    return 200, NeedsYouOut(
+        count=count,
+        requests=[
+            RequestOut(
+                run_id=r.run_id, task_id=r.task_id, map_index=r.map_index, dag_id=r.dag_id,
+                logical_date=r.logical_date, waiting_since=r.waiting_since,
+                gives_up_at=r.gives_up_at, request=r.wait.request(),
+            )
+            for r in requests
+        ],
+    )  # fmt: skip
+
+
+def add_api(app: web.Application, store: Store, auth: Auth, parse_timeout: float) -> None:
+    """Mount ``/api/v1`` (every route in :data:`ROUTES` and the OpenAPI document) on ``app``."""
+    api = web.Application(middlewares=[_json_errors])
+    api["api_parse_timeout"] = parse_timeout
+    for r in ROUTES:
+        api.router.add_route(r.method, r.path, _serve(r, store, auth))
+    api.router.add_get("/openapi.json", _openapi)
+    app.add_subapp(PREFIX, api)
+
+
+def _serve(r: Route, store: Store, auth: Auth) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        who = _authorize(request, auth) if r.write else None
+        raw = None
+        if r.body is not None:
+            raw = await _read_json(request)
+        status, out = await r.handler(Call(request, store, who, raw))
+        return _respond(status, out.model_dump(mode="json"))
+
+    return handle
+
+
+def _authorize(request: web.Request, auth: Auth) -> str:
+    if not auth.enabled:
+        raise ApiError(
+            403,
+            "the API is read-only: start `slotless ui` with --token NAME:TOKEN to allow writes",
+            "Authorization",
+        )
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if not header:
+        raise ApiError(401, "missing Authorization: Bearer TOKEN", "Authorization")
+    who = auth.who(given.strip()) if scheme.lower() == "bearer" else None
+    if who is None:
+        log.warning("API: refused a write to %s from %s: wrong token", request.path, request.remote)
+        raise ApiError(401, "wrong token (expected Authorization: Bearer TOKEN)", "Authorization")
+    return who
+
+
+async def _read_json(request: web.Request) -> Any:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise ApiError(413, f"the body is over {MAX_BODY} bytes", "body")
+    try:
+        data = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"the body is over {MAX_BODY} bytes", "body") from None
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise ApiError(400, f"the body is not JSON: {exc}", "body") from None
+
+
+def _respond(status: int, data: Any) -> web.Response:
+    return web.json_response(data, status=status, headers={"Cache-Control": "no-store"})
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        err = ErrorOut(error=str(exc), field=exc.field, errors=exc.errors)
+        return _respond(exc.status, err.model_dump(mode="json"))
+    except web.HTTPException as exc:  # no such route, a wrong method, a body too large
+        field_ = "body" if exc.status == 413 else None
+        return _respond(exc.status, {"error": exc.reason, "field": field_, "errors": []})
+    except Exception as exc:
+        log.exception("API error serving %s", request.path)
+        return _respond(500, {"error": f"{type(exc).__name__}: {exc}", "field": None,
+                              "errors": []})  # fmt: skip
+
+
+def _invalid(exc: ValidationError) -> ApiError:
+    errors = [FieldError(field=_field(e["loc"]), message=e["msg"]) for e in exc.errors()]
+    first = errors[0]
+    err = ApiError(400, f"{first.field or 'body'}: {first.message}", first.field)
+    err.errors = errors
+    return err
+
+
+def _field(loc: tuple[int | str, ...]) -> str | None:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def _int_query(call: Call, name: str, default: int, low: int, high: int) -> int:
+    text = call.request.query.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, f"{name} must be a number", name) from None
+    if not low <= value <= high:
+        raise ApiError(400, f"{name} must be between {low} and {high}", name)
+    return value
+
+
+# ------------------------------------------------------------------------------ OpenAPI
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return _respond(200, openapi())
+
+
+def openapi() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of :data:`ROUTES`, from their pydantic models."""
+    models: list[type[BaseModel]] = [ErrorOut]
+    for r in ROUTES:
+        bodies = r.body if isinstance(r.body, tuple) else (r.body,) if r.body else ()
+        models += [*bodies, r.response]
+    unique = list(dict.fromkeys(models))
+    modes: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
+        (m, "validation") for m in unique
+    ]
+    _, defs = models_json_schema(modes, ref_template="#/components/schemas/{model}")
+
+    def ref(m: type[BaseModel]) -> dict[str, str]:
+        return {"$ref": f"#/components/schemas/{m.__name__}"}
+
+    paths: dict[str, dict[str, Any]] = {}
+    for r in ROUTES:
+        op: dict[str, Any] = {
+            "summary": r.summary,
+            "operationId": r.handler.__name__,
+            "responses": {str(r.status): {"description": "OK", "content": {
+                "application/json": {"schema": ref(r.response)}}}},
+        }  # fmt: skip
+        params = [
+            {"name": p.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in r.path.split("/") if p.startswith("{")
+        ]  # fmt: skip
+        params += [
+            {"name": n, "in": "query", "required": False, "description": d,
+             "schema": {"type": "string"}}
+            for n, d in r.query.items()
+        ]  # fmt: skip
+        if params:
+            op["parameters"] = params
+        if r.body is not None:
+            bodies = r.body if isinstance(r.body, tuple) else (r.body,)
+            schema = ref(bodies[0]) if len(bodies) == 1 else {"oneOf": [ref(b) for b in bodies]}
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": schema}},
+            }
+        if r.write:
+            op["security"] = [{"bearer": []}]
+        for status in r.errors:
+            op["responses"][str(status)] = {"description": _REASONS.get(status, "error"),
+                "content": {"application/json": {"schema": ref(ErrorOut)}}}  # fmt: skip
+        paths.setdefault(PREFIX + r.path, {})[r.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "slotless", "version": VERSION,
+                 "description": "Events, runs and (later) answers from people; see docs/api.md."},
+        "paths": paths,
+        "components": {
+            "schemas": defs.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }  # fmt: skip
+
+
+_REASONS = {
+    400: "bad input: the error names the field",
+    401: "no token, or a wrong one",
+    403: "the API is read-only (no token configured)",
+    404: "no such DAG, run or event",
+    409: "a conflict: the DAG is paused or its file is broken",
+    413: "a payload over 64 KiB, or a body over the batch limit",
+}

@@ -1,0 +1,189 @@
+"""S3 waits woken by the bucket's event notifications through SQS, on moto's real server:
+one consumer per queue, no LIST while idle, and a queue that disappears or sends garbage
+fails nothing (polling takes over, with a log line)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from support.helpers import async_wait_until
+from support.servers import MotoS3Server, s3_conn_uri
+from support.triggers import serving, task_rows
+
+from executor import DAG
+from triggers.s3 import S3KeyTrigger
+from triggers.s3_events import NotS3Event, event_topics
+
+DAY = date(2026, 4, 25)
+HOUR = 3600.0
+
+pytestmark = pytest.mark.usefixtures("fresh_triggers")
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoS3Server]:
+    server = MotoS3Server().start()
+    yield server
+    server.stop()
+
+
+def sqs(moto: MotoS3Server) -> Any:
+    import boto3
+
+    return boto3.client(
+        "sqs",
+        endpoint_url=moto.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+
+
+def notifying_bucket(moto: MotoS3Server) -> tuple[str, str]:
+    """A new bucket that publishes ObjectCreated events to a new queue: (bucket, queue url)."""
+    bucket, queue = "b-" + secrets.token_hex(6), "q-" + secrets.token_hex(6)
+    moto.client().create_bucket(Bucket=bucket)
+    q = sqs(moto)
+    url = q.create_queue(QueueName=queue)["QueueUrl"]
+    arn = q.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    moto.client().put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "QueueConfigurations": [{"QueueArn": arn, "Events": ["s3:ObjectCreated:*"]}]
+        },
+    )
+    q.purge_queue(QueueUrl=url)  # the test event sent on configuration
+    moto.reset()
+    return bucket, url
+
+
+@pytest.fixture
+def events(moto: MotoS3Server, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """Connection ``s3e``: moto, and the queue its new bucket notifies."""
+    moto.faults.status, moto.faults.delay = None, 0.0
+    bucket, url = notifying_bucket(moto)
+    uri = s3_conn_uri(moto.endpoint) + f"&events_queue={quote(url, safe='')}&events_wait=1"
+    monkeypatch.setenv("SLOTLESS_CONN_S3E", uri)
+    return bucket, url
+
+
+def s3_waits(dag_id: str, bucket: str, keys: list[str], interval: float = HOUR) -> DAG:
+    dag = DAG(dag_id)
+
+    @dag.task
+    def items(ctx):
+        return keys
+
+    @dag.task(expand=items)
+    def wait(ctx):
+        trig = S3KeyTrigger(bucket=bucket, key=ctx.item, conn_id="s3e", poke_interval=interval)
+        ctx.defer(trig, method="done")
+
+    @wait.method
+    def done(ctx):
+        return ctx.event
+
+    return dag
+
+
+def all_in(db_path: Path, run_id: str, state: str, n: int) -> bool:
+    rows = [r for r in task_rows(db_path, run_id, "wait") if r["map_index"] >= 0]
+    return len(rows) == n and all(r["state"] == state for r in rows)
+
+
+def test_notifications_name_their_objects_and_garbage_is_told_apart() -> None:
+    body = {"Records": [{"s3": {"bucket": {"name": "b"}, "object": {"key": "in/a+b%3D.csv"}}}]}
+    assert event_topics(json.dumps(body)) == ["b/in/a b=.csv"]
+    sns = {"Type": "Notification", "Message": json.dumps(body)}
+    assert event_topics(json.dumps(sns)) == ["b/in/a b=.csv"]
+    assert event_topics(json.dumps({"Event": "s3:TestEvent", "Bucket": "b"})) == []
+    for bad in ("hello", "[1]", "{}", json.dumps({"Records": [{"s3": {}}]})):
+        with pytest.raises(NotS3Event):
+            event_topics(bad)
+
+
+async def test_one_consumer_wakes_every_wait_and_no_listing_while_idle(
+    moto, events, store, db_path
+) -> None:
+    bucket, _ = events
+    n = 40
+    keys = [f"in/{i:03d}.csv" for i in range(n - 2)] + ["glob/*.csv", "pre/"]
+    dag = s3_waits("push_s3", bucket, keys)
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="deferred")
+        key = ("sqs", "s3e", events[1])
+        await async_wait_until(lambda: trig.push.live(key), what="the consumer is live")
+        assert list(trig.push.sources) == [key]  # one consumer for 40 waits
+        # After the checks the source's start asked for, nothing lists: idle is silent.
+        await async_wait_until(lambda: moto.count("sqs:ReceiveMessage") >= 2, what="two long polls")
+        listed = moto.count("ListObjectsV2")
+        await async_wait_until(
+            lambda: moto.count("sqs:ReceiveMessage") >= 4, what="two more long polls"
+        )
+        assert moto.count("ListObjectsV2") == listed
+        for k in keys[:-2]:
+            moto.put(bucket, k)
+        moto.put(bucket, "glob/x.csv")
+        moto.put(bucket, "pre/deep/y")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all woken")
+        await async_wait_until(lambda: not trig.push.sources, what="consumer closed")
+
+
+async def test_a_queue_that_disappears_falls_back_to_polling(
+    moto, events, store, db_path, caplog
+) -> None:
+    bucket, url = events
+    caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
+    dag = s3_waits("push_s3_gone", bucket, ["a.csv"], interval=0.3)
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True, "push_retry": 60.0}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        key = ("sqs", "s3e", url)
+        await async_wait_until(lambda: trig.push.live(key), what="the consumer is live")
+        sqs(moto).delete_queue(QueueUrl=url)
+        await async_wait_until(lambda: "does not exist" in caplog.text, what="the fallback")
+        assert not trig.push.live(key)
+        moto.put(bucket, "a.csv")  # no queue to tell: polling finds it
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 1), what="polled")
+        assert moto.count("ListObjectsV2") >= 1
+
+
+async def test_garbage_on_the_queue_fails_nothing_and_falls_back_to_polling(
+    moto, events, store, db_path, caplog
+) -> None:
+    bucket, url = events
+    caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
+    dag = s3_waits("push_s3_garbage", bucket, ["a.csv", "b.csv"], interval=0.3)
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True, "push_retry": 60.0}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        key = ("sqs", "s3e", url)
+        await async_wait_until(lambda: trig.push.live(key), what="the consumer is live")
+        sqs(moto).send_message(QueueUrl=url, MessageBody="this is not an S3 event")
+        await async_wait_until(
+            lambda: "not an S3 event notification" in caplog.text, what="the fallback"
+        )
+        assert not trig.push.live(key)
+        assert all_in(db_path, run_id, "DEFERRED", 2)  # nothing failed
+        # The garbage was deleted, not left to come back.
+        attrs = sqs(moto).get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        assert attrs["ApproximateNumberOfMessages"] == "0"
+        moto.seed(bucket, ["a.csv", "b.csv"])  # straight into the backend: no notification
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 2), what="polled")

@@ -1,0 +1,103 @@
+"""Triggers written the Airflow way (Airflow's BaseTrigger, serialize / async run /
+TriggerEvent / cleanup), for the tests that run them in the slotless triggerer.
+
+Imported only inside the Airflow test environment (.venv-airflow); the main .venv has no
+Airflow. Each is allow-listed by the test through SLOTLESS_ALLOWED_TRIGGERS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+HERE = "support.airflow_triggers"
+
+
+class FlagTrigger(BaseTrigger):
+    """Fires with the flag file's content once it exists; cleanup() leaves a mark."""
+
+    def __init__(self, path: str, poke_interval: float = 0.2) -> None:
+        super().__init__()
+        self.path = path
+        self.poke_interval = poke_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{HERE}.FlagTrigger", {"path": self.path, "poke_interval": self.poke_interval}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while not os.path.exists(self.path):
+            await asyncio.sleep(self.poke_interval)
+        yield TriggerEvent({"path": self.path, "content": Path(self.path).read_text()})
+
+    async def cleanup(self) -> None:
+        # One line per cleanup, so that the test counts them (the wait ended, or moved).
+        with open(self.path + ".cleanups", "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class SilentTrigger(BaseTrigger):
+    """Returns without yielding anything: it would never fire."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{HERE}.SilentTrigger", {}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        return
+        yield  # an async generator all the same
+
+
+class RaisingTrigger(BaseTrigger):
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{HERE}.RaisingTrigger", {"message": self.message}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        await asyncio.sleep(0.1)
+        raise ValueError(self.message)
+        yield
+
+
+class BlockingTrigger(BaseTrigger):
+    """Blocks the event loop (a sync sleep, the classic mistake) until a flag exists."""
+
+    def __init__(self, seconds: float, path: str) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.path = path
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{HERE}.BlockingTrigger", {"seconds": self.seconds, "path": self.path}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        # Again and again until the flag exists: a watchdog starved of CPU on a busy
+        # machine may miss one block, not all of them.
+        while not os.path.exists(self.path):
+            time.sleep(self.seconds)
+            await asyncio.sleep(0.5)
+        yield TriggerEvent("unblocked")
+
+
+class ConnTrigger(BaseTrigger):
+    """Looks its connection up the Airflow way (BaseHook.get_connection)."""
+
+    def __init__(self, conn_id: str) -> None:
+        super().__init__()
+        self.conn_id = conn_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{HERE}.ConnTrigger", {"conn_id": self.conn_id}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(self.conn_id)
+        yield TriggerEvent({"host": conn.host, "login": conn.login, "port": conn.port})

@@ -1,0 +1,170 @@
+"""File waits pushed by the real kernel's inotify: one watch per directory, woken on close
+or rename, globs kept, polling when inotify cannot be had (forced), sources closed with
+their last wait."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import date
+from pathlib import Path
+
+import pytest
+from support.helpers import async_wait_until
+from support.triggers import serving, task_rows
+
+from executor import DAG
+from triggers import inotify
+from triggers.files import FileTrigger
+
+DAY = date(2026, 4, 25)
+HOUR = 3600.0  # a poll interval no test waits for: only a push can wake these waits
+
+pytestmark = pytest.mark.usefixtures("fresh_triggers")
+
+
+def file_waits(dag_id: str, paths: list[str], interval: float = HOUR) -> DAG:
+    dag = DAG(dag_id)
+
+    @dag.task
+    def items(ctx):
+        return paths
+
+    @dag.task(expand=items)
+    def wait(ctx):
+        ctx.defer(FileTrigger(path=ctx.item, poke_interval=interval), method="done")
+
+    @wait.method
+    def done(ctx):
+        return ctx.event
+
+    return dag
+
+
+def waits(db_path: Path, run_id: str) -> list[dict]:
+    return [r for r in task_rows(db_path, run_id, "wait") if r["map_index"] >= 0]
+
+
+def all_in(db_path: Path, run_id: str, state: str, n: int) -> bool:
+    rows = waits(db_path, run_id)
+    return len(rows) == n and all(r["state"] == state for r in rows)
+
+
+def reader_watches(trig) -> int:
+    reader = trig.ctx._shared.get("inotify")
+    return 0 if reader is None else len(reader._by_wd)
+
+
+async def test_many_waits_in_one_directory_share_one_watch_and_wake_on_close(
+    store, db_path, tmp_path
+) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    n = 30
+    dag = file_waits("push_files", [str(inbox / f"{i}.csv") for i in range(n)])
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="deferred")
+        key = ("inotify", str(inbox))
+        await async_wait_until(lambda: trig.push.live(key), what="the watch is live")
+        assert trig.push.sources == {key: True}  # one source for 30 waits ...
+        assert reader_watches(trig) == 1  # ... and one kernel watch
+        for i in range(n):
+            # Written in place: the wait wakes at the close, not at the create.
+            with open(inbox / f"{i}.csv", "w") as f:
+                f.write("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all woken")
+        outputs = {json.loads(r["output"])["paths"][0] for r in waits(db_path, run_id)}
+        assert outputs == {str(inbox / f"{i}.csv") for i in range(n)}
+        # The last wait gone, the source and its watch are closed.
+        await async_wait_until(lambda: not trig.push.sources, what="source closed")
+        await async_wait_until(lambda: reader_watches(trig) == 0, what="watch removed")
+
+
+async def test_a_glob_wakes_on_a_matching_name_and_a_rename_into_the_directory(
+    store, db_path, tmp_path
+) -> None:
+    inbox, staging = tmp_path / "in", tmp_path / "staging"
+    inbox.mkdir()
+    staging.mkdir()
+    dag = file_waits("push_glob", [str(inbox / "*.csv")])
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(
+            lambda: trig.push.live(("inotify", str(inbox))), what="the watch is live"
+        )
+        woken = trig.push.woken
+        (inbox / "notes.txt").write_text("not a csv")
+        (staging / "data.csv").write_text("a,b\n")
+        await async_wait_until(lambda: trig.push.pushes >= 2, what="the close was pushed")
+        assert trig.push.woken == woken  # notes.txt matches nobody's glob
+        assert all_in(db_path, run_id, "DEFERRED", 1)
+        os.rename(staging / "data.csv", inbox / "data.csv")  # IN_MOVED_TO
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 1), what="woken")
+        (row,) = waits(db_path, run_id)
+        assert json.loads(row["output"]) == {"paths": [str(inbox / "data.csv")]}
+
+
+async def test_without_inotify_the_waits_are_polled_with_a_log_line(
+    store, db_path, tmp_path, monkeypatch, caplog
+) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    # Forced through the real detection: the test directory's own filesystem is listed
+    # as one without inotify.
+    fstype = inotify.fstype_of(str(inbox))
+    assert fstype is not None
+    monkeypatch.setenv(inotify.POLL_FSTYPES_ENV, fstype)
+    caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
+    dag = file_waits("push_fallback", [str(inbox / "a.csv")], interval=0.2)
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(lambda: "unavailable" in caplog.text, what="the fallback")
+        assert f"{fstype} filesystem" in caplog.text
+        assert not trig.push.live(("inotify", str(inbox)))
+        assert reader_watches(trig) == 0
+        (inbox / "a.csv").write_text("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 1), what="polled")
+
+
+async def test_a_watch_that_cannot_be_set_falls_back_and_polling_still_fires(
+    store, db_path, tmp_path, caplog
+) -> None:
+    missing = tmp_path / "not-yet"  # the kernel refuses a watch on it: ENOENT
+    caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
+    dag = file_waits("push_missing", [str(missing / "a.csv")], interval=0.2)
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}):
+        await async_wait_until(lambda: "cannot watch" in caplog.text, what="the fallback")
+        missing.mkdir()
+        (missing / "a.csv").write_text("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 1), what="polled")
+
+
+async def test_a_live_source_polls_only_at_the_safety_interval(store, db_path, tmp_path) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    dag = file_waits("push_safety", [str(inbox / "a.csv")], interval=0.1)
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True, "push_safety_interval": 30.0}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(
+            lambda: trig.push.live(("inotify", str(inbox))), what="the watch is live"
+        )
+        (check,) = trig.table.by_hash.values()
+        # Its own interval is 0.1 s; with the watch live it is next due ~30 s on.
+        await async_wait_until(
+            lambda: check.due - trig.clock() > 20, what="the safety interval applied"
+        )
+        done = trig.checks_done
+        (inbox / "a.csv").write_text("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 1), what="woken")
+        assert trig.checks_done - done <= 2  # the pushed check (one more if one was in flight)

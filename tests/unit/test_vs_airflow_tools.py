@@ -1,0 +1,81 @@
+"""The parts of benchmarks/vs_airflow.py that decide its figures, without Airflow: the probe
+put in both triggerers (checks counted by audit hook, loop stalls) and the derived figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from support.helpers import wait_until
+
+from benchmarks.vs_airflow import PROBE, derive, pick, ratio
+
+CHILD = """
+import asyncio, glob, os, time
+
+async def main():
+    for i in range(7):
+        glob.glob({inbox!r} + f"/{{i % 5}}.csv")
+    os.scandir({inbox!r}).close()
+    await asyncio.sleep(0.1)
+    time.sleep(0.3)          # a stall of the loop the probe watches
+    await asyncio.sleep(1.5)  # the probe writes its counters meanwhile
+
+asyncio.run(main())
+"""
+
+
+def test_the_probe_counts_checks_distinct_paths_and_loop_stalls(tmp_path: Path) -> None:
+    out = tmp_path / "probe"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(PROBE),
+        "VS_PROBE_DIR": str(out),
+        "VS_EXPECT_PATHS": "5",
+    }
+    code = textwrap.dedent(CHILD.format(inbox=str(tmp_path)))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    [f] = wait_until(lambda: list(out.glob("*.json")), 10, what="the probe's file")
+    doc = json.loads(f.read_text())
+    assert doc["glob"] == 7 and doc["scandir"] == 1
+    assert doc["distinct"] == 5 and doc["all_seen_at"] is not None  # every path seen once
+    assert len(doc["stalls"]) == 1 and doc["stalls"][0][1] >= 0.25
+
+
+def test_without_its_variable_the_probe_does_nothing(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "VS_PROBE_DIR"}
+    env["PYTHONPATH"] = str(PROBE)
+    code = "import sys, threading; print(len(threading.enumerate()), sys.audit.__name__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split()[0] == "1"  # no probe thread
+    assert not list(tmp_path.iterdir())
+
+
+def test_ratios_and_marginal_memory_come_from_the_measured_figures() -> None:
+    doc: dict[str, Any] = {
+        "airflow": {
+            "w1": [
+                {"n": 1000, "pss_bytes": 300_000_000},
+                {"n": 5000, "pss_bytes": 400_000_000},
+                {"n": 19000, "failed": "exited: Too many open files"},
+            ]
+        },
+        "slotless": {"w1": [{"n": 1000, "pss_bytes": 50_000_000}]},
+    }
+    derive(doc)
+    assert doc["airflow"]["w1_marginal_bytes_per_wait"] == [
+        {"from": 1000, "to": 5000, "bytes_per_wait": 25_000}
+    ]
+    assert doc["slotless"]["w1_marginal_bytes_per_wait"] == []
+    assert pick(doc["airflow"]["w1"], "pss_bytes", n=5000) == 400_000_000
+    assert pick(doc["airflow"]["w1"], "pss_bytes", n=19000) is None  # failed: no figure
+    assert ratio(3.0, 1.5) == 2.0 and ratio(None, 1.0) is None and ratio(1.0, 0) is None

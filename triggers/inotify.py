@@ -1,0 +1,190 @@
+"""Local files pushed by the kernel: one inotify watch per directory, shared by every wait.
+
+Built on asyncinotify (pinned in constraints.txt): a thin ctypes binding with no
+dependencies of its own that reads the inotify descriptor from the asyncio loop itself
+(``add_reader``: no thread, no debounce) and reports the kernel's own masks, so a wait
+is woken by ``IN_CLOSE_WRITE`` (a writer closed the file) or ``IN_MOVED_TO`` (a file was
+renamed into the directory) and never by a half-written file's ``IN_CREATE``. watchfiles
+was the other candidate; it watches a fixed set of paths from a Rust thread and reports
+debounced "added/modified" changes (50 ms steps at best), so adding a directory means
+restarting the watcher and a close cannot be told from a write.
+
+One inotify descriptor serves the whole process (the kernel allows 128 per user by
+default); each directory is one watch on it (8,192 per user by default:
+``fs.inotify.max_user_watches``). A watch that cannot be set (the directory does not
+exist yet, the limit is reached) or a filesystem where inotify does not see other hosts'
+writes (NFS, SMB, FUSE mounts, ...: :data:`POLLED_FSTYPES`, extended by
+``SLOTLESS_INOTIFY_POLL_FSTYPES``) raises :class:`~triggers.push.PushUnavailable`: the
+directory's waits are polled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .push import PushSource, PushUnavailable, Wake
+
+log = logging.getLogger("slotless.push.inotify")
+
+# Filesystems where inotify hears only this host's writes, or nothing at all.
+POLLED_FSTYPES = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "9p",
+        "afs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "gpfs",
+        "davfs",
+        "ncpfs",
+        "proc",
+        "sysfs",
+    }
+)
+POLL_FSTYPES_ENV = "SLOTLESS_INOTIFY_POLL_FSTYPES"
+
+
+def polled_fstypes() -> frozenset[str]:
+    """:data:`POLLED_FSTYPES` and those named in ``SLOTLESS_INOTIFY_POLL_FSTYPES`` (comma
+    separated; ``*`` polls every filesystem, i.e. turns inotify off)."""
+    extra = {t.strip() for t in os.environ.get(POLL_FSTYPES_ENV, "").split(",") if t.strip()}
+    return POLLED_FSTYPES | extra
+
+
+def fstype_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The filesystem type of the mount that holds ``path`` (None if unknown)."""
+    real = os.path.realpath(path)
+    best, best_type = -1, None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5 or not right:
+                    continue
+                mount = fields[4].replace("\\040", " ").replace("\\011", "\t")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) > best:
+                    best, best_type = len(mount), right.split()[0]
+    except OSError:
+        return None
+    return best_type
+
+
+def _poll_reason(directory: str) -> str | None:
+    polled = polled_fstypes()
+    fstype = fstype_of(directory)
+    if "*" in polled:
+        return f"inotify is turned off ({POLL_FSTYPES_ENV}=*)"
+    if fstype is None:
+        return None
+    if fstype in polled or fstype.startswith("fuse."):  # FUSE: writes may come from elsewhere
+        return f"{directory} is on a {fstype} filesystem, where inotify does not see every write"
+    return None
+
+
+class InotifyDirectory(PushSource):
+    """Wakes the waits of one directory: topics are the names closed or moved into it."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def describe(self) -> str:
+        return f"inotify watch on {self.directory}"
+
+    async def run(self, ctx: Any, ready: Callable[[], None], wake: Wake) -> None:
+        reason = _poll_reason(self.directory)
+        if reason is not None:
+            raise PushUnavailable(reason)
+        reader: _Reader = await ctx.shared("inotify", _Reader.open)
+        gone: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        watch = reader.watch(self.directory, wake, gone)
+        try:
+            ready()
+            why = await gone
+        finally:
+            reader.unwatch(watch)
+        raise PushUnavailable(why)
+
+
+class _Reader:
+    """The process's one inotify descriptor, read on the loop, events routed by watch."""
+
+    def __init__(self) -> None:
+        from asyncinotify import Inotify
+
+        # Events read per wake-up of the loop: a burst of 1,000 files is a few reads.
+        self._ino = Inotify(cache_size=512)
+        self._by_wd: dict[int, tuple[Wake, asyncio.Future[str]]] = {}
+        self._task = asyncio.get_running_loop().create_task(self._read(), name="inotify")
+
+    @classmethod
+    async def open(cls) -> _Reader:
+        try:
+            return cls()
+        except ImportError as exc:  # not Linux: asyncinotify is not installed there
+            raise PushUnavailable(f"no inotify binding here ({exc})") from exc
+        except OSError as exc:  # EMFILE: fs.inotify.max_user_instances reached
+            raise PushUnavailable(f"cannot open inotify: {exc}") from exc
+
+    def watch(self, directory: str, wake: Wake, gone: asyncio.Future[str]) -> Any:
+        from asyncinotify import Mask
+
+        mask = Mask.CLOSE_WRITE | Mask.MOVED_TO | Mask.ONLYDIR | Mask.DELETE_SELF | Mask.MOVE_SELF
+        try:
+            watch = self._ino.add_watch(directory, mask)
+        except OSError as exc:
+            raise PushUnavailable(f"cannot watch {directory}: {exc.strerror or exc}") from exc
+        self._by_wd[watch.wd] = (wake, gone)
+        return watch
+
+    def unwatch(self, watch: Any) -> None:
+        if self._by_wd.pop(watch.wd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._ino.rm_watch(watch)
+
+    async def _read(self) -> None:
+        from asyncinotify import Mask
+
+        try:
+            async for event in self._ino:
+                if Mask.Q_OVERFLOW in event.mask:  # events were lost: every wait re-checks
+                    log.warning("inotify queue overflowed: every watched directory re-checks")
+                    for wake, _ in list(self._by_wd.values()):
+                        wake([None])
+                    continue
+                watch = event.watch
+                entry = self._by_wd.get(watch.wd) if watch is not None else None
+                if entry is None:
+                    continue
+                wake, gone = entry
+                if event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED):
+                    if not gone.done():
+                        gone.set_result("the directory was removed or moved")
+                    continue
+                if event.name is not None:
+                    wake([str(event.name)])
+        except Exception as exc:  # the descriptor failed: every watch falls back
+            for _, gone in self._by_wd.values():
+                if not gone.done():
+                    gone.set_result(f"reading inotify failed: {exc}")
+
+    async def aclose(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
+        for _, gone in self._by_wd.values():
+            if not gone.done():
+                gone.set_result("closed")
+        self._by_wd.clear()
+        self._ino.close()
