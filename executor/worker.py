@@ -110,11 +110,10 @@ class Worker:
         tasks: set[asyncio.Task[Any]] = set()
         # Before the first claim under our id: the others judge it by this lock and row.
         await self.liveness.hold(self.worker_id)
-        await self.store.worker_beat(self.worker_id)
+        await self._beat()
         housekeeper = asyncio.create_task(self._housekeeper())
         listener = asyncio.create_task(self._listen())
         watcher = asyncio.create_task(self._watch_workers())
-        announcer = asyncio.create_task(self._announce())
         try:
             while True:
                 if until is not None and not self._stopping and await until():
@@ -149,12 +148,9 @@ class Worker:
             housekeeper.cancel()
             listener.cancel()
             watcher.cancel()
-            announcer.cancel()
-            await asyncio.gather(housekeeper, listener, watcher, announcer, return_exceptions=True)
+            await asyncio.gather(housekeeper, listener, watcher, return_exceptions=True)
             self._attempts.shutdown()
-            with contextlib.suppress(Exception):  # else its rows expire by themselves
-                await self.store.leave_queues(self.worker_id)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # else its row expires by itself
                 await self.store.worker_leave(self.worker_id)
             await self.liveness.close()
 
@@ -285,20 +281,9 @@ class Worker:
             except Exception as exc:
                 await asyncio.sleep(max(self._poll, backoff.failed(exc)))
 
-    async def _announce(self) -> None:
-        """Keep this worker's queues in the store's registry (``queue_worker``), so that
-        status can name a queue no live worker serves: renewed every heartbeat interval,
-        valid for ``stale_after`` (a worker killed without leaving expires by then)."""
-        backoff = Backoff("worker: renewing its queues", log)  # an outage logged once
-        while True:
-            try:
-                await self.store.serve_queues(
-                    self.worker_id, self.queues, self.slots, self._stale_after
-                )
-                backoff.succeeded()
-            except Exception as exc:
-                backoff.failed(exc)
-            await asyncio.sleep(self._heartbeat_every)
+    async def _beat(self) -> None:
+        """Keep this worker's row live for ``stale_after``, with the queues it serves."""
+        await self.store.worker_beat(self.worker_id, self.queues, self.slots, self._stale_after)
 
     async def _housekeeper(self) -> None:
         last_reap = 0.0
@@ -342,7 +327,7 @@ class Worker:
                         self._attempts.stop(lost)
                 for owner, ids in callbacks.items():
                     await self.store.heartbeat_callbacks(owner, ids)
-                await self.store.worker_beat(self.worker_id)
+                await self._beat()
                 recovered = time.monotonic() - self._db_failed_at >= self._stale_after
                 if recovered and time.monotonic() - last_reap >= self._stale_after / 2:
                     last_reap = time.monotonic()

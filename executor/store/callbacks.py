@@ -119,10 +119,7 @@ class CallbackOps:
         why = f"worker lost while delivering: no heartbeat for {stale_after:g} s"
         async with self.db.write() as tx:
             rows = await tx.fetch("stale_callbacks", now=now, before=now - stale_after, why=why)
-            for r in rows:
-                await _task_log(
-                    tx, r["task_row"], r["attempt"], now, [f"{r['event']}: {why}; will try again"]
-                )
+            await _retry_later(tx, rows, now, why)
         return len(rows)
 
     async def callback_log_tail(self, task_row: int, before: float, n: int) -> list[str]:
@@ -135,6 +132,23 @@ class CallbackOps:
         """A run's callback rows, oldest first (for people and tests)."""
         async with self.db.read() as tx:
             return await tx.fetch("run_callbacks", run_id=run_id)
+
+
+async def reclaim_callbacks_of(tx: Tx, worker_id: str, now: float, why: str) -> int:
+    """Make the callback rows a gone worker held claimable again (its liveness lock was
+    released), in the caller's transaction, as :meth:`CallbackOps.reap_callbacks` does
+    for a worker that stopped heartbeating."""
+    why = f"worker lost while delivering: {why}"
+    rows = await tx.fetch("callbacks_of_worker", prefix=f"{worker_id}#", now=now, why=why)
+    await _retry_later(tx, rows, now, why)
+    return len(rows)
+
+
+async def _retry_later(tx: Tx, rows: Sequence[Row], now: float, why: str) -> None:
+    for r in rows:
+        await _task_log(
+            tx, r["task_row"], r["attempt"], now, [f"{r['event']}: {why}; will try again"]
+        )
 
 
 async def _task_log(

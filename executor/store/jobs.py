@@ -24,7 +24,7 @@ from ..schedules import Interval
 from ..statemachine import Carry, retry_or_fail, transition
 from ..states import State
 from .backfills import BATCH, Backfilled, backfill_runs
-from .callbacks import CallbackOps, CallbackRow, claim_callbacks
+from .callbacks import CallbackOps, CallbackRow, claim_callbacks, reclaim_callbacks_of
 from .catalogue import CatalogueOps
 from .control import ControlOps
 from .db import Database, Row, Tx
@@ -286,14 +286,23 @@ class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps
 
     # -- liveness (issue 16): the workers that run, and taking back a dead one's attempts --
 
-    async def worker_beat(self, worker_id: str) -> None:
-        """List this worker (or keep its row fresh) for the others' liveness checks."""
+    async def worker_beat(
+        self, worker_id: str, queues: Sequence[str], slots: int, ttl: float
+    ) -> None:
+        """List this worker, live for the next ``ttl`` seconds unless its liveness lock is
+        released first, with the queues it serves (read by the others' liveness checks and
+        by status, to find queues nobody serves)."""
+        now = self.clock()
         async with self.db.write() as tx:
-            await tx.execute("worker_beat", id=worker_id, now=self.clock())
+            await tx.execute("worker_beat", id=worker_id, now=now, expires_at=now + ttl)
+            await tx.executemany(
+                "worker_serves",
+                [{"worker_id": worker_id, "queue": q, "slots": slots} for q in queues],
+            )
 
     async def worker_leave(self, worker_id: str) -> None:
         async with self.db.write() as tx:
-            await tx.execute("worker_leave", id=worker_id)
+            await _forget_worker(tx, worker_id)
 
     async def other_workers(self, me: str) -> list[str]:
         async with self.db.read() as tx:
@@ -301,7 +310,8 @@ class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps
 
     async def reap_worker(self, worker_id: str, why: str) -> int:
         """Take back every attempt of a worker whose process is gone (its liveness lock was
-        released), retrying or failing each per its policy, and forget the worker."""
+        released), retrying or failing each per its policy, make the callbacks it was
+        delivering claimable again, and forget the worker. Returns how many rows moved."""
         now = self.clock()
         taken = 0
         async with self.db.write() as tx:
@@ -313,7 +323,8 @@ class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps
                     queued_since=row["run_created_at"],
                 )  # fmt: skip
                 taken += len(moved)
-            await tx.execute("worker_leave", id=worker_id)
+            taken += await reclaim_callbacks_of(tx, worker_id, now, why)
+            await _forget_worker(tx, worker_id)
         return taken
 
     async def reap(self, stale_after: float) -> int:
@@ -322,6 +333,7 @@ class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps
         taken = 0
         async with self.db.write() as tx:
             await tx.execute("forget_stale_workers", before=now - stale_after)
+            await tx.execute("worker_queues_forget")
             for row in await tx.fetch("stale_running", before=now - stale_after):
                 why = (
                     f"worker {row['owner']} lost: no heartbeat for "
@@ -334,6 +346,11 @@ class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps
                 )  # fmt: skip
                 taken += len(moved)
         return taken
+
+
+async def _forget_worker(tx: Tx, worker_id: str) -> None:
+    await tx.execute("worker_leave", id=worker_id)
+    await tx.execute("worker_queues_leave", id=worker_id)
 
 
 async def _record(tx: Tx, outcomes: list[Outcome], now: float) -> None:

@@ -16,7 +16,6 @@ from ..pools import DEFAULT, PoolError, PoolUse, check_name, check_slots, held_b
 from .db import Database, Row, Tx
 
 # Registry rows of workers gone longer than this are deleted by the next worker to start.
-FORGET_WORKERS_AFTER = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,27 +141,6 @@ class PoolOps:
             raise PoolError(
                 f"unknown queue(s) {', '.join(missing)}: declare with slotless queues add NAME"
             )
-
-    async def serve_queues(
-        self, worker_id: str, queues: Sequence[str], slots: int, ttl: float
-    ) -> None:
-        """Say that ``worker_id`` serves ``queues`` for the next ``ttl`` seconds (renewed
-        with its heartbeat; read by status to find queues nobody serves)."""
-        now = self.clock()
-        async with self.db.write() as tx:
-            await tx.executemany(
-                "queue_worker_beat",
-                [
-                    {"worker_id": worker_id, "queue": q, "slots": slots, "now": now,
-                     "expires_at": now + ttl}
-                    for q in queues
-                ],
-            )  # fmt: skip
-
-    async def leave_queues(self, worker_id: str) -> None:
-        async with self.db.write() as tx:
-            await tx.execute("queue_worker_leave", worker_id=worker_id)
-            await tx.execute("queue_workers_forget", before=self.clock() - FORGET_WORKERS_AFTER)
 
     # -- why ready tasks do not run ------------------------------------------------------
 

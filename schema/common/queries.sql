@@ -198,6 +198,12 @@ UPDATE callback SET state = 'PENDING', owner = NULL, ready_at = :now, last_error
 WHERE state = 'RUNNING' AND heartbeat_at < :before
 RETURNING id, task_row, attempt, event, tries;
 
+-- name: callbacks_of_worker
+-- A gone worker's rows, by its claims' "<worker id>#<n>" owners: claimable again.
+UPDATE callback SET state = 'PENDING', owner = NULL, ready_at = :now, last_error = :why
+WHERE state = 'RUNNING' AND owner IS NOT NULL AND substr(owner, 1, length(:prefix)) = :prefix
+RETURNING id, task_row, attempt, event, tries;
+
 -- name: callback_delivered
 -- One handler done: remembered at once, so a retry of the row does not run it again.
 UPDATE callback SET delivered = :delivered, heartbeat_at = :now
@@ -251,11 +257,24 @@ UNION
 SELECT id FROM triggerer WHERE id <> :me;
 
 -- name: worker_beat
-INSERT INTO worker (id, started_at, seen_at) VALUES (:id, :now, :now)
-ON CONFLICT (id) DO UPDATE SET seen_at = :now;
+-- Live until :expires_at (its stale_after ahead) unless its liveness lock says otherwise.
+INSERT INTO worker (id, started_at, seen_at, expires_at) VALUES (:id, :now, :now, :expires_at)
+ON CONFLICT (id) DO UPDATE SET seen_at = :now, expires_at = :expires_at;
+
+-- name: worker_serves
+-- With every beat: a row reaped after a pause comes back whole.
+INSERT INTO worker_queue (worker_id, queue, slots) VALUES (:worker_id, :queue, :slots)
+ON CONFLICT (worker_id, queue) DO UPDATE SET slots = :slots;
 
 -- name: worker_leave
 DELETE FROM worker WHERE id = :id;
+
+-- name: worker_queues_leave
+DELETE FROM worker_queue WHERE worker_id = :id;
+
+-- name: worker_queues_forget
+-- Queues of workers whose row is gone (reaped after their TTL).
+DELETE FROM worker_queue WHERE worker_id NOT IN (SELECT id FROM worker);
 
 -- name: other_workers
 SELECT id FROM worker WHERE id <> :me;
@@ -379,20 +398,6 @@ DELETE FROM queue WHERE name = :name;
 -- name: queues_named
 SELECT name FROM queue WHERE name = ANY(:names);
 
--- name: queue_worker_beat
--- A worker says which queues it serves until :expires_at (renewed with its heartbeat).
-INSERT INTO queue_worker (worker_id, queue, slots, seen_at, expires_at)
-VALUES (:worker_id, :queue, :slots, :now, :expires_at)
-ON CONFLICT (worker_id, queue) DO UPDATE SET slots = :slots, seen_at = :now,
-                                             expires_at = :expires_at;
-
--- name: queue_worker_leave
-DELETE FROM queue_worker WHERE worker_id = :worker_id;
-
--- name: queue_workers_forget
--- Rows of workers gone for an hour: nobody reads them any more.
-DELETE FROM queue_worker WHERE expires_at < :before;
-
 -- name: ops_pools
 -- Every stored pool with its slots in use and its tasks ready to run (claimable now).
 SELECT p.name, p.slots,
@@ -414,15 +419,16 @@ SELECT (SELECT COALESCE(SUM(r.pool_slots), 0) FROM task r
 -- Every queue tasks are ready in or a worker serves or an operator declared: its live
 -- workers and their slots, and its tasks ready to run.
 SELECT q.name,
-       (SELECT count(*) FROM queue_worker w WHERE w.queue = q.name AND w.expires_at >= :now)
-           AS workers,
-       (SELECT COALESCE(SUM(w.slots), 0) FROM queue_worker w
-        WHERE w.queue = q.name AND w.expires_at >= :now) AS slots,
+       (SELECT count(*) FROM worker_queue s JOIN worker w ON w.id = s.worker_id
+        WHERE s.queue = q.name AND w.expires_at >= :now) AS workers,
+       (SELECT COALESCE(SUM(s.slots), 0) FROM worker_queue s JOIN worker w ON w.id = s.worker_id
+        WHERE s.queue = q.name AND w.expires_at >= :now) AS slots,
        (SELECT count(*) FROM task t
         WHERE t.ready_at IS NOT NULL AND t.ready_at <= :now AND t.queue = q.name) AS ready,
        (SELECT count(*) FROM queue d WHERE d.name = q.name) AS declared
 FROM (SELECT 'default' AS name UNION SELECT name FROM queue
-      UNION SELECT queue FROM queue_worker WHERE expires_at >= :now
+      UNION SELECT s.queue FROM worker_queue s JOIN worker w ON w.id = s.worker_id
+            WHERE w.expires_at >= :now
       UNION SELECT queue FROM task WHERE ready_at IS NOT NULL AND ready_at <= :now) AS q
 ORDER BY q.name;
 

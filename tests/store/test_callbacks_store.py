@@ -88,6 +88,25 @@ async def test_claimed_once_and_taken_back_from_a_silent_worker(
     assert any("worker lost while delivering" in (e["message"] or "") for e in log)
 
 
+async def test_a_gone_workers_callbacks_are_taken_back_with_its_attempts(store: Store) -> None:
+    # No clock advance: the liveness lock said the worker is gone, no heartbeat TTL passed.
+    dag = DAG("ok", on_success=hook)
+    dag.task(hook, task_id="a")
+    dag.task(hook, task_id="b")
+    await store.create_run(dag, DAY)
+    rows = await store.claim("w", 5)
+    await store.complete([outcome(r) for r in rows])
+    gone, other = await claim(store, "dead-worker#1", 1), await claim(store, "live-worker#1", 1)
+    assert len(gone) == len(other) == 1
+    assert await store.reap_worker("dead-worker", "its process is gone") == 1
+    again = await claim(store, "live-worker#2")
+    assert [c.id for c in again] == [gone[0].id]  # the live worker's row stays its own
+    assert again[0].tries == 2
+    async with store.db.read() as tx:
+        log = await tx.fetch("task_events", task_row=gone[0].task_row)
+    assert any("its process is gone" in (e["message"] or "") for e in log)
+
+
 async def test_sensor_timeout_raises_its_event(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:

@@ -217,17 +217,17 @@ async def test_a_worker_claims_only_its_queues(store: Store) -> None:
     assert [(r["task_id"], why) for r, why in held] == [
         ("train", "waiting for a worker of queue gpu (no live worker serves it)")
     ]
-    await store.serve_queues("gpu-worker", ["gpu"], 4, ttl=30)
+    await store.worker_beat("gpu-worker", ["gpu"], 4, ttl=30)
     assert await store.held_back_tasks(10) == []
     assert {q.name: q.workers for q in await store.queues()} == {"default": 0, "gpu": 1}
     assert [r.task_id for r in await store.claim("gpu-worker", 10, ["gpu"])] == ["train"]
-    await store.leave_queues("gpu-worker")
+    await store.worker_leave("gpu-worker")
     assert {q.name: q.workers for q in await store.queues()}["gpu"] == 0
 
 
 async def test_a_registry_row_expires_with_its_ttl(store: Store, clock: FakeClock) -> None:
     await store.add_queue("gpu")
-    await store.serve_queues("w", ["gpu", "default"], 8, ttl=10)
+    await store.worker_beat("w", ["gpu", "default"], 8, ttl=10)
     assert {q.name: q.workers for q in await store.queues()} == {"default": 1, "gpu": 1}
     clock.advance(11)  # killed without leaving: no longer live
     assert {q.name: q.workers for q in await store.queues()} == {"default": 0, "gpu": 0}
@@ -318,3 +318,13 @@ async def state_of(store: Store, run_id: str, task_id: str, map_index: int = -1)
         row = await tx.fetchone("task_row", run_id=run_id, task_id=task_id, map_index=map_index)
     assert row is not None
     return str(row["state"])
+
+
+async def test_a_worker_found_dead_stops_serving_its_queues_at_once(store: Store) -> None:
+    # The liveness lock said so: no TTL passes, its queues go with its attempts.
+    await store.add_queue("gpu")
+    await store.worker_beat("gpu-worker", ["gpu"], 4, ttl=3600)
+    await store.worker_beat("cpu-worker", ["default"], 8, ttl=3600)
+    await store.reap_worker("gpu-worker", "its process is gone")
+    assert {q.name: q.workers for q in await store.queues()} == {"default": 1, "gpu": 0}
+    assert await store.other_workers("me") == ["cpu-worker"]
