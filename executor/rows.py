@@ -13,7 +13,7 @@ Both are built by column name, so a migration that adds a column breaks neither.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from operator import itemgetter
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -37,7 +37,9 @@ T = TypeVar("T", bound=type[_FromRow])
 
 
 def _typed(cls: T) -> T:
-    cls._get = itemgetter(*(f.name for f in fields(cls)))  # type: ignore[arg-type]
+    # A field with a default is filled by the engine, not read from a column.
+    columns = [f.name for f in fields(cls) if f.default is MISSING]  # type: ignore[arg-type]
+    cls._get = itemgetter(*columns)
     return cls
 
 
@@ -66,6 +68,9 @@ class MovedTask(_FromRow):
     owner: str | None
     started_at: float | None
     hooks: int  # events with handlers (executor/notifications.py): a callback row each
+    # ctx.inputs when the claim read them in its own transaction (Store.exchange), else
+    # read by the attempt.
+    inputs: dict[str, Any] | None = None
 
 
 @_typed

@@ -251,6 +251,12 @@ class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps
                         message=f"claimed by {owner}",
                         owner=owner,
                     )
+            for row in claimed:
+                # A chain's next task: its parents' outputs read here, not in a second
+                # transaction before it runs. A mapped instance's row does not say whether
+                # it has parents besides its source: its attempt reads them.
+                if row.n_parents and row.map_index < 0:
+                    row.inputs = await _parent_outputs(tx, row)
             if callbacks is not None:
                 callbacks.extend(await claim_callbacks(tx, owner, limit - len(claimed), now))
             return claimed
@@ -261,21 +267,8 @@ class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps
 
     async def parent_outputs(self, row: MovedTask) -> dict[str, Any]:
         """``ctx.inputs`` for a claimed task: each parent's output, a mapped one as a list."""
-        inputs: dict[str, Any] = {}
         async with self.db.read() as tx:
-            rows = await tx.fetch(
-                "parent_outputs",
-                run_id=row.run_id,
-                task_id=row.task_id,
-                leave_out=row.expand_from if row.map_index >= 0 else None,
-            )
-        for r in rows:
-            value = None if r["output"] is None else json.loads(r["output"])
-            if r["map_index"] < 0:
-                inputs[r["task_id"]] = [] if r["expand_from"] is not None else value
-            else:
-                inputs[r["task_id"]].append(value)
-        return inputs
+            return await _parent_outputs(tx, row)
 
     async def heartbeat(self, owner: str, ids: Sequence[int]) -> list[int]:
         """Heartbeat ``owner``'s rows; returns those it still holds (the others were taken
@@ -346,6 +339,23 @@ class Store(InspectOps, CatalogueOps, ControlOps, PoolOps, CallbackOps, EventOps
                 )  # fmt: skip
                 taken += len(moved)
         return taken
+
+
+async def _parent_outputs(tx: Tx, row: MovedTask) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    rows = await tx.fetch(
+        "parent_outputs",
+        run_id=row.run_id,
+        task_id=row.task_id,
+        leave_out=row.expand_from if row.map_index >= 0 else None,
+    )
+    for r in rows:
+        value = None if r["output"] is None else json.loads(r["output"])
+        if r["map_index"] < 0:
+            inputs[r["task_id"]] = [] if r["expand_from"] is not None else value
+        else:
+            inputs[r["task_id"]].append(value)
+    return inputs
 
 
 async def _forget_worker(tx: Tx, worker_id: str) -> None:

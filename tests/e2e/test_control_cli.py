@@ -181,15 +181,16 @@ async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(
         assert not {"RUNNING", "DEFERRED", "PENDING"} & set(states.values()), states
         assert states["slow0"] == "FAILED" and states["s0"] == "SKIPPED"
         assert await run_state(store, doomed) == "CANCELLED"
-        # Within seconds: the attempts' processes are killed at the worker's next heartbeat,
+        # Within seconds (bounds generous for a loaded machine; the time is not what is
+        # tested): the attempts' processes are killed at the worker's next heartbeat,
         # and the triggerer drops the run's 500 waits (the release journal), holding the
         # other run's 5; the other run is untouched.
         await async_wait_until(
-            lambda: not any(pid_alive(pid) for pid in pids), 5, interval=0.05,
+            lambda: not any(pid_alive(pid) for pid in pids), 30, interval=0.05,
             what="the cancelled attempts' processes gone",
         )  # fmt: skip
         await async_wait_until(
-            lambda: held(store, 5), 5, interval=0.05, what="the triggerer holding 5 waits"
+            lambda: held(store, 5), 30, interval=0.05, what="the triggerer holding 5 waits"
         )
         assert await waiting(kept, 5, 1)
         # Its results are discarded: the cancelled tasks stay as the cancel left them.

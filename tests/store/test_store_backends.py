@@ -138,12 +138,12 @@ async def test_exchange_records_success_and_claims_the_children(store: Store) ->
     assert ids(children) == ["transform_a", "transform_b"]
     assert all(r.owner == "w1#1" for r in children)
     assert await store.parent_outputs(children[0]) == {"extract": {"n": 3}}
+    # The claim read them too, in its own transaction (no second read before the attempt).
+    assert [r.inputs for r in children] == [{"extract": {"n": 3}}] * 2
     [load] = await store.exchange([outcome(r, output=r.task_id) for r in children], "w2", 10)
     assert load.task_id == "load"
-    assert await store.parent_outputs(load) == {
-        "transform_a": "transform_a",
-        "transform_b": "transform_b",
-    }
+    both = {"transform_a": "transform_a", "transform_b": "transform_b"}
+    assert await store.parent_outputs(load) == load.inputs == both
     await store.complete([outcome(load)])
     info = await store.run_info(run_id)
     assert info is not None and info["state"] == "SUCCESS" and info["tasks_unfinished"] == 0
@@ -231,7 +231,7 @@ async def test_a_fan_out_expands_runs_and_fans_in_in_index_order(store: Store) -
     done = [outcome(r, output=json.loads(str(r.item)) * 2) for r in reversed(instances)]
     [total] = await store.exchange(done, "w", 10)
     assert total.task_id == "total"
-    assert await store.parent_outputs(total) == {"each": [20, 40, 60]}
+    assert await store.parent_outputs(total) == total.inputs == {"each": [20, 40, 60]}
     assert await state_of(store, run_id, "each") == "SUCCESS"
     assert await store.mapped_counts(run_id) == {"each": {"SUCCESS": 3}}
     await store.complete([outcome(total)])
