@@ -155,6 +155,7 @@ class ProcessSlots:
 
 
 def _child_main(job: Job, ctx: TaskContext, writer: Any) -> None:
+    _close_inherited(keep=writer.fileno())
     result = call(job)
     payload: Any = None
     if result.ok:
@@ -165,3 +166,17 @@ def _child_main(job: Job, ctx: TaskContext, writer: Any) -> None:
     writer.send((result.ok, payload, result.message, result.traceback, ctx._logs, result.deferred))
     writer.close()
     os._exit(0)  # skip the parent's atexit handlers and inherited threads
+
+
+def _close_inherited(keep: int) -> None:
+    """Close every descriptor the fork copied but stdio and the result pipe.
+
+    The fork happens in a slot thread while the worker's other threads go on: a pipe that
+    is open in the worker at that instant (another slot's result pipe before the worker
+    closes its end, or the pipe through which ``subprocess`` learns that a child it starts
+    has exec'd) would stay open here, and the process waiting for its EOF would wait until
+    this task ends: a worker whose loop hung for as long as a slow task ran, in the
+    middle of starting its DAG-import helper.
+    """
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))

@@ -4,6 +4,7 @@ timeouts in thread and process isolation, and tasks that cannot be run or stored
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -264,3 +265,32 @@ async def test_worker_stops_without_waiting_for_a_timed_out_thread(store: Store,
         assert any(t.name.startswith("slot") and t.is_alive() for t in threading.enumerate())
     finally:
         let_go.set()
+
+
+async def test_a_forked_slot_keeps_no_descriptor_of_the_worker() -> None:
+    """A pipe open in the worker when a slot forks (another slot's result pipe, or the
+    pipe through which subprocess learns a child exec'd) must not stay open in the task's
+    process: whoever waits for its EOF would wait as long as the task runs."""
+    from executor.context import TaskContext
+    from executor.slots import ProcessSlots
+
+    read_end, write_end = os.pipe()  # open in the worker while the slot forks
+    slots = ProcessSlots(1)
+    ctx = TaskContext(
+        run_id="r", dag_id="d", task_id="t", logical_date=date(2026, 4, 25), attempt=1,
+        max_attempts=1,
+    )  # fmt: skip
+    try:
+
+        def open_fds() -> list[int]:
+            return sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+
+        result = await slots.run(open_fds, ctx, 30, asyncio.Event())
+        assert result.ok, result.message
+        fds = json.loads(result.value)
+        assert write_end not in fds and read_end not in fds
+        assert {0, 1, 2} <= set(fds) and len(fds) <= 5  # stdio, the result pipe, listdir's
+    finally:
+        slots.shutdown()
+        os.close(read_end)
+        os.close(write_end)
