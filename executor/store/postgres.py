@@ -8,7 +8,10 @@ Workers and triggerers on any number of hosts coordinate only through this datab
 * ``wait(channel, timeout)`` returns as soon as a NOTIFY arrives on ``channel`` (tasks
   became claimable, a trigger row was inserted; see schema/postgres/001_init.sql), or
   after ``timeout``: idle processes wake at once instead of at their next poll, and
-  polling stays as a slow fallback. One extra connection per process LISTENs.
+  polling stays as a slow fallback. One extra connection per process LISTENs. NOTIFY
+  channels belong to the database, not to a schema: each name is suffixed with a tag of
+  the schema (schema/postgres/015_schema_channels.sql), so that installations in two
+  schemas of one database do not wake each other.
 * ``clock()`` is the server's clock: its offset from this host's monotonic clock is
   measured at open (best of a few round trips) and again every ``CLOCK_RESYNC`` seconds.
   The store stamps every time it writes (shard leases, heartbeats, ready_at) with it, so
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -103,6 +107,13 @@ class PostgresTx:
         await self._conn.execute(sql)  # no parameters: the simple protocol runs it whole
 
 
+def schema_tag(name: str) -> str:
+    """The suffix of this schema's NOTIFY channels: ``left(md5(schema), 12)``, as the
+    notifying functions of schema/postgres/015_schema_channels.sql compute it (a schema
+    name may be 63 bytes long; a channel name may not exceed that either)."""
+    return hashlib.md5(name.encode(), usedforsecurity=False).hexdigest()[:12]
+
+
 class PostgresDatabase:
     backend = "postgresql"
 
@@ -120,6 +131,7 @@ class PostgresDatabase:
         self._listen_failed_at = -float("inf")
         self._channels: dict[str, asyncio.Event] = {}
         self._listened: set[str] = set()  # channels the current LISTEN connection follows
+        self._tag = ""  # of the schema: the server's channel is "<channel>_<tag>"
         # Payload subscribers per channel (push sources: triggerer/push.py).
         self._subscribers: dict[str, list[Callable[[str | None], None]]] = {}
 
@@ -136,6 +148,8 @@ class PostgresDatabase:
         try:
             await db._sync_clock(samples=5)
             await migrate(db, "postgres")
+            async with db._pool.acquire() as conn:
+                db._tag = schema_tag(await conn.fetchval("SELECT current_schema()"))
         except BaseException:
             await db._pool.close()
             raise
@@ -238,9 +252,12 @@ class PostgresDatabase:
                 try:
                     conn = await asyncpg.connect(self._dsn)
                     conn.add_termination_listener(self._lost)
-                    for name in self._channels:
-                        await conn.add_listener(name, self._notified)
-                    self._listened = set(self._channels)
+                    # A copy: a channel asked for during these awaits is listened to by
+                    # its own caller's next look (it is not in _listened).
+                    names = list(self._channels)
+                    for name in names:
+                        await conn.add_listener(self._server_channel(name), self._notified)
+                    self._listened = set(names)
                 except Exception as exc:
                     if conn is not None:
                         conn.terminate()
@@ -256,7 +273,7 @@ class PostgresDatabase:
                 for event in self._channels.values():
                     event.set()  # anything may have happened while nobody listened
             elif channel not in self._listened:
-                await conn.add_listener(channel, self._notified)
+                await conn.add_listener(self._server_channel(channel), self._notified)
                 self._listened.add(channel)
                 self._channels[channel].set()
 
@@ -281,7 +298,11 @@ class PostgresDatabase:
 
         return stop
 
+    def _server_channel(self, channel: str) -> str:
+        return f"{channel}_{self._tag}"
+
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        channel = channel.removesuffix(f"_{self._tag}")
         event = self._channels.get(channel)
         if event is not None:
             event.set()

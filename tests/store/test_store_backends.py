@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from support import backends
 from support.helpers import FakeClock, async_wait_until, attempt_of, ops, run_to_end
-from support.pg import with_params
+from support.pg import create_schema, drop_schema, with_params
 
 from executor import DAG
 from executor.outcomes import Deferred, Failed, Outcome, Succeeded
@@ -727,6 +727,30 @@ async def test_wait_wakes_on_new_work_on_postgresql_and_sleeps_on_sqlite(url: st
     finally:
         await listener.close()
         await writer.close()
+
+
+async def test_two_schemas_of_one_database_do_not_wake_each_other(pg_server: str) -> None:
+    """NOTIFY is database-wide: each schema's channels carry its own tag."""
+    names = [await create_schema(pg_server) for _ in range(2)]
+    urls = [with_params(pg_server, search_path=n) for n in names]
+    quiet, other_listener, other_writer = [await open_store(u) for u in (urls[0], *urls[1:] * 2)]
+    try:
+        for db in (quiet.db, other_listener.db):
+            await db.wait(TASKS_CHANNEL, 0.01)  # starts listening (may say True once)
+        waiting = asyncio.create_task(quiet.db.wait(TASKS_CHANNEL, 30))
+        await parked(waiting, quiet.db, TASKS_CHANNEL)
+        await other_writer.create_run(etl_dag(), DAY)  # claimable rows in the other schema
+        assert await other_listener.db.wait(TASKS_CHANNEL, 30) is True
+        # Its own listener heard it; the other schema's waiter goes on sleeping.
+        done, _ = await asyncio.wait({waiting}, timeout=1.0)
+        assert not done, "a write in another schema woke this schema's wait"
+        await quiet.create_run(etl_dag(), DAY)
+        assert await waiting is True
+    finally:
+        for store in (quiet, other_listener, other_writer):
+            await store.close()
+        for n in names:
+            await drop_schema(pg_server, n)
 
 
 async def test_postgresql_times_come_from_the_server_clock(
