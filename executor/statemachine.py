@@ -241,38 +241,41 @@ async def _cas(
     check_transition(expected, new)
     if not ids:
         return []
-    changed = MovedTask.all(
-        await tx.fetch(
-            "cas",
-            new=new.value,
-            ready_at=ready_at,
-            owner=owner,
-            heartbeat_at=now if owner else None,
-            attempt_delta=attempt_delta,
-            now=now,
-            terminal=1 if new in TERMINAL else 0,
-            expected=expected.value,
-            ids=list(ids),
-            expect_owner=expect_owner,
-            **carry.params(new),
-        )
+    many = isinstance(message, Mapping)
+    rows = await tx.fetch(
+        "cas",
+        new=new.value,
+        ready_at=ready_at,
+        owner=owner,
+        heartbeat_at=now if owner else None,
+        attempt_delta=attempt_delta,
+        now=now,
+        terminal=1 if new in TERMINAL else 0,
+        expected=expected.value,
+        ids=list(ids),
+        expect_owner=expect_owner,
+        message=None if many else message,
+        messages=json.dumps(message) if many else None,
+        **carry.params(new),
     )
+    changed = MovedTask.all(rows)
     if changed:
-        await tx.executemany(
-            "insert_event",
-            [
-                {
-                    "task_row": row.id,
-                    "ts": now,
-                    "kind": "transition",
-                    "from_state": expected.value,
-                    "to_state": new.value,
-                    "attempt": row.attempt,
-                    "message": message[row.id] if isinstance(message, Mapping) else message,
-                }
-                for row in changed
-            ],
-        )
+        if not rows[0]["logged"]:  # SQLite: the statement returned each row's message
+            await tx.executemany(
+                "insert_event",
+                [
+                    {
+                        "task_row": r["id"],
+                        "ts": now,
+                        "kind": "transition",
+                        "from_state": expected.value,
+                        "to_state": new.value,
+                        "attempt": r["attempt"],
+                        "message": r["message"],
+                    }
+                    for r in rows
+                ],
+            )
         # on_failure / on_retry / ... : a callback row per event, in this transaction.
         await after_transition(tx, changed, new.value, message, now)
     return changed

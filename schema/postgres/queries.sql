@@ -16,6 +16,9 @@
 -- `state = :expected`: a racing process changes nothing the second time.
 -- :per_row arrives as jsonb (the cast types the parameter): parsed once per statement,
 -- each row's entry found by key, so a batch of 10,000 costs no more per row than one.
+-- Each moved row's task_event (its message: :messages' entry, else :message) is written
+-- by this statement too (`logged`): one round trip per transition, not two.
+WITH moved AS (
 UPDATE task
 SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
     attempt = attempt + :attempt_delta, updated_at = :now,
@@ -56,7 +59,13 @@ WHERE id = ANY(:ids::bigint[]) AND (state || '') = :expected
 -- What callers read (executor/rows.py, MovedTask): settling a transition, running a claim.
 RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
           n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
-          wait_started_at, owner, started_at, hooks;
+          wait_started_at, owner, started_at, hooks,
+          COALESCE(:messages::jsonb ->> id::text, :message::text) AS message
+), logged AS (
+    INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
+    SELECT id, :now, 'transition', :expected, :new, attempt, message FROM moved
+)
+SELECT *, TRUE AS logged FROM moved;
 
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one

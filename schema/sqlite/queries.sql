@@ -9,6 +9,8 @@
 -- "event" in :per_row) | defer | defer_each (each row's deferral in :per_row) | restart
 -- (a retry forgets the resume point, the event and the wait); :wait_mode keep | start |
 -- each (:per_row) | clear. :per_row is a JSON object of row id -> {field: value}.
+-- Each moved row's message (:messages' entry, else :message) comes back for its
+-- task_event row, which the caller writes (`logged` false: no DML in a CTE here).
 UPDATE task
 SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
     attempt = attempt + :attempt_delta, updated_at = :now,
@@ -48,7 +50,9 @@ WHERE id = ANY(:ids) AND state = :expected
 -- What callers read (executor/rows.py, MovedTask): settling a transition, running a claim.
 RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
           n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
-          wait_started_at, owner, started_at, hooks;
+          wait_started_at, owner, started_at, hooks,
+          COALESCE(json_extract(:messages, '$."' || id || '"'), :message) AS message,
+          0 AS logged;
 
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one
