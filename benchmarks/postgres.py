@@ -27,9 +27,12 @@ figures are the median of ``--repeat`` runs (every run is kept in the JSON).
 - many_hosts (issue 17, item 6): ``--many-workers`` worker processes (3) and
   ``--many-triggerers`` triggerers (2) on one run of ``--many-waits`` deferrable file
   sensors (10,000) over ``--many-paths`` distinct paths (6,000, so equal waits share a
-  check), polled every ``--many-interval`` s (10), all parents of one ``all_done`` task.
-  defers_per_s = waits / (first claim of a sensor -> last sensor DEFERRED), both stamped
-  by the store. Once every wait is loaded, every file lands at once (written, renamed);
+  check), polled every ``--many-interval`` s (10), all parents of one ``all_done`` task;
+  workers with ``--many-slots`` slots (32; a list such as 8,32 runs the phase once for
+  each, the last is the headline). A worker claims at most its free slots per exchange,
+  so slots bound how many deferrals one transaction writes. defers_per_s = waits /
+  (first claim of a sensor -> last sensor DEFERRED), both stamped by the store. Once
+  every wait is loaded, every file lands at once (written before, renamed in a burst);
   burst_10000_all_fired_s = last file landed -> last sensor out of DEFERRED (the
   transition's timestamp), and each sensor's delay is that transition - its file's
   landing (p50/p99). ``--only many_hosts`` runs this phase alone and keeps the other
@@ -175,7 +178,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--many-interval", type=float, default=10.0, help="many_hosts: poke interval")
     p.add_argument("--many-workers", type=int, default=3, help="many_hosts: worker processes")
     p.add_argument("--many-triggerers", type=int, default=2, help="many_hosts: triggerers")
-    p.add_argument("--many-slots", type=int, default=8, help="many_hosts: slots per worker")
+    p.add_argument(
+        "--many-slots", default="32", help="many_hosts: slots per worker (a list: a run each)"
+    )
     p.add_argument("--workdir", help="where DAG files go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     p.add_argument("--results", type=Path, default=common.RESULTS, help="output folder")
@@ -484,7 +489,9 @@ async def fire_to_start(
 # -- many hosts (issue 17, item 6) --------------------------------------------------------
 
 
-async def many_hosts(dsn: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def many_hosts(
+    dsn: str, folder: Path, args: argparse.Namespace, slots: int
+) -> dict[str, Any]:
     import asyncpg
 
     from executor.loader import load_dag
@@ -513,7 +520,7 @@ async def many_hosts(dsn: str, folder: Path, args: argparse.Namespace) -> dict[s
                     "--db",
                     schema.url,
                     "--slots",
-                    str(args.many_slots),
+                    str(slots),
                     log=folder / f"many-worker-{i}.log",
                 )
                 for i in range(args.many_workers)
@@ -551,12 +558,13 @@ async def many_hosts(dsn: str, folder: Path, args: argparse.Namespace) -> dict[s
                 if time.monotonic() > deadline:
                     raise SystemExit("many_hosts: the triggerers never held every wait")
                 await asyncio.sleep(0.2)
+            # Written beforehand under other names: the burst is the renames alone.
+            for i in range(paths):
+                (inbox / f"p{i:05d}.part").write_text("x")
             await asyncio.sleep(2.0)
             landed: list[float] = []
             for i in range(paths):
-                tmp = inbox / f"p{i:05d}.part"
-                tmp.write_text("x")
-                tmp.rename(inbox / f"p{i:05d}")
+                (inbox / f"p{i:05d}.part").rename(inbox / f"p{i:05d}")
                 landed.append(time.time())
             last_landed = landed[-1]
             while await conn.fetchval(
@@ -585,7 +593,7 @@ async def many_hosts(dsn: str, folder: Path, args: argparse.Namespace) -> dict[s
     return {
         "workers": args.many_workers,
         "triggerers": args.many_triggerers,
-        "slots_per_worker": args.many_slots,
+        "slots_per_worker": slots,
         "waits": waits,
         "paths": paths,
         "interval_s": args.many_interval,
@@ -643,7 +651,12 @@ async def main_async(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             f"many hosts: {args.many_waits:,} waits, {args.many_workers} workers, "
             f"{args.many_triggerers} triggerers"
         )
-        out["many_hosts"] = await many_hosts(args.dsn, folder, args)
+        runs = []
+        for slots in [int(k) for k in args.many_slots.split(",")]:
+            common.console.print(f"  {slots} slots per worker")
+            runs.append(await many_hosts(args.dsn, folder, args, slots))
+        out["many_hosts"] = runs[-1]
+        out["many_hosts_runs"] = runs
     return out
 
 
@@ -713,24 +726,24 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
     ax2.legend(loc="lower right", fontsize=8)
     if many:
         ax3 = axes[2]
-        delays = many["delays_s"]
-        ys = [(i + 1) / len(delays) for i in range(len(delays))]
-        ax3.plot(
-            delays,
-            ys,
-            color="#dd8452",
-            label=f"p50 {many['delay_p50_s']:.1f} s, p99 {many['delay_p99_s']:.1f} s",
-        )
+        runs = doc["detail"].get("many_hosts_runs") or [many]
+        for run, color in zip(runs, ("#8172b2", "#dd8452", "#55a868", "#c44e52"), strict=False):
+            delays = run["delays_s"]
+            ys = [(i + 1) / len(delays) for i in range(len(delays))]
+            ax3.plot(
+                delays,
+                ys,
+                color=color,
+                label=f"{run['slots_per_worker']} slots: defer {run['defers_per_s']:,.0f}/s; "
+                f"fired p50 {run['delay_p50_s']:.1f} s, p99 {run['delay_p99_s']:.1f} s",
+            )
         target = many["interval_s"] + 1.0
-        ax3.axvline(
-            target, ls="--", color="grey", lw=1, label=f"target: interval + 1 s = {target:g} s"
-        )
+        ax3.axvline(target, ls="--", color="grey", lw=1, label=f"interval + 1 s = {target:g} s")
         ax3.set_xlabel("file landed -> sensor out of DEFERRED (s)")
         ax3.set_ylabel("fraction of sensors")
         ax3.set_title(
             f"{many['waits']:,} waits on {many['paths']:,} files, "
-            f"{many['interval_s']:g} s interval; "
-            f"{many['workers']} workers defer {many['defers_per_s']:,.0f}/s, "
+            f"{many['interval_s']:g} s interval; {many['workers']} workers, "
             f"{many['triggerers']} triggerers",
             fontsize=9,
         )
@@ -825,10 +838,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows += [
         (f"claims/s, {k} process(es)", f"{v:,.0f}") for k, v in doc.get("claims_per_s", {}).items()
     ]
-    if "many_hosts" in detail:
-        m = detail["many_hosts"]
+    for m in detail.get("many_hosts_runs", []):
         rows += [
-            (f"deferrals/s ({m['workers']} workers)", f"{m['defers_per_s']:,.0f}"),
+            (
+                f"deferrals/s ({m['workers']} workers x {m['slots_per_worker']} slots)",
+                f"{m['defers_per_s']:,.0f}",
+            ),
             (
                 f"burst of {m['waits']:,}: last file -> last fired",
                 f"{m['all_fired_s']:.2f} s (interval {m['interval_s']:g} s)",
