@@ -704,9 +704,24 @@ def server_facts(dsn: str) -> dict[str, Any]:
 
 
 def plot(doc: dict[str, Any], results: Path) -> Path:
-    many = doc["detail"].get("many_hosts")
-    fig, axes = common.subplots(3 if many else 2)
-    ax1, ax2 = axes[0], axes[1]
+    """A panel per phase measured (a phase run alone, with no earlier figures: its own)."""
+    detail = doc["detail"]
+    panels = [
+        draw
+        for draw, key in (
+            (_plot_rates, "tasks"),
+            (_plot_fire, "notify"),
+            (_plot_many, "many_hosts"),
+        )
+        if key in detail
+    ]
+    fig, axes = common.subplots(max(2, len(panels)))
+    for draw, ax in zip(panels, axes, strict=False):
+        draw(doc, ax)
+    return common.save_figure(fig, NAME, results)
+
+
+def _plot_rates(doc: dict[str, Any], ax1: Any) -> None:
     ks = [t["workers"] for t in doc["detail"]["tasks"]]
     width = 0.38
     xs = range(len(ks))
@@ -732,6 +747,9 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
         f"{doc['machine']['cpu_count']} CPUs shared with the server"
     )
     ax1.legend(loc="upper left", fontsize=8)
+
+
+def _plot_fire(doc: dict[str, Any], ax2: Any) -> None:
     for mode, color in (("notify", "#c44e52"), ("poll", "#8172b2")):
         lat = doc["detail"][mode]["latencies_ms"]
         ys = [(i + 1) / len(lat) for i in range(len(lat))]
@@ -747,31 +765,32 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
     ax2.set_ylabel("fraction of tasks")
     ax2.set_title(f"{doc['detail']['notify']['waits']} deferred tasks, 1 triggerer, 2 workers")
     ax2.legend(loc="lower right", fontsize=8)
-    if many:
-        ax3 = axes[2]
-        runs = doc["detail"].get("many_hosts_runs") or [many]
-        for run, color in zip(runs, ("#8172b2", "#dd8452", "#55a868", "#c44e52"), strict=False):
-            delays = run["delays_s"]
-            ys = [(i + 1) / len(delays) for i in range(len(delays))]
-            ax3.plot(
-                delays,
-                ys,
-                color=color,
-                label=f"{run['slots_per_worker']} slots: defer {run['defers_per_s']:,.0f}/s; "
-                f"fired p50 {run['delay_p50_s']:.1f} s, p99 {run['delay_p99_s']:.1f} s",
-            )
-        target = many["interval_s"] + 1.0
-        ax3.axvline(target, ls="--", color="grey", lw=1, label=f"interval + 1 s = {target:g} s")
-        ax3.set_xlabel("file landed -> sensor out of DEFERRED (s)")
-        ax3.set_ylabel("fraction of sensors")
-        ax3.set_title(
-            f"{many['waits']:,} waits on {many['paths']:,} files, "
-            f"{many['interval_s']:g} s interval; {many['workers']} workers, "
-            f"{many['triggerers']} triggerers",
-            fontsize=9,
+
+
+def _plot_many(doc: dict[str, Any], ax3: Any) -> None:
+    many = doc["detail"]["many_hosts"]
+    runs = doc["detail"].get("many_hosts_runs") or [many]
+    for run, color in zip(runs, ("#8172b2", "#dd8452", "#55a868", "#c44e52"), strict=False):
+        delays = run["delays_s"]
+        ys = [(i + 1) / len(delays) for i in range(len(delays))]
+        ax3.plot(
+            delays,
+            ys,
+            color=color,
+            label=f"{run['slots_per_worker']} slots: defer {run['defers_per_s']:,.0f}/s; "
+            f"fired p50 {run['delay_p50_s']:.1f} s, p99 {run['delay_p99_s']:.1f} s",
         )
-        ax3.legend(loc="lower right", fontsize=8)
-    return common.save_figure(fig, NAME, results)
+    target = many["interval_s"] + 1.0
+    ax3.axvline(target, ls="--", color="grey", lw=1, label=f"interval + 1 s = {target:g} s")
+    ax3.set_xlabel("file landed -> sensor out of DEFERRED (s)")
+    ax3.set_ylabel("fraction of sensors")
+    ax3.set_title(
+        f"{many['waits']:,} waits on {many['paths']:,} files, "
+        f"{many['interval_s']:g} s interval; {many['workers']} workers, "
+        f"{many['triggerers']} triggerers",
+        fontsize=9,
+    )
+    ax3.legend(loc="lower right", fontsize=8)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
