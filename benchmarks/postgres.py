@@ -24,7 +24,25 @@ figures are the median of ``--repeat`` runs (every run is kept in the JSON).
   two clocks agree to a fraction of a millisecond). Run once with LISTEN/NOTIFY and once
   with it off (``?listen=0``: workers only poll), to show what the wake-ups buy.
 
+- many_hosts (issue 17, item 6): ``--many-workers`` worker processes (3) and
+  ``--many-triggerers`` triggerers (2) on one run of ``--many-waits`` deferrable file
+  sensors (10,000) over ``--many-paths`` distinct paths (6,000, so equal waits share a
+  check), polled every ``--many-interval`` s (10), all parents of one ``all_done`` task;
+  workers with ``--many-slots`` slots (32; a list such as 8,32 runs the phase once for
+  each, the last is the headline). A worker claims at most its free slots per exchange,
+  so slots bound how many deferrals one transaction writes. defers_per_s = waits /
+  (first claim of a sensor -> last sensor DEFERRED), both stamped by the store. Once
+  every wait is loaded, every file lands at once (written before, renamed in a burst);
+  burst_10000_all_fired_s = last file landed -> last sensor out of DEFERRED (the
+  transition's timestamp), and each sensor's delay is that transition - its file's
+  landing (p50/p99). Each wait's checks fall due at the phase of the interval at which
+  it was loaded, so a delay lies between the time to check and write its fire and the
+  interval plus that; fires_spread_s (first fire to last) shows how spread the phases
+  were. ``--only many_hosts`` runs this phase alone and keeps the other phases' figures
+  of the existing JSON.
+
 Target (issue 7): fire_to_start p99 under 100 ms with LISTEN/NOTIFY.
+Targets (issue 17): defers_per_s >= 2,000; burst_10000_all_fired_s <= interval + 1 s.
 Writes benchmarks/results/postgres.json and postgres.png.
 """
 
@@ -51,6 +69,8 @@ from . import common
 NAME = "postgres"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 TARGET_P99_MS = 100.0
+TARGET_DEFERS_PER_S = 2000.0
+PHASES = ("claims", "tasks", "fire_to_start", "many_hosts")
 DAY = date(2026, 4, 25)
 
 DAG_SOURCE = '''"""Benchmark DAGs for PostgreSQL."""
@@ -108,6 +128,29 @@ for i in range(WAITS):
     make(i)
 '''
 
+MANY_SOURCE = '''"""Many hosts: deferrable file sensors sharing paths, one task after them all."""
+from pathlib import Path
+
+from executor import DAG
+from triggers.files import FileTrigger
+
+WAITS = {waits}
+PATHS = {paths}
+INTERVAL = {interval}
+INBOX = Path({inbox!r})
+
+many = DAG("bench_pg_many")
+sensors = [
+    many.sensor(
+        f"s{{i:05d}}",
+        FileTrigger(path=str(INBOX / f"p{{i % PATHS:05d}}"), poke_interval=INTERVAL),
+        timeout=3600,
+    )
+    for i in range(WAITS)
+]
+many.task(lambda ctx: None, task_id="after", parents=sensors, trigger_rule="all_done")
+'''
+
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -127,6 +170,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--fire-every", type=float, default=0.03, help="seconds between two files")
     p.add_argument(
         "--repeat", type=int, default=3, help="runs of each claims/tasks figure (median kept)"
+    )
+    p.add_argument(
+        "--only",
+        choices=PHASES,
+        help="run this phase alone; the others' figures are kept from the existing JSON",
+    )
+    p.add_argument("--many-waits", type=int, default=10_000, help="many_hosts: sensors")
+    p.add_argument("--many-paths", type=int, default=6_000, help="many_hosts: distinct paths")
+    p.add_argument("--many-interval", type=float, default=10.0, help="many_hosts: poke interval")
+    p.add_argument("--many-workers", type=int, default=3, help="many_hosts: worker processes")
+    p.add_argument("--many-triggerers", type=int, default=2, help="many_hosts: triggerers")
+    p.add_argument(
+        "--many-slots", default="32", help="many_hosts: slots per worker (a list: a run each)"
     )
     p.add_argument("--workdir", help="where DAG files go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
@@ -433,6 +489,150 @@ async def fire_to_start(
     }
 
 
+# -- many hosts (issue 17, item 6) --------------------------------------------------------
+
+
+async def many_hosts(
+    dsn: str, folder: Path, args: argparse.Namespace, slots: int
+) -> dict[str, Any]:
+    import asyncpg
+
+    from executor.loader import load_dag
+    from executor.store import open_store
+
+    inbox = folder / "many-inbox"
+    inbox.mkdir(exist_ok=True)
+    for f in inbox.glob("*"):
+        f.unlink()
+    waits, paths = args.many_waits, min(args.many_paths, args.many_waits)
+    dag_file = common.write_dag_file(
+        folder,
+        "bench_pg_many",
+        MANY_SOURCE.format(waits=waits, paths=paths, interval=args.many_interval, inbox=str(inbox)),
+    )
+    async with Schema(dsn) as schema:
+        store = await open_store(schema.url)
+        procs = [
+            *(
+                slotless("triggerer", "--db", schema.url, log=folder / f"many-triggerer-{i}.log")
+                for i in range(args.many_triggerers)
+            ),
+            *(
+                slotless(
+                    "worker",
+                    "--db",
+                    schema.url,
+                    "--slots",
+                    str(slots),
+                    log=folder / f"many-worker-{i}.log",
+                )
+                for i in range(args.many_workers)
+            ),
+        ]
+        conn = await asyncpg.connect(schema.url)
+        try:
+            await asyncio.sleep(3.0)  # process startup and the shards' first split
+            dag = load_dag(str(dag_file), "bench_pg_many")
+            cpu0 = _cpu_by_role(procs, args.many_triggerers)
+            run_id = await store.create_run(dag, DAY, dag_file=str(dag_file))
+            deadline = time.monotonic() + 600
+            while await conn.fetchval(
+                "SELECT count(*) FROM task WHERE run_id = $1 AND task_id LIKE 's%'"
+                " AND state <> 'DEFERRED'",
+                run_id,
+            ):
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    raise SystemExit("many_hosts: the sensors never all deferred; see the logs")
+                await asyncio.sleep(0.1)
+            cpu1 = _cpu_by_role(procs, args.many_triggerers)
+            deferring = await conn.fetchrow(
+                "SELECT min(e.ts) FILTER (WHERE e.to_state = 'RUNNING') AS first,"
+                " max(e.ts) FILTER (WHERE e.to_state = 'DEFERRED') AS last"
+                " FROM task_event e JOIN task t ON t.id = e.task_row"
+                " WHERE t.run_id = $1 AND t.task_id LIKE 's%' AND e.kind = 'transition'",
+                run_id,
+            )
+            # Every wait held by a triggerer (and checked once) before the files land.
+            while (
+                await conn.fetchval(
+                    "SELECT COALESCE(sum(triggers), 0) FROM triggerer"
+                    " WHERE seen_at > extract(epoch FROM now()) - 5"
+                )
+                < waits
+            ):
+                if time.monotonic() > deadline:
+                    raise SystemExit("many_hosts: the triggerers never held every wait")
+                await asyncio.sleep(0.2)
+            # Written beforehand under other names: the burst is the renames alone.
+            for i in range(paths):
+                (inbox / f"p{i:05d}.part").write_text("x")
+            await asyncio.sleep(2.0)
+            landed: list[float] = []
+            for i in range(paths):
+                (inbox / f"p{i:05d}.part").rename(inbox / f"p{i:05d}")
+                landed.append(time.time())
+            last_landed = landed[-1]
+            while await conn.fetchval(
+                "SELECT count(*) FROM task WHERE run_id = $1 AND state = 'DEFERRED'", run_id
+            ):
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    raise SystemExit("many_hosts: sensors left DEFERRED; see the logs")
+                await asyncio.sleep(0.05)
+            await wait_run(conn, run_id, procs, timeout=120)
+            fired = await conn.fetch(
+                "SELECT t.task_id, e.ts, e.to_state FROM task_event e"
+                " JOIN task t ON t.id = e.task_row"
+                " WHERE t.run_id = $1 AND t.task_id LIKE 's%' AND e.kind = 'transition'"
+                "   AND e.from_state = 'DEFERRED'",
+                run_id,
+            )
+            run = await conn.fetchrow("SELECT * FROM dag_run WHERE run_id = $1", run_id)
+        finally:
+            await conn.close()
+            stop(procs)
+            await store.close()
+    if len(fired) != waits or any(r["to_state"] != "SUCCESS" for r in fired):
+        raise SystemExit(f"many_hosts: {len(fired)} of {waits} sensors fired, not all SUCCESS")
+    delays = sorted(r["ts"] - landed[int(r["task_id"][1:]) % paths] for r in fired)
+    defer_s = deferring["last"] - deferring["first"]
+    return {
+        "workers": args.many_workers,
+        "triggerers": args.many_triggerers,
+        "slots_per_worker": slots,
+        "waits": waits,
+        "paths": paths,
+        "interval_s": args.many_interval,
+        "defer_s": round(defer_s, 3),
+        "defers_per_s": round(waits / defer_s, 1),
+        # CPU seconds each role used from the run's creation to its last sensor deferred.
+        "defer_cpu_s": {k: round(cpu1[k] - cpu0[k], 2) for k in cpu0},
+        "burst_s": round(last_landed - landed[0], 3),
+        "all_fired_s": round(max(r["ts"] for r in fired) - last_landed, 3),
+        # First to last fire: how spread the checks' phases were (each at its load's).
+        "fires_spread_s": round(max(r["ts"] for r in fired) - min(r["ts"] for r in fired), 3),
+        "run_ended_s": round(run["ended_at"] - last_landed, 3),
+        "run_state": run["state"],
+        "delay_p50_s": round(common.percentile(delays, 50), 3),
+        "delay_p99_s": round(common.percentile(delays, 99), 3),
+        "delay_max_s": round(delays[-1], 3),
+        "delays_s": [round(x, 3) for x in delays[:: max(1, len(delays) // 2000)]],
+    }
+
+
+def _cpu_by_role(procs: list[subprocess.Popen], triggerers: int) -> dict[str, float]:
+    """CPU seconds used so far by the triggerer processes and by the worker processes."""
+    import psutil
+
+    def cpu(p: subprocess.Popen) -> float:
+        t = psutil.Process(p.pid).cpu_times()
+        return t.user + t.system
+
+    return {
+        "triggerers": sum(cpu(p) for p in procs[:triggerers]),
+        "workers": sum(cpu(p) for p in procs[triggerers:]),
+    }
+
+
 # -- the whole benchmark -------------------------------------------------------------------
 
 
@@ -445,24 +645,41 @@ async def main_async(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "bench_pg",
         DAG_SOURCE.format(n=args.tasks, waits=args.waits, inbox=str(inbox)),
     )
-    out: dict[str, Any] = {"claims": [], "tasks": []}
-    for k in counts:
-        samples = []
-        for i in range(args.repeat):
-            common.console.print(f"claims with {k} process(es), {i + 1} of {args.repeat}")
-            samples.append(await claims(args.dsn, folder, dag_file, k))
-        out["claims"].append(median_of(samples, "claims_per_s"))
-    for k in counts:
-        samples = []
-        for i in range(args.repeat):
-            common.console.print(f"no-op tasks with {k} worker(s), {i + 1} of {args.repeat}")
-            samples.append(await tasks(args.dsn, folder, dag_file, k, args.slots))
-        out["tasks"].append(median_of(samples, "tasks_per_s"))
-    for listen in (True, False):
-        common.console.print(f"fire to start, {'LISTEN/NOTIFY' if listen else 'polling only'}")
-        out["notify" if listen else "poll"] = await fire_to_start(
-            args.dsn, folder, dag_file, inbox, args.fire_every, listen
+    out: dict[str, Any] = {}
+    phases = [args.only] if args.only else PHASES
+    if "claims" in phases:
+        out["claims"] = []
+        for k in counts:
+            samples = []
+            for i in range(args.repeat):
+                common.console.print(f"claims with {k} process(es), {i + 1} of {args.repeat}")
+                samples.append(await claims(args.dsn, folder, dag_file, k))
+            out["claims"].append(median_of(samples, "claims_per_s"))
+    if "tasks" in phases:
+        out["tasks"] = []
+        for k in counts:
+            samples = []
+            for i in range(args.repeat):
+                common.console.print(f"no-op tasks with {k} worker(s), {i + 1} of {args.repeat}")
+                samples.append(await tasks(args.dsn, folder, dag_file, k, args.slots))
+            out["tasks"].append(median_of(samples, "tasks_per_s"))
+    if "fire_to_start" in phases:
+        for listen in (True, False):
+            common.console.print(f"fire to start, {'LISTEN/NOTIFY' if listen else 'polling only'}")
+            out["notify" if listen else "poll"] = await fire_to_start(
+                args.dsn, folder, dag_file, inbox, args.fire_every, listen
+            )
+    if "many_hosts" in phases:
+        common.console.print(
+            f"many hosts: {args.many_waits:,} waits, {args.many_workers} workers, "
+            f"{args.many_triggerers} triggerers"
         )
+        runs = []
+        for slots in [int(k) for k in args.many_slots.split(",")]:
+            common.console.print(f"  {slots} slots per worker")
+            runs.append(await many_hosts(args.dsn, folder, args, slots))
+        out["many_hosts"] = runs[-1]
+        out["many_hosts_runs"] = runs
     return out
 
 
@@ -487,7 +704,24 @@ def server_facts(dsn: str) -> dict[str, Any]:
 
 
 def plot(doc: dict[str, Any], results: Path) -> Path:
-    fig, (ax1, ax2) = common.subplots(2)
+    """A panel per phase measured (a phase run alone, with no earlier figures: its own)."""
+    detail = doc["detail"]
+    panels = [
+        draw
+        for draw, key in (
+            (_plot_rates, "tasks"),
+            (_plot_fire, "notify"),
+            (_plot_many, "many_hosts"),
+        )
+        if key in detail
+    ]
+    fig, axes = common.subplots(max(2, len(panels)))
+    for draw, ax in zip(panels, axes, strict=False):
+        draw(doc, ax)
+    return common.save_figure(fig, NAME, results)
+
+
+def _plot_rates(doc: dict[str, Any], ax1: Any) -> None:
     ks = [t["workers"] for t in doc["detail"]["tasks"]]
     width = 0.38
     xs = range(len(ks))
@@ -513,6 +747,9 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
         f"{doc['machine']['cpu_count']} CPUs shared with the server"
     )
     ax1.legend(loc="upper left", fontsize=8)
+
+
+def _plot_fire(doc: dict[str, Any], ax2: Any) -> None:
     for mode, color in (("notify", "#c44e52"), ("poll", "#8172b2")):
         lat = doc["detail"][mode]["latencies_ms"]
         ys = [(i + 1) / len(lat) for i in range(len(lat))]
@@ -528,7 +765,32 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
     ax2.set_ylabel("fraction of tasks")
     ax2.set_title(f"{doc['detail']['notify']['waits']} deferred tasks, 1 triggerer, 2 workers")
     ax2.legend(loc="lower right", fontsize=8)
-    return common.save_figure(fig, NAME, results)
+
+
+def _plot_many(doc: dict[str, Any], ax3: Any) -> None:
+    many = doc["detail"]["many_hosts"]
+    runs = doc["detail"].get("many_hosts_runs") or [many]
+    for run, color in zip(runs, ("#8172b2", "#dd8452", "#55a868", "#c44e52"), strict=False):
+        delays = run["delays_s"]
+        ys = [(i + 1) / len(delays) for i in range(len(delays))]
+        ax3.plot(
+            delays,
+            ys,
+            color=color,
+            label=f"{run['slots_per_worker']} slots: defer {run['defers_per_s']:,.0f}/s; "
+            f"fired p50 {run['delay_p50_s']:.1f} s, p99 {run['delay_p99_s']:.1f} s",
+        )
+    target = many["interval_s"] + 1.0
+    ax3.axvline(target, ls="--", color="grey", lw=1, label=f"interval + 1 s = {target:g} s")
+    ax3.set_xlabel("file landed -> sensor out of DEFERRED (s)")
+    ax3.set_ylabel("fraction of sensors")
+    ax3.set_title(
+        f"{many['waits']:,} waits on {many['paths']:,} files, "
+        f"{many['interval_s']:g} s interval; {many['workers']} workers, "
+        f"{many['triggerers']} triggerers",
+        fontsize=9,
+    )
+    ax3.legend(loc="lower right", fontsize=8)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -537,6 +799,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.claimer:
         asyncio.run(claimer(args.claimer, args.start_at))
         return 0
+    previous: dict[str, Any] = {}
+    if args.only:
+        # One phase rerun: the others' figures (and their commands) are kept as they were.
+        path = args.results / f"{NAME}.json"
+        previous = json.loads(path.read_text()) if path.exists() else {}
     with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
         detail = asyncio.run(main_async(args, folder))
     doc = common.result_document(
@@ -549,34 +816,92 @@ def main(argv: Sequence[str] | None = None) -> int:
             "waits": args.waits,
             "fire_every_s": args.fire_every,
             "repeat": args.repeat,
+            "many_waits": args.many_waits,
+            "many_paths": args.many_paths,
+            "many_interval_s": args.many_interval,
+            "many_workers": args.many_workers,
+            "many_triggerers": args.many_triggerers,
+            "many_slots": args.many_slots,
         },
         common.REPO,
     )
     doc["server"] = server_facts(args.dsn)
     doc["load"] = load.summary
-    doc["fire_to_start_p50_ms"] = detail["notify"]["p50_ms"]
-    doc["fire_to_start_p99_ms"] = detail["notify"]["p99_ms"]
-    doc["fire_to_start_target_p99_ms"] = TARGET_P99_MS
-    doc["fire_to_start_polling_p50_ms"] = detail["poll"]["p50_ms"]
-    doc["fire_to_start_polling_p99_ms"] = detail["poll"]["p99_ms"]
-    doc["tasks_per_s"] = {str(t["workers"]): t["tasks_per_s"] for t in detail["tasks"]}
-    doc["claims_per_s"] = {str(c["workers"]): c["claims_per_s"] for c in detail["claims"]}
-    doc["detail"] = detail
+    if previous:
+        kept = {k: v for k, v in previous.items() if k not in doc}
+        # Each phase says the command, load and commit it was measured with.
+        runs = dict(previous.get("phase_runs") or {})
+        if not runs:
+            runs["claims,tasks,fire_to_start"] = {
+                k: previous.get(k) for k in ("command", "date", "git", "load", "params")
+            }
+        runs[args.only] = {k: doc[k] for k in ("command", "date", "git", "load", "params")}
+        doc = {**kept, **doc, "phase_runs": runs}
+        doc["detail"] = {**previous.get("detail", {}), **detail}
+    else:
+        doc["detail"] = detail
+    detail = doc["detail"]
+    if "notify" in detail:
+        doc["fire_to_start_p50_ms"] = detail["notify"]["p50_ms"]
+        doc["fire_to_start_p99_ms"] = detail["notify"]["p99_ms"]
+        doc["fire_to_start_target_p99_ms"] = TARGET_P99_MS
+        doc["fire_to_start_polling_p50_ms"] = detail["poll"]["p50_ms"]
+        doc["fire_to_start_polling_p99_ms"] = detail["poll"]["p99_ms"]
+    if "tasks" in detail:
+        doc["tasks_per_s"] = {str(t["workers"]): t["tasks_per_s"] for t in detail["tasks"]}
+    if "claims" in detail:
+        doc["claims_per_s"] = {str(c["workers"]): c["claims_per_s"] for c in detail["claims"]}
+    if "many_hosts" in detail:
+        m = detail["many_hosts"]
+        doc["defers_per_s"] = m["defers_per_s"]
+        doc["defers_target_per_s"] = TARGET_DEFERS_PER_S
+        doc[f"burst_{m['waits']}_all_fired_s"] = m["all_fired_s"]
+        doc["burst_all_fired_target_s"] = m["interval_s"] + 1.0
+        doc["burst_delay_p50_s"] = m["delay_p50_s"]
+        doc["burst_delay_p99_s"] = m["delay_p99_s"]
+        doc["burst_fires_spread_s"] = m["fires_spread_s"]
+        doc["defers_per_s_by_slots"] = {
+            str(r["slots_per_worker"]): r["defers_per_s"] for r in detail["many_hosts_runs"]
+        }
     json_path = common.write_json(NAME, doc, args.results)
     png_path = plot(doc, args.results)
-    rows = [
-        (
-            "fire -> start p50 / p99 (LISTEN/NOTIFY)",
-            f"{doc['fire_to_start_p50_ms']:.1f} / {doc['fire_to_start_p99_ms']:.1f} ms",
-        ),
-        (
-            "fire -> start p50 / p99 (polling 0.5 s)",
-            f"{doc['fire_to_start_polling_p50_ms']:.1f} / "
-            f"{doc['fire_to_start_polling_p99_ms']:.1f} ms",
-        ),
+    rows = []
+    if "fire_to_start_p50_ms" in doc:
+        rows += [
+            (
+                "fire -> start p50 / p99 (LISTEN/NOTIFY)",
+                f"{doc['fire_to_start_p50_ms']:.1f} / {doc['fire_to_start_p99_ms']:.1f} ms",
+            ),
+            (
+                "fire -> start p50 / p99 (polling 0.5 s)",
+                f"{doc['fire_to_start_polling_p50_ms']:.1f} / "
+                f"{doc['fire_to_start_polling_p99_ms']:.1f} ms",
+            ),
+        ]
+    rows += [
+        (f"tasks/s, {k} worker(s)", f"{v:,.0f}") for k, v in doc.get("tasks_per_s", {}).items()
     ]
-    rows += [(f"tasks/s, {k} worker(s)", f"{v:,.0f}") for k, v in doc["tasks_per_s"].items()]
-    rows += [(f"claims/s, {k} process(es)", f"{v:,.0f}") for k, v in doc["claims_per_s"].items()]
+    rows += [
+        (f"claims/s, {k} process(es)", f"{v:,.0f}") for k, v in doc.get("claims_per_s", {}).items()
+    ]
+    for m in detail.get("many_hosts_runs", []):
+        rows += [
+            (
+                f"deferrals/s ({m['workers']} workers x {m['slots_per_worker']} slots)",
+                f"{m['defers_per_s']:,.0f}",
+            ),
+            (
+                f"burst of {m['waits']:,}: last file -> last fired",
+                f"{m['all_fired_s']:.2f} s (interval {m['interval_s']:g} s)",
+            ),
+            (
+                "  CPU s while deferring: workers / triggerers",
+                f"{m['defer_cpu_s']['workers']:.1f} / {m['defer_cpu_s']['triggerers']:.1f}",
+            ),
+            ("  per task p50 / p99", f"{m['delay_p50_s']:.2f} / {m['delay_p99_s']:.2f} s"),
+            ("  first fire -> last fire", f"{m['fires_spread_s']:.2f} s"),
+            ("  last file -> run ended", f"{m['run_ended_s']:.2f} s"),
+        ]
     rows.append(common.load_row(load.summary))
     common.print_table("PostgreSQL", rows, caption=f"{json_path}\n{png_path}")
     return 0

@@ -39,7 +39,9 @@ class Carry:
     sensor's event) or ``outputs`` (row id -> output, finished attempts); ``event`` (the
     payload that resumes a deferred task); a deferral (``trigger_id``, ``next_method``,
     ``next_kwargs``, ``soft_fail``, which also clears an earlier event); a wait
-    (``wait_started_at``, kept if a wait already started, and ``wait_timeout_at``). A move
+    (``wait_started_at``, kept if a wait already started, and ``wait_timeout_at``).
+    ``events`` (row id -> event) and ``deferrals`` (row id -> :class:`Deferring`, the
+    deferral and its wait) are the same per row, so that a batch is one statement. A move
     to RETRYING always forgets the resume point, the event and the wait: a retry starts
     the task over, and a sensor's timeout is per attempt.
     """
@@ -47,7 +49,9 @@ class Carry:
     output: str | None = None
     outputs: Mapping[int, str | None] | None = None
     event: str | None = None
+    events: Mapping[int, str] | None = None
     defer: bool = False
+    deferrals: Mapping[int, Deferring] | None = None
     trigger_id: int | None = None
     next_method: str | None = None
     next_kwargs: str | None = None
@@ -61,13 +65,20 @@ class Carry:
             output_mode = "each"
         elif self.output is not None:
             output_mode = "one"
-        resume: Literal["keep", "event", "defer", "restart"] = "keep"
-        wait: Literal["keep", "start", "clear"] = "keep"
+        resume: Literal["keep", "event", "events", "defer", "defer_each", "restart"] = "keep"
+        wait: Literal["keep", "start", "each", "clear"] = "keep"
+        per_row: dict[int, dict[str, Any]] | None = None
         if new is State.RETRYING:
             resume, wait = "restart", "clear"
         else:
-            if self.defer:
+            if self.deferrals is not None:
+                resume, wait = "defer_each", "each"
+                per_row = {i: d.fields() for i, d in self.deferrals.items()}
+            elif self.defer:
                 resume = "defer"
+            elif self.events is not None:
+                resume = "events"
+                per_row = {i: {"event": e} for i, e in self.events.items()}
             elif self.event is not None:
                 resume = "event"
             if self.wait_started_at is not None:
@@ -83,6 +94,30 @@ class Carry:
             "next_kwargs": self.next_kwargs,
             "soft_fail": int(self.soft_fail),
             "wait_mode": wait,
+            "wait_started_at": self.wait_started_at,
+            "wait_timeout_at": self.wait_timeout_at,
+            "per_row": None if per_row is None else json.dumps(per_row),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Deferring:
+    """One row's deferral in a batch (:attr:`Carry.deferrals`): what ``defer=True`` and the
+    wait fields of :class:`Carry` say for a single one."""
+
+    trigger_id: int
+    next_method: str | None
+    next_kwargs: str | None
+    soft_fail: bool
+    wait_started_at: float
+    wait_timeout_at: float | None
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "trigger_id": self.trigger_id,
+            "next_method": self.next_method,
+            "next_kwargs": self.next_kwargs,
+            "soft_fail": int(self.soft_fail),
             "wait_started_at": self.wait_started_at,
             "wait_timeout_at": self.wait_timeout_at,
         }
@@ -206,38 +241,41 @@ async def _cas(
     check_transition(expected, new)
     if not ids:
         return []
-    changed = MovedTask.all(
-        await tx.fetch(
-            "cas",
-            new=new.value,
-            ready_at=ready_at,
-            owner=owner,
-            heartbeat_at=now if owner else None,
-            attempt_delta=attempt_delta,
-            now=now,
-            terminal=1 if new in TERMINAL else 0,
-            expected=expected.value,
-            ids=list(ids),
-            expect_owner=expect_owner,
-            **carry.params(new),
-        )
+    many = isinstance(message, Mapping)
+    rows = await tx.fetch(
+        "cas",
+        new=new.value,
+        ready_at=ready_at,
+        owner=owner,
+        heartbeat_at=now if owner else None,
+        attempt_delta=attempt_delta,
+        now=now,
+        terminal=1 if new in TERMINAL else 0,
+        expected=expected.value,
+        ids=list(ids),
+        expect_owner=expect_owner,
+        message=None if many else message,
+        messages=json.dumps(message) if many else None,
+        **carry.params(new),
     )
+    changed = MovedTask.all(rows)
     if changed:
-        await tx.executemany(
-            "insert_event",
-            [
-                {
-                    "task_row": row.id,
-                    "ts": now,
-                    "kind": "transition",
-                    "from_state": expected.value,
-                    "to_state": new.value,
-                    "attempt": row.attempt,
-                    "message": message[row.id] if isinstance(message, Mapping) else message,
-                }
-                for row in changed
-            ],
-        )
+        if not rows[0]["logged"]:  # SQLite: the statement returned each row's message
+            await tx.executemany(
+                "insert_event",
+                [
+                    {
+                        "task_row": r["id"],
+                        "ts": now,
+                        "kind": "transition",
+                        "from_state": expected.value,
+                        "to_state": new.value,
+                        "attempt": r["attempt"],
+                        "message": r["message"],
+                    }
+                    for r in rows
+                ],
+            )
         # on_failure / on_retry / ... : a callback row per event, in this transaction.
         await after_transition(tx, changed, new.value, message, now)
     return changed
@@ -338,15 +376,19 @@ async def _settle_batch(
         ):
             follow.append((moved, final))
 
-    # 3. Unmapped tasks report to their children, whose trigger rules then decide.
-    # A leaf has no edge to follow: skip the statement (one database round trip each).
+    # 3. Unmapped tasks report to their children, whose trigger rules then decide: one
+    # statement per run and way of ending, each child bumped once by all its parents in
+    # the batch, and decided on the sum. A leaf has no edge to follow (no statement).
     # A PAUSED run starts nothing: its endings are counted when it resumes (resume_run).
+    parents: dict[tuple[str, State], list[str]] = defaultdict(list)
     for row, state in ended:
         if row.map_index < 0 and not row.is_leaf and row.run_id not in paused:
-            children = await tx.fetch(
-                "bump_children", **_state_flags(state), run_id=row.run_id, parent=row.task_id
-            )
-            follow.extend(await _decide(tx, TaskRow.all(children), now))
+            parents[(row.run_id, state)].append(row.task_id)
+    for (run_id, state), task_ids in parents.items():
+        children = await tx.fetch(
+            "bump_children", **_state_flags(state), run_id=run_id, parents=task_ids
+        )
+        follow.extend(await _decide(tx, TaskRow.all(children), now))
     return follow
 
 

@@ -171,6 +171,12 @@ class TriggererStore:
                         for row, line in logs
                     ],
                 )
+            # The tasks' waits of every fire of the batch are settled together: one read,
+            # one compare-and-set per kind (sensors done, methods to resume), each row with
+            # its own fire's payload and message, and their children bumped once a batch.
+            fired: Waits = {}
+            payload_of: dict[int, str] = {}
+            message_of: dict[int, str] = {}
             for fire in batch.fires:
                 waits, starts = split_waits(fire.waits)
                 if fire.error is not None:
@@ -180,29 +186,33 @@ class TriggererStore:
                     await fire_starts(tx, starts, json.loads(fire.payload_json), now)
                 if runs := run_waits_of(fire.waits):
                     await fire_run_waits(tx, runs, now)
-                rows = _still_firable(await _still_waiting(tx, waits), now)
-                sensors = [r["id"] for r in rows if r["next_method"] is None]
-                resumable = [r["id"] for r in rows if r["next_method"] is not None]
-                # A sensor is done when its condition holds: no worker round trip.
-                await transition(
-                    tx,
-                    sensors,
-                    State.DEFERRED,
-                    State.SUCCESS,
-                    now=now,
-                    message=fire.message,
-                    carry=Carry(output=fire.payload_json),
-                )
-                await transition(
-                    tx,
-                    resumable,
-                    State.DEFERRED,
-                    State.PENDING,
-                    now=now,
-                    message=fire.message,
-                    ready_at=now,
-                    carry=Carry(event=fire.payload_json),
-                )
+                fired.update(waits)
+                for row in waits:
+                    payload_of[row] = fire.payload_json
+                    message_of[row] = fire.message
+            rows = _still_firable(await _still_waiting(tx, fired), now) if fired else []
+            sensors = [r["id"] for r in rows if r["next_method"] is None]
+            resumable = [r["id"] for r in rows if r["next_method"] is not None]
+            # A sensor is done when its condition holds: no worker round trip.
+            await transition(
+                tx,
+                sensors,
+                State.DEFERRED,
+                State.SUCCESS,
+                now=now,
+                message={i: message_of[i] for i in sensors},
+                carry=Carry(outputs={i: payload_of[i] for i in sensors}),
+            )
+            await transition(
+                tx,
+                resumable,
+                State.DEFERRED,
+                State.PENDING,
+                now=now,
+                message={i: message_of[i] for i in resumable},
+                ready_at=now,
+                carry=Carry(events={i: payload_of[i] for i in resumable}),
+            )
             for waits, why in batch.failures:
                 await _fail_waits(tx, waits, why, now)
 

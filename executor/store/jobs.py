@@ -16,12 +16,20 @@ from typing import TYPE_CHECKING, Any
 from triggers.people import PersonWait
 from triggers.registry import load_trigger
 
-from ..outcomes import Deferred, Failed, Outcome, Rescheduled, SensorTimedOut, Succeeded
+from ..outcomes import (
+    Deferral,
+    Deferred,
+    Failed,
+    Outcome,
+    Rescheduled,
+    SensorTimedOut,
+    Succeeded,
+)
 from ..params import resolve
 from ..pools import DEFAULT, claim_rounds
 from ..rows import MovedTask
 from ..schedules import Interval
-from ..statemachine import Carry, retry_or_fail, transition
+from ..statemachine import Carry, Deferring, retry_or_fail, transition
 from ..states import State
 from .backfills import BATCH, Backfilled, backfill_runs
 from .callbacks import CallbackOps, CallbackRow, claim_callbacks, reclaim_callbacks_of
@@ -400,7 +408,7 @@ async def _record(tx: Tx, outcomes: list[Outcome], now: float) -> None:
                 now=now, why=f"attempt {o.attempt} of {o.max_attempts} failed: {o.message}",
                 delay=o.retry_delay, expect_owner=o.owner,
             )  # fmt: skip
-        elif isinstance(o, Deferred):
+        elif isinstance(o, Deferred) and not _plain(o):
             await _defer(tx, o, now)
         elif isinstance(o, Rescheduled):
             await transition(
@@ -419,6 +427,65 @@ async def _record(tx: Tx, outcomes: list[Outcome], now: float) -> None:
             await transition(
                 tx, [o.row_id], State.RUNNING, new, now=now, message=o.message, expect_owner=o.owner
             )
+    plain = [o for o in outcomes if isinstance(o, Deferred) and _plain(o)]
+    if plain:
+        await _defer_many(tx, plain, now)
+
+
+def _plain(o: Deferred) -> bool:
+    """A wait a triggerer checks (not a person's, not an event's): deferred in a batch."""
+    return o.deferral.event is None and not o.deferral.person
+
+
+def _defer_message(d: Deferral) -> str:
+    limit = (
+        "" if d.timeout_at is None else f"; gives up after {d.timeout_at - d.wait_started_at:g} s"
+    )
+    return f"deferred: waiting for {d.description}{limit}"
+
+
+async def _defer_many(tx: Tx, group: list[Deferred], now: float) -> None:
+    """Plain deferrals of one exchange: their trigger rows in one statement, then one
+    compare-and-set per claim owner (usually one), whatever the batch's size."""
+    rows = [
+        [d.classpath, d.kwargs_json, d.poke_hash, d.shard, d.description]
+        for d in (o.deferral for o in group)
+    ]
+    found = await tx.fetch("insert_triggers", rows=json.dumps(rows), now=now)
+    ids = sorted(r["id"] for r in found)  # handed out in the order of `rows`
+    # The same report twice (a retried exchange): the last one's trigger row is kept.
+    trigger_of = dict(zip(((o.owner, o.row_id) for o in group), ids, strict=True))
+    by_owner: dict[str, dict[int, Deferred]] = defaultdict(dict)
+    for o in group:
+        by_owner[o.owner][o.row_id] = o
+    kept: set[int] = set()
+    for owner, reports in by_owner.items():
+        moved = await transition(
+            tx,
+            list(reports),
+            State.RUNNING,
+            State.DEFERRED,
+            now=now,
+            message={i: _defer_message(o.deferral) for i, o in reports.items()},
+            expect_owner=owner,
+            carry=Carry(
+                deferrals={
+                    i: Deferring(
+                        trigger_id=trigger_of[(owner, i)],
+                        next_method=o.deferral.method,
+                        next_kwargs=o.deferral.method_kwargs_json,
+                        soft_fail=o.deferral.soft_fail,
+                        wait_started_at=o.deferral.wait_started_at,
+                        wait_timeout_at=o.deferral.timeout_at,
+                    )
+                    for i, o in reports.items()
+                }
+            ),
+        )
+        kept |= {trigger_of[(owner, m.id)] for m in moved}
+    # Stale reports (the attempt is no longer ours) and a report repeated: their rows go.
+    if stale := [t for t in ids if t not in kept]:
+        await tx.execute("delete_triggers", ids=stale)
 
 
 async def _defer(tx: Tx, o: Deferred, now: float) -> None:
@@ -439,16 +506,13 @@ async def _defer(tx: Tx, o: Deferred, now: float) -> None:
     else:
         row = await tx.fetchone("insert_trigger", **trigger_row, not_before=None)
     assert row is not None
-    limit = (
-        "" if d.timeout_at is None else f"; gives up after {d.timeout_at - d.wait_started_at:g} s"
-    )
     moved = await transition(
         tx,
         [o.row_id],
         State.RUNNING,
         State.DEFERRED,
         now=now,
-        message=f"deferred: waiting for {d.description}{limit}",
+        message=_defer_message(d),
         expect_owner=o.owner,
         carry=Carry(
             defer=True,

@@ -74,6 +74,13 @@ _OPTIONS = {
 }
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """What a pooled connection needs when it goes back to the pool: nothing more than
+    asyncpg's own rollback of a transaction left open. Our statements leave no session
+    state (transaction-scoped locks only; LISTEN and the liveness lock have connections of
+    their own), and asyncpg's default reset query would cost a round trip per transaction."""
+
+
 class PostgresTx:
     def __init__(self, conn: asyncpg.Connection, sql: dict[str, Query]) -> None:
         self._conn = conn
@@ -144,6 +151,7 @@ class PostgresDatabase:
             min_size=min(options["pool_min_size"], options["pool_max_size"]),
             max_size=options["pool_max_size"],
             statement_cache_size=options["statement_cache_size"],
+            reset=_keep_session,
         )
         try:
             await db._sync_clock(samples=5)

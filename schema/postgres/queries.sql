@@ -6,14 +6,19 @@
 -- keep the planner on the path whose cost is the size of the answer:
 -- * `(state || '') = ...` next to `id = ANY(...)`: a row is looked up by its key, never
 --   found by scanning a partial index over every DEFERRED row (O(waits) per statement);
--- * `t.run_id = (e.run_id || '')` in bump_children: children are reached from the edges,
---   never by scanning every task of the run (O(tasks) per finished parent).
+-- * `e.run_id || ''` in bump_children: children are reached from the edges, never by
+--   scanning every task of the run (O(tasks) per batch of finished parents).
 
 -- name: cas
 -- The one compare-and-set through which every task state change passes, with what the
 -- transition carries (see schema/sqlite/queries.sql for the modes). Under READ COMMITTED
 -- a row another transaction holds is waited for, then re-checked against
 -- `state = :expected`: a racing process changes nothing the second time.
+-- :per_row arrives as jsonb (the cast types the parameter): parsed once per statement,
+-- each row's entry found by key, so a batch of 10,000 costs no more per row than one.
+-- Each moved row's task_event (its message: :messages' entry, else :message) is written
+-- by this statement too (`logged`): one round trip per transition, not two.
+WITH moved AS (
 UPDATE task
 SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
     attempt = attempt + :attempt_delta, updated_at = :now,
@@ -23,34 +28,63 @@ SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbea
                                      WHEN 'each' THEN :outputs::jsonb ->> id::text
                                      ELSE output END,
     event = CASE :resume_mode::text WHEN 'event' THEN :event::text
+                                    WHEN 'events' THEN :per_row::jsonb -> id::text ->> 'event'
                                     WHEN 'keep' THEN event ELSE NULL END,
     next_method = CASE :resume_mode WHEN 'defer' THEN :next_method::text
+                                    WHEN 'defer_each'
+                                    THEN :per_row::jsonb -> id::text ->> 'next_method'
                                     WHEN 'restart' THEN NULL ELSE next_method END,
     next_kwargs = CASE :resume_mode WHEN 'defer' THEN :next_kwargs::text
+                                    WHEN 'defer_each'
+                                    THEN :per_row::jsonb -> id::text ->> 'next_kwargs'
                                     WHEN 'restart' THEN NULL ELSE next_kwargs END,
-    trigger_id = CASE :resume_mode WHEN 'defer' THEN :trigger_id::bigint ELSE trigger_id END,
-    soft_fail = CASE :resume_mode WHEN 'defer' THEN :soft_fail::integer ELSE soft_fail END,
+    trigger_id = CASE :resume_mode WHEN 'defer' THEN :trigger_id::bigint
+                                   WHEN 'defer_each'
+                                   THEN (:per_row::jsonb -> id::text ->> 'trigger_id')::bigint
+                                   ELSE trigger_id END,
+    soft_fail = CASE :resume_mode WHEN 'defer' THEN :soft_fail::integer
+                                  WHEN 'defer_each'
+                                  THEN (:per_row::jsonb -> id::text ->> 'soft_fail')::integer
+                                  ELSE soft_fail END,
     wait_started_at = CASE :wait_mode::text
                       WHEN 'start' THEN COALESCE(wait_started_at, :wait_started_at::float8)
+                      WHEN 'each' THEN COALESCE(wait_started_at,
+                          (:per_row::jsonb -> id::text ->> 'wait_started_at')::float8)
                       WHEN 'clear' THEN NULL ELSE wait_started_at END,
     wait_timeout_at = CASE :wait_mode WHEN 'start' THEN :wait_timeout_at::float8
-                                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
+                      WHEN 'each' THEN (:per_row::jsonb -> id::text ->> 'wait_timeout_at')::float8
+                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
 WHERE id = ANY(:ids::bigint[]) AND (state || '') = :expected
   AND (:expect_owner::text IS NULL OR owner = :expect_owner::text)
 -- What callers read (executor/rows.py, MovedTask): settling a transition, running a claim.
 RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
           n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
-          wait_started_at, owner, started_at, hooks;
+          wait_started_at, owner, started_at, hooks,
+          COALESCE(:messages::jsonb ->> id::text, :message::text) AS message
+), logged AS (
+    INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
+    SELECT id, :now, 'transition', :expected, :new, attempt, message FROM moved
+)
+SELECT *, TRUE AS logged FROM moved;
 
 -- name: bump_children
--- A parent ended: count it in each child's counters (each flag is 0/1 by how it ended).
+-- Parents of one run ended, all the same way: count them in each child's counters, one
+-- update of a child however many of its parents are in :parents (a fan-in of 10,000
+-- sensors fired in one batch bumps its child once: each update of a row in a transaction
+-- leaves a version the next one walks past). Each flag is 0/1 by how they ended.
+WITH c AS (
+    SELECT e.run_id || '' AS run_id, e.child, count(*)::integer AS n
+    FROM edge e
+    WHERE e.run_id = :run_id AND e.parent = ANY(:parents::text[])
+    GROUP BY e.run_id, e.child
+)
 UPDATE task t
-SET n_done = t.n_done + 1, n_success = t.n_success + :success, n_failed = t.n_failed + :failed,
-    n_upstream_failed = t.n_upstream_failed + :upstream_failed,
-    n_skipped = t.n_skipped + :skipped
-FROM edge e
-WHERE e.run_id = :run_id AND e.parent = :parent
-  AND t.run_id = (e.run_id || '') AND t.task_id = e.child AND t.map_index = -1
+SET n_done = t.n_done + c.n, n_success = t.n_success + c.n * :success::integer,
+    n_failed = t.n_failed + c.n * :failed::integer,
+    n_upstream_failed = t.n_upstream_failed + c.n * :upstream_failed::integer,
+    n_skipped = t.n_skipped + c.n * :skipped::integer
+FROM c
+WHERE t.run_id = c.run_id AND t.task_id = c.child AND t.map_index = -1
 RETURNING t.*;
 
 -- name: claim_candidates
@@ -245,6 +279,16 @@ FROM (SELECT n FROM unnest(:names::text[]) AS n ORDER BY n) AS sorted;
 -- A wait registering on these names, until commit (see lock_event_names).
 SELECT pg_advisory_xact_lock_shared(hashtext('slotless.event:' || n)) IS NULL AS locked
 FROM (SELECT n FROM unnest(:names::text[]) AS n ORDER BY n) AS sorted;
+
+-- name: insert_triggers
+-- A batch of waits' trigger rows in one statement (the worker's deferrals of one exchange:
+-- :rows is a JSON list of [classpath, kwargs, poke_hash, shard, description]), in order:
+-- ids are handed out in that order, so the caller sorts the ids it gets back. The INSERT
+-- wakes the triggerers once (NOTIFY slotless_triggers, per statement).
+INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description, not_before)
+SELECT r ->> 0, r ->> 1, r ->> 2, (r ->> 3)::integer, :now::float8, r ->> 4, NULL
+FROM json_array_elements(:rows::json) WITH ORDINALITY AS x(r, n) ORDER BY n
+RETURNING id;
 
 -- name: insert_event_trigger
 -- An event wait's trigger row: never loaded by a triggerer (loaded from the start, and

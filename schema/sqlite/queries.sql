@@ -5,8 +5,12 @@
 -- The one compare-and-set through which every task state change passes, with what the
 -- transition carries (executor/statemachine.py, Carry), so a state and its payload change
 -- in one statement. :output_mode keep | one (:output for every row) | each (:outputs, a
--- JSON object of row id -> output); :resume_mode keep | event | defer | restart (a retry
--- forgets the resume point, the event and the wait); :wait_mode keep | start | clear.
+-- JSON object of row id -> output); :resume_mode keep | event | events (each row's
+-- "event" in :per_row) | defer | defer_each (each row's deferral in :per_row) | restart
+-- (a retry forgets the resume point, the event and the wait); :wait_mode keep | start |
+-- each (:per_row) | clear. :per_row is a JSON object of row id -> {field: value}.
+-- Each moved row's message (:messages' entry, else :message) comes back for its
+-- task_event row, which the caller writes (`logged` false: no DML in a CTE here).
 UPDATE task
 SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
     attempt = attempt + :attempt_delta, updated_at = :now,
@@ -15,31 +19,53 @@ SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbea
     output = CASE :output_mode WHEN 'one' THEN :output
                                WHEN 'each' THEN json_extract(:outputs, '$."' || id || '"')
                                ELSE output END,
-    event = CASE :resume_mode WHEN 'event' THEN :event WHEN 'keep' THEN event ELSE NULL END,
+    event = CASE :resume_mode WHEN 'event' THEN :event
+                              WHEN 'events' THEN json_extract(:per_row, '$."' || id || '".event')
+                              WHEN 'keep' THEN event ELSE NULL END,
     next_method = CASE :resume_mode WHEN 'defer' THEN :next_method
+                                    WHEN 'defer_each'
+                                    THEN json_extract(:per_row, '$."' || id || '".next_method')
                                     WHEN 'restart' THEN NULL ELSE next_method END,
     next_kwargs = CASE :resume_mode WHEN 'defer' THEN :next_kwargs
+                                    WHEN 'defer_each'
+                                    THEN json_extract(:per_row, '$."' || id || '".next_kwargs')
                                     WHEN 'restart' THEN NULL ELSE next_kwargs END,
-    trigger_id = CASE :resume_mode WHEN 'defer' THEN :trigger_id ELSE trigger_id END,
-    soft_fail = CASE :resume_mode WHEN 'defer' THEN :soft_fail ELSE soft_fail END,
+    trigger_id = CASE :resume_mode WHEN 'defer' THEN :trigger_id
+                                   WHEN 'defer_each'
+                                   THEN json_extract(:per_row, '$."' || id || '".trigger_id')
+                                   ELSE trigger_id END,
+    soft_fail = CASE :resume_mode WHEN 'defer' THEN :soft_fail
+                                  WHEN 'defer_each'
+                                  THEN json_extract(:per_row, '$."' || id || '".soft_fail')
+                                  ELSE soft_fail END,
     wait_started_at = CASE :wait_mode WHEN 'start' THEN COALESCE(wait_started_at, :wait_started_at)
-                                      WHEN 'clear' THEN NULL ELSE wait_started_at END,
+                      WHEN 'each' THEN COALESCE(wait_started_at,
+                          json_extract(:per_row, '$."' || id || '".wait_started_at'))
+                      WHEN 'clear' THEN NULL ELSE wait_started_at END,
     wait_timeout_at = CASE :wait_mode WHEN 'start' THEN :wait_timeout_at
-                                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
+                      WHEN 'each' THEN json_extract(:per_row, '$."' || id || '".wait_timeout_at')
+                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
 WHERE id = ANY(:ids) AND state = :expected
   AND (:expect_owner IS NULL OR owner = :expect_owner)
 -- What callers read (executor/rows.py, MovedTask): settling a transition, running a claim.
 RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
           n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
-          wait_started_at, owner, started_at, hooks;
+          wait_started_at, owner, started_at, hooks,
+          COALESCE(json_extract(:messages, '$."' || id || '"'), :message) AS message,
+          0 AS logged;
 
 -- name: bump_children
--- A parent ended: count it in each child's counters (each flag is 0/1 by how it ended).
+-- Parents of one run ended, all the same way: count them in each child's counters, one
+-- update of a child however many of its parents are in :parents (each flag is 0/1 by how
+-- they ended).
 UPDATE task
-SET n_done = n_done + 1, n_success = n_success + :success, n_failed = n_failed + :failed,
-    n_upstream_failed = n_upstream_failed + :upstream_failed, n_skipped = n_skipped + :skipped
-WHERE run_id = :run_id AND map_index = -1
-  AND task_id IN (SELECT child FROM edge WHERE run_id = :run_id AND parent = :parent)
+SET n_done = n_done + c.n, n_success = n_success + c.n * :success,
+    n_failed = n_failed + c.n * :failed,
+    n_upstream_failed = n_upstream_failed + c.n * :upstream_failed,
+    n_skipped = n_skipped + c.n * :skipped
+FROM (SELECT child, count(*) AS n FROM edge
+      WHERE run_id = :run_id AND parent = ANY(:parents) GROUP BY child) AS c
+WHERE task.run_id = :run_id AND task.map_index = -1 AND task.task_id = c.child
 RETURNING *;
 
 -- name: claim_candidates
@@ -189,6 +215,16 @@ SELECT count(*) AS locked FROM event_shape WHERE name = ANY(:names);
 INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description, not_before,
                      event_key)
 VALUES (:classpath, :kwargs, :poke_hash, :shard, :now, :description, NULL, :event_key)
+RETURNING id;
+
+-- name: insert_triggers
+-- A batch of waits' trigger rows in one statement (the worker's deferrals of one exchange:
+-- :rows is a JSON list of [classpath, kwargs, poke_hash, shard, description]), in order:
+-- ids are handed out in that order, so the caller sorts the ids it gets back.
+INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description, not_before)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]'), :now, json_extract(value, '$[4]'), NULL
+FROM json_each(:rows) WHERE true ORDER BY key
 RETURNING id;
 
 -- name: store_events

@@ -35,6 +35,15 @@ class NulTrigger(FlagTrigger):
         return f"nul\x00{self.name}" if self.name in FLAGS else self.name
 
 
+@register
+class NulDeferTrigger(FlagTrigger):
+    """A FlagTrigger whose description PostgreSQL cannot store from the start: its
+    deferral cannot be written."""
+
+    def describe(self) -> str:
+        return f"nul\x00{self.name}"
+
+
 @pytest.fixture
 async def pg_store(pg_url: str) -> AsyncIterator[Store]:
     s = await open_store(pg_url)
@@ -118,3 +127,23 @@ async def test_a_bad_fire_fails_its_wait_and_the_others_fire(pg_store) -> None:
 
         await async_wait_until(settled, timeout=60, what="bad failed, good fired")
     assert "cannot record this wait's event" in await messages(pg_store, run_id, "bad")
+
+
+async def test_a_bad_deferral_in_a_batch_fails_its_task_and_the_others_defer(pg_store) -> None:
+    """Deferrals of one exchange are written in one statement; one that cannot be written
+    fails only its own task, and the others (two of them equal waits) defer."""
+    dag = DAG("poison_deferrals")
+    dag.sensor("bad", NulDeferTrigger(name="never-a"), mode="deferrable")
+    for i in range(5):
+        dag.sensor(f"good{i}", FlagTrigger(name=f"never-{i % 3}"), mode="deferrable")
+    run_id = await pg_store.create_run(dag, DAY)
+    async with serving(pg_store, dag, triggerer=False, slots=8):
+
+        async def settled() -> bool:
+            s = await states(pg_store, run_id)
+            return s["bad"] == "FAILED" and all(s[f"good{i}"] == "DEFERRED" for i in range(5))
+
+        await async_wait_until(settled, timeout=60, what="bad failed, the others deferred")
+    text = await messages(pg_store, run_id, "bad")
+    assert "could not record this attempt's outcome" in text
+    assert "cannot be converted to text" in text  # the NUL, in PostgreSQL's words

@@ -386,6 +386,98 @@ async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     assert await ops(store).delete_orphan_triggers(ALL_SHARDS) == 2
 
 
+async def test_a_batch_of_deferrals_gives_each_row_its_own_wait(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The deferrals of one exchange are written together (one INSERT of trigger rows, one
+    compare-and-set): each row still gets its own trigger row, method, kwargs and wait; a
+    report sent twice defers once, a stale report moves nothing, and neither leaves a
+    trigger row behind."""
+    dag = DAG("deferrals")
+    for i in range(5):
+        dag.task(noop, task_id=f"t{i}")
+    run_id = await store.create_run(dag, DAY)
+    rows = {r.task_id: r for r in await store.claim("w", 10)}
+    started = clock.now
+    clock.advance(2)
+    shared = str(tmp_path / "shared")  # equal waits: one poke hash, still two trigger rows
+    batch = [
+        deferred(rows["t0"], shared, started),
+        deferred(rows["t1"], shared, started, timeout=60.0),
+        deferred(rows["t2"], str(tmp_path / "two"), clock.now, method="resume"),
+        deferred(rows["t2"], str(tmp_path / "two"), clock.now, method="resume"),  # again
+        deferred(rows["t3"], str(tmp_path / "three"), clock.now, soft_fail=True),
+    ]
+    stale = deferred(rows["t4"], str(tmp_path / "four"), clock.now)
+    assert isinstance(stale, Deferred)
+    stale.owner = "someone else"
+    await store.complete([*batch, stale])
+
+    got = {t: await row_of(store, run_id, t) for t in rows}
+    assert {t: r["state"] for t, r in got.items()} == {
+        "t0": "DEFERRED", "t1": "DEFERRED", "t2": "DEFERRED", "t3": "DEFERRED", "t4": "RUNNING",
+    }  # fmt: skip
+    assert len({got[t]["trigger_id"] for t in ("t0", "t1", "t2", "t3")}) == 4
+    assert got["t2"]["next_method"] == "resume" and got["t0"]["next_method"] is None
+    assert got["t0"]["wait_started_at"] == started and got["t2"]["wait_started_at"] == clock.now
+    assert got["t1"]["wait_timeout_at"] == started + 60.0
+    assert got["t3"]["soft_fail"] == 1 and got["t0"]["soft_fail"] == 0
+    assert await transitions(store, rows["t2"].id) == [
+        ("PENDING", "RUNNING"),
+        ("RUNNING", "DEFERRED"),
+    ]
+    waits = await ops(store).load_triggers(ALL_SHARDS)
+    assert sorted(w["task_row"] for w in waits) == sorted(
+        rows[t].id for t in ("t0", "t1", "t2", "t3")
+    )
+    assert {w["trigger_id"] for w in waits} == {
+        got[t]["trigger_id"] for t in ("t0", "t1", "t2", "t3")
+    }
+    assert {w["poke_hash"] for w in waits if w["task_row"] in (rows["t0"].id, rows["t1"].id)} == {
+        next(w["poke_hash"] for w in waits if w["task_row"] == rows["t0"].id)
+    }
+    assert await ops(store).delete_orphan_triggers(ALL_SHARDS) == 0  # none left behind
+
+
+async def test_a_flush_of_many_fires_settles_a_fan_in_once(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Fires of one flush are one compare-and-set per kind, each row with its own payload
+    and message; a child of many of them is bumped once, by all, and then runs."""
+    dag = DAG("fan_in")
+    for i in range(12):
+        dag.sensor(f"s{i:02d}", FileTrigger(path=str(tmp_path / f"f{i % 4}")))
+    dag.task(noop, task_id="resumes")
+    dag.task(noop, task_id="after", parents=[f"s{i:02d}" for i in range(12)])
+    run_id = await store.create_run(dag, DAY)
+    rows = {r.task_id: r for r in await store.claim("w", 20)}
+    await store.complete(
+        [deferred(r, str(tmp_path / f"f{int(t[1:]) % 4}"), clock.now) for t, r in rows.items()
+         if t.startswith("s")]
+        + [deferred(rows["resumes"], str(tmp_path / "r"), clock.now, method="again")]
+    )  # fmt: skip
+    waits = await ops(store).load_triggers(ALL_SHARDS)
+    by_row = {w["task_row"]: w["trigger_id"] for w in waits}
+    fires = [
+        Fire({rows[t].id: by_row[rows[t].id]}, json.dumps({"n": t}), f"fired: {t}")
+        for t in [*sorted(t for t in rows if t.startswith("s")), "resumes"]
+    ]
+    fires.append(fires[0])  # one fire twice in the flush (a replay): once
+    clock.advance(1)
+    await ops(store).triggerer_commit(TriggererBatch(fires=fires))
+    for t in rows:
+        row = await row_of(store, run_id, t)
+        if t == "resumes":
+            assert row["state"] == "PENDING" and json.loads(row["event"]) == {"n": t}
+        else:
+            assert row["state"] == "SUCCESS" and json.loads(row["output"]) == {"n": t}
+        events = await store.task_log(run_id, t)
+        assert events is not None and f"fired: {t}" in [e["message"] for e in events]
+    after = await row_of(store, run_id, "after")
+    assert (after["n_done"], after["n_success"], after["n_parents"]) == (12, 12, 12)
+    assert ids(await store.claim("w2", 10)) == ["after", "resumes"]
+
+
 async def test_expired_waits_fail_or_skip(store: Store, clock: FakeClock, tmp_path: Path) -> None:
     hard = await store.create_run(sensor_dag(tmp_path), DAY, run_id="hard")
     soft = await store.create_run(sensor_dag(tmp_path, soft_fail=True), DAY, run_id="soft")
