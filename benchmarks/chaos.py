@@ -452,10 +452,12 @@ def read_checks(record: Path) -> dict[int, list[tuple[float, str]]]:
 
 
 def takeover_delays(run: dict[str, Any]) -> tuple[list[float], int]:
-    """Per wait a killed triggerer was checking: kill -> first check by another one."""
+    """Per wait a killed triggerer was checking: kill -> first check by another one.
+    Each kill's own spread goes into ``run["takeover_by_kill"]`` (which kill was slow)."""
     checks = read_checks(Path(run["record"]))
     delays: list[float] = []
     never = 0
+    run["takeover_by_kill"] = by_kill = []
     for kill in run["kills"]:
         if kill["kind"] != "triggerer":
             continue
@@ -472,8 +474,10 @@ def takeover_delays(run: dict[str, Any]) -> tuple[list[float], int]:
             for t, path in rows:
                 if path in held and t > t_kill and t < first.get(path, float("inf")):
                     first[path] = t
-        delays += [first[p] - t_kill for p in held if p in first]
+        mine = [first[p] - t_kill for p in held if p in first]
+        delays += mine
         never += len(held - first.keys())
+        by_kill.append({"t": round(t_kill - run["t0"], 1), "waits": len(held), **spread(mine)})
     return delays, never
 
 
