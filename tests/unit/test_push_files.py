@@ -210,3 +210,24 @@ async def test_renames_into_the_directory_while_it_is_listed_never_hide_a_presen
     finally:
         stop.set()
         thread.join()
+
+
+async def test_one_directory_named_two_ways_wakes_the_waits_of_both_names(
+    store, db_path, tmp_path
+) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    alias = tmp_path / "alias"
+    alias.symlink_to(inbox)  # two sources, one inode: the kernel gives both one watch
+    dag = file_waits("push_alias", [str(inbox / "a.csv"), str(alias / "b.csv")])
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", 2), what="deferred")
+        keys = [("inotify", str(inbox)), ("inotify", str(alias))]
+        await async_wait_until(lambda: all(trig.push.live(k) for k in keys), what="live")
+        assert reader_watches(trig) == 1
+        (inbox / "a.csv").write_text("x")
+        (inbox / "b.csv").write_text("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 2), what="both woken")
