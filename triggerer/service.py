@@ -358,8 +358,14 @@ class Triggerer:
 
     async def _writing(self) -> None:
         backoff = Backoff("triggerer: writing events", log)
+        urgent = self.outbox.urgent
         while True:
-            await asyncio.sleep(self.config.flush_every)
+            # A fire is written at once (what comes meanwhile joins the next commit); logs
+            # wait for the tick.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.flush_every):  # not wait_for: _loading
+                    await urgent.wait()
+            urgent.clear()
             try:
                 await self.outbox.flush()  # kept for the next try if it fails
                 backoff.succeeded()
