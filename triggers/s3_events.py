@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_plus
@@ -41,6 +42,7 @@ from .push import PushSource, PushUnavailable, Wake
 
 MAX_GARBAGE_SHOWN = 200  # characters of a bad message quoted in the log line
 TRANSIENT_RETRIES = 5  # a receive failing with a 5xx or throttling is retried this often
+HEARD_KEYS = 100_000  # notified keys remembered until their wait is checked (Heard)
 
 
 class NotS3Event(ValueError):
@@ -80,6 +82,34 @@ def event_topics(body: str) -> list[str]:
     return topics
 
 
+class Heard:
+    """What the queues of one connection said lately, for its checks to act on (shared
+    through the trigger context as ``s3-heard:<conn_id>``).
+
+    * ``buckets``: when a notification about each bucket was last read (monotonic): a
+      listing sent before that may not show the object, so a check does not share it;
+    * ``keys``: exact ``bucket/key`` topics read and not yet checked: a woken exact-key
+      wait lists that key alone instead of its whole folder (one small request, not a
+      paginated listing of every object beside it). At most :data:`HEARD_KEYS` kept.
+    """
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, float] = {}
+        self.keys: dict[str, None] = {}
+
+    @classmethod
+    async def create(cls) -> Heard:
+        return cls()
+
+    def note(self, topics: list[str]) -> None:
+        now = time.monotonic()
+        for topic in topics:
+            self.buckets[topic.partition("/")[0]] = now
+            self.keys[topic] = None
+        while len(self.keys) > HEARD_KEYS:  # the oldest first: they were checked long ago
+            del self.keys[next(iter(self.keys))]
+
+
 class SqsEventQueue(PushSource):
     """One long-poll consumer of one queue of S3 event notifications."""
 
@@ -103,11 +133,12 @@ class SqsEventQueue(PushSource):
             client = await cm.__aenter__()
         except Exception as exc:
             raise PushUnavailable(f"cannot open an SQS client: {exc}") from exc
+        heard: Heard = await ctx.shared(f"s3-heard:{self.conn_id}", Heard.create)
         try:
             url = await self._resolve(client)
             ready()  # the queue keeps what is sent from now on until it is read
             loops = [
-                asyncio.ensure_future(self._consume(client, url, wait, wake))
+                asyncio.ensure_future(self._consume(client, url, wait, wake, heard))
                 for _ in range(receivers)
             ]
             try:
@@ -126,7 +157,7 @@ class SqsEventQueue(PushSource):
             with contextlib.suppress(Exception):
                 await cm.__aexit__(None, None, None)
 
-    async def _consume(self, client: Any, url: str, wait: int, wake: Wake) -> None:
+    async def _consume(self, client: Any, url: str, wait: int, wake: Wake, heard: Heard) -> None:
         """One receive loop: long polls, each batch deleted while the next is awaited."""
         deleting: asyncio.Task[None] | None = None
         try:
@@ -137,7 +168,7 @@ class SqsEventQueue(PushSource):
                     deleting = None
                 if not batch:
                     continue
-                bad = self._handle(batch, wake)
+                bad = self._handle(batch, wake, heard)
                 # Deleted while the next receive waits (a round trip saved per batch);
                 # garbage too, or it would come back forever.
                 deleting = asyncio.ensure_future(self._delete(client, url, batch))
@@ -177,7 +208,7 @@ class SqsEventQueue(PushSource):
             await asyncio.sleep(0.1 * 2**attempt)
             attempt += 1
 
-    def _handle(self, batch: list[dict[str, Any]], wake: Wake) -> str | None:
+    def _handle(self, batch: list[dict[str, Any]], wake: Wake, heard: Heard) -> str | None:
         """Wake the waits the batch names; what was wrong with the first bad message."""
         self.received += len(batch)
         topics: list[str] = []
@@ -190,6 +221,7 @@ class SqsEventQueue(PushSource):
                     shown = str(msg.get("Body", ""))[:MAX_GARBAGE_SHOWN]
                     bad = f"{exc}: {shown!r}"
         if topics:
+            heard.note(topics)  # before the wake: the woken checks read it
             wake(topics)
         return bad
 
