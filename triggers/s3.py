@@ -209,6 +209,7 @@ async def _answer(
 ) -> list[TriggerEvent | BaseException | None]:
     groups: dict[tuple[str, str, str], list[S3KeyTrigger]] = defaultdict(list)
     heard: dict[str, Heard] = {}
+    results: dict[int, TriggerEvent | BaseException | None] = {}
     for t in triggers:
         assert isinstance(t, S3KeyTrigger)
         h = heard.get(t.conn_id)
@@ -217,12 +218,15 @@ async def _answer(
         prefix = t._tight_prefix() if tight else t.directory
         topic = f"{t.bucket}/{t.key}"
         if topic in h.keys and not (t.is_prefix or has_magic(t.key)):
-            del h.keys[topic]
-            # Woken by a notification naming its key: that key alone is listed, not its
-            # folder (a burst of puts would otherwise list the whole folder per wake).
+            # Woken by a notification naming its key: the notification's size answers
+            # it (the object was created); without one that key alone is listed, not
+            # its folder (a burst of puts would otherwise list the folder per wake).
+            size = h.keys.pop(topic)
+            if size is not None and size >= t.min_size:
+                results[id(t)] = t.match({t.key: size})
+                continue
             prefix = t.key
         groups[(t.conn_id, t.bucket, prefix)].append(t)
-    results: dict[int, TriggerEvent | BaseException | None] = {}
 
     async def one(conn_id: str, bucket: str, prefix: str, group: list[S3KeyTrigger]) -> None:
         recursive = any(t.recursive for t in group)

@@ -55,12 +55,19 @@ def event_topics(body: str) -> list[str]:
     A test event (sent when notifications are configured) names none. Raises
     :class:`NotS3Event` for anything else.
     """
+    return [topic for topic, _ in event_objects(body)]
+
+
+def event_objects(body: str) -> list[tuple[str, int | None]]:
+    """``(bucket/key, size)`` of every object a notification names; the size only for an
+    ``ObjectCreated`` record that gives one (any other event says nothing of the object
+    being there). Raises :class:`NotS3Event` as :func:`event_topics` does."""
     try:
         doc = json.loads(body)
     except ValueError as exc:
         raise NotS3Event(f"not JSON ({exc})") from None
     if isinstance(doc, dict) and doc.get("Type") == "Notification" and "Message" in doc:
-        return event_topics(str(doc["Message"]))  # an SNS envelope around the event
+        return event_objects(str(doc["Message"]))  # an SNS envelope around the event
     if not isinstance(doc, dict):
         raise NotS3Event("not a JSON object")
     if doc.get("Event") == "s3:TestEvent":
@@ -68,7 +75,7 @@ def event_topics(body: str) -> list[str]:
     records = doc.get("Records")
     if not isinstance(records, list):
         raise NotS3Event("no Records")
-    topics: list[str] = []
+    objects: list[tuple[str, int | None]] = []
     for rec in records:
         try:
             bucket = rec["s3"]["bucket"]["name"]
@@ -77,9 +84,12 @@ def event_topics(body: str) -> list[str]:
             raise NotS3Event("a record without s3.bucket.name and s3.object.key") from None
         if not isinstance(bucket, str) or not isinstance(key, str):
             raise NotS3Event("a record whose bucket or key is not a string")
+        size = rec["s3"]["object"].get("size")
+        created = str(rec.get("eventName", "")).startswith("ObjectCreated")
+        known = size if created and isinstance(size, int) and not isinstance(size, bool) else None
         # Keys arrive URL-encoded, spaces as '+' (as S3 sends them).
-        topics.append(f"{bucket}/{unquote_plus(key)}")
-    return topics
+        objects.append((f"{bucket}/{unquote_plus(key)}", known))
+    return objects
 
 
 class Heard:
@@ -88,24 +98,26 @@ class Heard:
 
     * ``buckets``: when a notification about each bucket was last read (monotonic): a
       listing sent before that may not show the object, so a check does not share it;
-    * ``keys``: exact ``bucket/key`` topics read and not yet checked: a woken exact-key
-      wait lists that key alone instead of its whole folder (one small request, not a
-      paginated listing of every object beside it). At most :data:`HEARD_KEYS` kept.
+    * ``keys``: exact ``bucket/key`` topics read and not yet checked, with the size an
+      ``ObjectCreated`` record gave: a woken exact-key wait is answered from it (the
+      object was created, that large) and, without a size, lists that key alone instead
+      of its whole folder. At most :data:`HEARD_KEYS` kept.
     """
 
     def __init__(self) -> None:
         self.buckets: dict[str, float] = {}
-        self.keys: dict[str, None] = {}
+        self.keys: dict[str, int | None] = {}
 
     @classmethod
     async def create(cls) -> Heard:
         return cls()
 
-    def note(self, topics: list[str]) -> None:
+    def note(self, objects: list[tuple[str, int | None]]) -> None:
         now = time.monotonic()
-        for topic in topics:
+        for topic, size in objects:
             self.buckets[topic.partition("/")[0]] = now
-            self.keys[topic] = None
+            self.keys.pop(topic, None)  # moved to the end: the newest
+            self.keys[topic] = size
         while len(self.keys) > HEARD_KEYS:  # the oldest first: they were checked long ago
             del self.keys[next(iter(self.keys))]
 
@@ -211,18 +223,18 @@ class SqsEventQueue(PushSource):
     def _handle(self, batch: list[dict[str, Any]], wake: Wake, heard: Heard) -> str | None:
         """Wake the waits the batch names; what was wrong with the first bad message."""
         self.received += len(batch)
-        topics: list[str] = []
+        objects: list[tuple[str, int | None]] = []
         bad: str | None = None
         for msg in batch:
             try:
-                topics.extend(event_topics(str(msg.get("Body", ""))))
+                objects.extend(event_objects(str(msg.get("Body", ""))))
             except NotS3Event as exc:
                 if bad is None:
                     shown = str(msg.get("Body", ""))[:MAX_GARBAGE_SHOWN]
                     bad = f"{exc}: {shown!r}"
-        if topics:
-            heard.note(topics)  # before the wake: the woken checks read it
-            wake(topics)
+        if objects:
+            heard.note(objects)  # before the wake: the woken checks read it
+            wake([topic for topic, _ in objects])
         return bad
 
     async def _delete(self, client: Any, url: str, batch: list[dict[str, Any]]) -> None:
