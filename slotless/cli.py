@@ -174,7 +174,10 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between polls of a wait whose push source is live (missed pushes)",
     )
     trig.add_argument(
-        "--push", action="store_true", help="wake waits from push sources (inotify, SQS, NOTIFY)"
+        "--push",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="wake waits from push sources (inotify, SQS, NOTIFY); --no-push polls every wait",
     )
     _metrics_opts(trig)
     _dags_opts(trig)

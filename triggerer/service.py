@@ -68,9 +68,8 @@ class TriggererConfig:
     check_timeout: float = 60.0  # a check that takes longer is cancelled and retried
     max_backoff: float = 300.0
     event_retention: float = RETENTION  # events older than this are pruned (seconds)
-    # Wake checks from push sources (inotify, S3 event queues, NOTIFY). Off by default until
-    # the multi-triggerer PostgreSQL fault test passes with it (see docs/operations.md).
-    push: bool = False
+    # Wake checks from push sources (inotify, S3 event queues, NOTIFY); polled otherwise.
+    push: bool = True
     push_safety_interval: float = 300.0  # how often a check whose source is live is polled
     push_retry: float = 30.0  # a source that failed is tried again after this (doubling)
 
@@ -359,8 +358,14 @@ class Triggerer:
 
     async def _writing(self) -> None:
         backoff = Backoff("triggerer: writing events", log)
+        urgent = self.outbox.urgent
         while True:
-            await asyncio.sleep(self.config.flush_every)
+            # A fire is written at once (what comes meanwhile joins the next commit); logs
+            # wait for the tick.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.flush_every):  # not wait_for: _loading
+                    await urgent.wait()
+            urgent.clear()
             try:
                 await self.outbox.flush()  # kept for the next try if it fails
                 backoff.succeeded()

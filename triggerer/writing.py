@@ -1,13 +1,17 @@
 """The triggerer's outgoing batch: fired events, failed waits and check logs, and its flush.
 
 Loading and checking only append here; the writing loop commits whatever has gathered,
-in one transaction, every ``flush_every`` seconds. A batch that fails to commit is kept
+in one transaction, every ``flush_every`` seconds, and at once when a fire or a failure
+is added (:attr:`Outbox.urgent`): a pushed wait is not held back by the flush tick, and a
+burst still goes out in few transactions (what arrives while one commits waits for the
+next). A batch that fails to commit is kept
 and goes out with the next one: a fire written twice changes nothing (the row is no
 longer DEFERRED on that trigger), a fire lost would leave its tasks waiting for good.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -28,12 +32,17 @@ class Outbox:
         self._ops = ops
         self._owner = owner  # fenced writes: only for shards this triggerer still leases
         self.batch = TriggererBatch()
+        # Set when a fire or a failure is added: the writing loop commits without waiting
+        # for its tick (check logs alone wait for it).
+        self.urgent = asyncio.Event()
 
     def fire(self, fire: Fire) -> None:
         self.batch.fires.append(fire)
+        self.urgent.set()
 
     def fail(self, waits: Waits, why: str) -> None:
         self.batch.failures.append((waits, why))
+        self.urgent.set()
 
     def log(self, rows: Iterable[int], line: str) -> None:
         self.batch.logs.extend((row, line) for row in rows)

@@ -7,7 +7,7 @@ import fnmatch
 import glob
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -87,12 +87,25 @@ def _list_dirs(directories: list[str]) -> dict[str, dict[str, int] | None]:
     for d in directories:
         try:
             with os.scandir(d) as it:
-                out[d] = {e.name: e.stat().st_size for e in it if e.is_file()}
-        except FileNotFoundError:
-            out[d] = None
-        except OSError:
+                out[d] = _sizes(it)
+        except OSError:  # the directory is not there (yet), or not readable
             out[d] = None
     return out
+
+
+def _sizes(entries: Iterable[os.DirEntry[str]]) -> dict[str, int]:
+    """Name -> size of the files among ``entries``. An entry that vanished between the
+    directory read and its stat (a writer's temporary file renamed into place meanwhile)
+    is left out alone: failing the whole listing would answer "not yet" for every wait of
+    the directory, and a wait woken by a push would then sleep until its safety poll."""
+    sizes: dict[str, int] = {}
+    for e in entries:
+        try:
+            if e.is_file():
+                sizes[e.name] = e.stat().st_size
+        except OSError:
+            continue
+    return sizes
 
 
 def _match(t: FileTrigger, directory: str, entries: dict[str, int] | None) -> TriggerEvent | None:

@@ -125,7 +125,10 @@ class _Reader:
 
         # Events read per wake-up of the loop: a burst of 1,000 files is a few reads.
         self._ino = Inotify(cache_size=512)
-        self._by_wd: dict[int, tuple[Wake, asyncio.Future[str]]] = {}
+        # One kernel watch per inode: two sources on one directory (named through a
+        # symlink, or one closing while its successor opens) get the same wd, so each wd
+        # keeps every source that asked for it and is removed with the last.
+        self._by_wd: dict[int, list[tuple[Wake, asyncio.Future[str]]]] = {}
         self._task = asyncio.get_running_loop().create_task(self._read(), name="inotify")
 
     @classmethod
@@ -145,11 +148,17 @@ class _Reader:
             watch = self._ino.add_watch(directory, mask)
         except OSError as exc:
             raise PushUnavailable(f"cannot watch {directory}: {exc.strerror or exc}") from exc
-        self._by_wd[watch.wd] = (wake, gone)
-        return watch
+        self._by_wd.setdefault(watch.wd, []).append((wake, gone))
+        return watch, gone
 
-    def unwatch(self, watch: Any) -> None:
-        if self._by_wd.pop(watch.wd, None) is not None:
+    def unwatch(self, token: Any) -> None:
+        watch, gone = token
+        held = self._by_wd.get(watch.wd)
+        if held is None:
+            return
+        held[:] = [entry for entry in held if entry[1] is not gone]
+        if not held:
+            del self._by_wd[watch.wd]
             with contextlib.suppress(OSError, ValueError):
                 self._ino.rm_watch(watch)
 
@@ -160,31 +169,36 @@ class _Reader:
             async for event in self._ino:
                 if Mask.Q_OVERFLOW in event.mask:  # events were lost: every wait re-checks
                     log.warning("inotify queue overflowed: every watched directory re-checks")
-                    for wake, _ in list(self._by_wd.values()):
-                        wake([None])
+                    for held in list(self._by_wd.values()):
+                        for wake, _ in held:
+                            wake([None])
                     continue
                 watch = event.watch
-                entry = self._by_wd.get(watch.wd) if watch is not None else None
-                if entry is None:
+                entries = self._by_wd.get(watch.wd) if watch is not None else None
+                if not entries:
                     continue
-                wake, gone = entry
                 if event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED):
-                    if not gone.done():
-                        gone.set_result("the directory was removed or moved")
+                    for _, gone in entries:
+                        if not gone.done():
+                            gone.set_result("the directory was removed or moved")
                     continue
                 if event.name is not None:
-                    wake([str(event.name)])
+                    name = [str(event.name)]
+                    for wake, _ in entries:
+                        wake(name)
         except Exception as exc:  # the descriptor failed: every watch falls back
-            for _, gone in self._by_wd.values():
-                if not gone.done():
-                    gone.set_result(f"reading inotify failed: {exc}")
+            for held in self._by_wd.values():
+                for _, gone in held:
+                    if not gone.done():
+                        gone.set_result(f"reading inotify failed: {exc}")
 
     async def aclose(self) -> None:
         self._task.cancel()
         with contextlib.suppress(BaseException):
             await self._task
-        for _, gone in self._by_wd.values():
-            if not gone.done():
-                gone.set_result("closed")
+        for held in self._by_wd.values():
+            for _, gone in held:
+                if not gone.done():
+                    gone.set_result("closed")
         self._by_wd.clear()
         self._ino.close()

@@ -99,10 +99,18 @@ class SingleFlight:
         self.started = 0  # requests actually made (for tests and benchmarks)
         self.joined = 0  # callers served by a request someone else started
 
-    async def run(self, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
+    async def run(
+        self, key: Hashable, fn: Callable[[], Awaitable[T]], *, fresh_after: float = 0.0
+    ) -> T:
+        """``fn()``'s result, or that of the same key's request in flight if it began after
+        ``fresh_after`` (``time.monotonic()``: when a change was last heard of; a request
+        sent before it may not show the change)."""
         entry = self._inflight.get(key)
         now = time.monotonic()
-        if entry is None or (self._max_age is not None and now - entry[0] > self._max_age):
+        stale = entry is not None and (
+            entry[0] < fresh_after or (self._max_age is not None and now - entry[0] > self._max_age)
+        )
+        if entry is None or stale:
             self.started += 1
             fut: asyncio.Future[Any] = asyncio.ensure_future(fn())
             self._inflight[key] = (now, fut)

@@ -33,7 +33,7 @@ from .base import BaseTrigger, TransientError, TriggerEvent, unbatched
 from .context import TriggerContext
 from .listing import SingleFlight, compile_glob, has_magic, literal_prefix, on_grid
 from .push import PushInterest
-from .s3_events import SqsEventQueue, aws_client, buckets_of
+from .s3_events import Heard, SqsEventQueue, aws_client, buckets_of
 
 # Error codes S3 (and S3-compatible servers) use for a passing condition: retried.
 TRANSIENT_CODES = frozenset(
@@ -208,16 +208,33 @@ async def _answer(
     ctx: TriggerContext, triggers: Sequence[BaseTrigger], *, tight: bool
 ) -> list[TriggerEvent | BaseException | None]:
     groups: dict[tuple[str, str, str], list[S3KeyTrigger]] = defaultdict(list)
+    heard: dict[str, Heard] = {}
+    results: dict[int, TriggerEvent | BaseException | None] = {}
     for t in triggers:
         assert isinstance(t, S3KeyTrigger)
+        h = heard.get(t.conn_id)
+        if h is None:
+            h = heard[t.conn_id] = await ctx.shared(f"s3-heard:{t.conn_id}", Heard.create)
         prefix = t._tight_prefix() if tight else t.directory
+        topic = f"{t.bucket}/{t.key}"
+        if topic in h.keys and not (t.is_prefix or has_magic(t.key)):
+            # Woken by a notification naming its key: the notification's size answers
+            # it (the object was created); without one that key alone is listed, not
+            # its folder (a burst of puts would otherwise list the folder per wake).
+            size = h.keys.pop(topic)
+            if size is not None and size >= t.min_size:
+                results[id(t)] = t.match({t.key: size})
+                continue
+            prefix = t.key
         groups[(t.conn_id, t.bucket, prefix)].append(t)
-    results: dict[int, TriggerEvent | BaseException | None] = {}
 
     async def one(conn_id: str, bucket: str, prefix: str, group: list[S3KeyTrigger]) -> None:
         recursive = any(t.recursive for t in group)
+        fresh_after = heard[conn_id].buckets.get(bucket, 0.0)
         try:
-            listing = await list_prefix(ctx, conn_id, bucket, prefix, recursive=recursive)
+            listing = await list_prefix(
+                ctx, conn_id, bucket, prefix, recursive=recursive, fresh_after=fresh_after
+            )
         except Exception as exc:  # each group fails alone; UnknownConnection included
             for t in group:
                 results[id(t)] = exc
@@ -230,15 +247,24 @@ async def _answer(
 
 
 async def list_prefix(
-    ctx: TriggerContext, conn_id: str, bucket: str, prefix: str, *, recursive: bool
+    ctx: TriggerContext,
+    conn_id: str,
+    bucket: str,
+    prefix: str,
+    *,
+    recursive: bool,
+    fresh_after: float = 0.0,
 ) -> dict[str, int]:
     """``{key: size}`` under ``prefix`` (direct children only unless ``recursive``).
 
-    Concurrent callers asking for the same listing share one paginated request.
+    Concurrent callers asking for the same listing share one paginated request, if it
+    began after ``fresh_after`` (when a notification about the bucket was last heard).
     """
     link = await _link(ctx, conn_id)
     return await link.flights.run(
-        (bucket, prefix, recursive), lambda: link.list(bucket, prefix, recursive)
+        (bucket, prefix, recursive),
+        lambda: link.list(bucket, prefix, recursive),
+        fresh_after=fresh_after,
     )
 
 
@@ -258,9 +284,9 @@ class _S3Link:
         self.conn = conn
         self.client = client
         self._cm = cm
-        # Concurrent calls of one cycle start within milliseconds of each other; a listing
-        # older than that may predate the object a pushed check was woken for.
-        self.flights = SingleFlight(max_age=0.05)
+        # A cycle's calls share its listings however long they take; a check woken by a
+        # notification shares none sent before it was heard (list_prefix's fresh_after).
+        self.flights = SingleFlight()
 
     @classmethod
     async def open(cls, conn: Any) -> _S3Link:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_plus
@@ -41,6 +42,7 @@ from .push import PushSource, PushUnavailable, Wake
 
 MAX_GARBAGE_SHOWN = 200  # characters of a bad message quoted in the log line
 TRANSIENT_RETRIES = 5  # a receive failing with a 5xx or throttling is retried this often
+HEARD_KEYS = 100_000  # notified keys remembered until their wait is checked (Heard)
 
 
 class NotS3Event(ValueError):
@@ -53,12 +55,19 @@ def event_topics(body: str) -> list[str]:
     A test event (sent when notifications are configured) names none. Raises
     :class:`NotS3Event` for anything else.
     """
+    return [topic for topic, _ in event_objects(body)]
+
+
+def event_objects(body: str) -> list[tuple[str, int | None]]:
+    """``(bucket/key, size)`` of every object a notification names; the size only for an
+    ``ObjectCreated`` record that gives one (any other event says nothing of the object
+    being there). Raises :class:`NotS3Event` as :func:`event_topics` does."""
     try:
         doc = json.loads(body)
     except ValueError as exc:
         raise NotS3Event(f"not JSON ({exc})") from None
     if isinstance(doc, dict) and doc.get("Type") == "Notification" and "Message" in doc:
-        return event_topics(str(doc["Message"]))  # an SNS envelope around the event
+        return event_objects(str(doc["Message"]))  # an SNS envelope around the event
     if not isinstance(doc, dict):
         raise NotS3Event("not a JSON object")
     if doc.get("Event") == "s3:TestEvent":
@@ -66,7 +75,7 @@ def event_topics(body: str) -> list[str]:
     records = doc.get("Records")
     if not isinstance(records, list):
         raise NotS3Event("no Records")
-    topics: list[str] = []
+    objects: list[tuple[str, int | None]] = []
     for rec in records:
         try:
             bucket = rec["s3"]["bucket"]["name"]
@@ -75,9 +84,42 @@ def event_topics(body: str) -> list[str]:
             raise NotS3Event("a record without s3.bucket.name and s3.object.key") from None
         if not isinstance(bucket, str) or not isinstance(key, str):
             raise NotS3Event("a record whose bucket or key is not a string")
+        size = rec["s3"]["object"].get("size")
+        created = str(rec.get("eventName", "")).startswith("ObjectCreated")
+        known = size if created and isinstance(size, int) and not isinstance(size, bool) else None
         # Keys arrive URL-encoded, spaces as '+' (as S3 sends them).
-        topics.append(f"{bucket}/{unquote_plus(key)}")
-    return topics
+        objects.append((f"{bucket}/{unquote_plus(key)}", known))
+    return objects
+
+
+class Heard:
+    """What the queues of one connection said lately, for its checks to act on (shared
+    through the trigger context as ``s3-heard:<conn_id>``).
+
+    * ``buckets``: when a notification about each bucket was last read (monotonic): a
+      listing sent before that may not show the object, so a check does not share it;
+    * ``keys``: exact ``bucket/key`` topics read and not yet checked, with the size an
+      ``ObjectCreated`` record gave: a woken exact-key wait is answered from it (the
+      object was created, that large) and, without a size, lists that key alone instead
+      of its whole folder. At most :data:`HEARD_KEYS` kept.
+    """
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, float] = {}
+        self.keys: dict[str, int | None] = {}
+
+    @classmethod
+    async def create(cls) -> Heard:
+        return cls()
+
+    def note(self, objects: list[tuple[str, int | None]]) -> None:
+        now = time.monotonic()
+        for topic, size in objects:
+            self.buckets[topic.partition("/")[0]] = now
+            self.keys.pop(topic, None)  # moved to the end: the newest
+            self.keys[topic] = size
+        while len(self.keys) > HEARD_KEYS:  # the oldest first: they were checked long ago
+            del self.keys[next(iter(self.keys))]
 
 
 class SqsEventQueue(PushSource):
@@ -103,11 +145,12 @@ class SqsEventQueue(PushSource):
             client = await cm.__aenter__()
         except Exception as exc:
             raise PushUnavailable(f"cannot open an SQS client: {exc}") from exc
+        heard: Heard = await ctx.shared(f"s3-heard:{self.conn_id}", Heard.create)
         try:
             url = await self._resolve(client)
             ready()  # the queue keeps what is sent from now on until it is read
             loops = [
-                asyncio.ensure_future(self._consume(client, url, wait, wake))
+                asyncio.ensure_future(self._consume(client, url, wait, wake, heard))
                 for _ in range(receivers)
             ]
             try:
@@ -126,7 +169,7 @@ class SqsEventQueue(PushSource):
             with contextlib.suppress(Exception):
                 await cm.__aexit__(None, None, None)
 
-    async def _consume(self, client: Any, url: str, wait: int, wake: Wake) -> None:
+    async def _consume(self, client: Any, url: str, wait: int, wake: Wake, heard: Heard) -> None:
         """One receive loop: long polls, each batch deleted while the next is awaited."""
         deleting: asyncio.Task[None] | None = None
         try:
@@ -137,7 +180,7 @@ class SqsEventQueue(PushSource):
                     deleting = None
                 if not batch:
                     continue
-                bad = self._handle(batch, wake)
+                bad = self._handle(batch, wake, heard)
                 # Deleted while the next receive waits (a round trip saved per batch);
                 # garbage too, or it would come back forever.
                 deleting = asyncio.ensure_future(self._delete(client, url, batch))
@@ -177,20 +220,21 @@ class SqsEventQueue(PushSource):
             await asyncio.sleep(0.1 * 2**attempt)
             attempt += 1
 
-    def _handle(self, batch: list[dict[str, Any]], wake: Wake) -> str | None:
+    def _handle(self, batch: list[dict[str, Any]], wake: Wake, heard: Heard) -> str | None:
         """Wake the waits the batch names; what was wrong with the first bad message."""
         self.received += len(batch)
-        topics: list[str] = []
+        objects: list[tuple[str, int | None]] = []
         bad: str | None = None
         for msg in batch:
             try:
-                topics.extend(event_topics(str(msg.get("Body", ""))))
+                objects.extend(event_objects(str(msg.get("Body", ""))))
             except NotS3Event as exc:
                 if bad is None:
                     shown = str(msg.get("Body", ""))[:MAX_GARBAGE_SHOWN]
                     bad = f"{exc}: {shown!r}"
-        if topics:
-            wake(topics)
+        if objects:
+            heard.note(objects)  # before the wake: the woken checks read it
+            wake([topic for topic, _ in objects])
         return bad
 
     async def _delete(self, client: Any, url: str, batch: list[dict[str, Any]]) -> None:

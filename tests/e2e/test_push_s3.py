@@ -16,11 +16,11 @@ from urllib.parse import quote
 import pytest
 from support.helpers import async_wait_until
 from support.servers import MotoS3Server, s3_conn_uri
-from support.triggers import serving, task_rows
+from support.triggers import serving, task_row, task_rows
 
 from executor import DAG
 from triggers.s3 import S3KeyTrigger
-from triggers.s3_events import NotS3Event, event_topics
+from triggers.s3_events import NotS3Event, event_objects, event_topics
 
 DAY = date(2026, 4, 25)
 HOUR = 3600.0
@@ -107,6 +107,13 @@ def test_notifications_name_their_objects_and_garbage_is_told_apart() -> None:
     sns = {"Type": "Notification", "Message": json.dumps(body)}
     assert event_topics(json.dumps(sns)) == ["b/in/a b=.csv"]
     assert event_topics(json.dumps({"Event": "s3:TestEvent", "Bucket": "b"})) == []
+    # Only a creation with a size says the object is there, that large.
+    created = {
+        "eventName": "ObjectCreated:Put",
+        "s3": {"bucket": {"name": "b"}, "object": {"key": "k", "size": 5}},
+    }
+    removed = {**created, "eventName": "ObjectRemoved:Delete"}
+    assert event_objects(json.dumps({"Records": [created, removed]})) == [("b/k", 5), ("b/k", None)]
     for bad in ("hello", "[1]", "{}", json.dumps({"Records": [{"s3": {}}]})):
         with pytest.raises(NotS3Event):
             event_topics(bad)
@@ -140,6 +147,42 @@ async def test_one_consumer_wakes_every_wait_and_no_listing_while_idle(
         moto.put(bucket, "pre/deep/y")
         await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all woken")
         await async_wait_until(lambda: not trig.push.sources, what="consumer closed")
+
+
+async def test_a_notified_key_is_answered_by_its_notification_not_a_listing(
+    moto, events, store, db_path
+) -> None:
+    bucket, _ = events
+    moto.seed(bucket, [f"in/other-{i:03d}.csv" for i in range(50)])  # beside the waits
+    keys = [f"in/{i:02d}.csv" for i in range(10)]
+    dag = s3_waits("push_s3_exact", bucket, keys)
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", 10), what="deferred")
+        key = ("sqs", "s3e", events[1])
+        await async_wait_until(lambda: trig.push.live(key), what="the consumer is live")
+        q, url = sqs(moto), events[1]
+
+        def drained() -> bool:  # the seed's notifications read, every wait checked since
+            names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+            got = q.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
+            waiting = all(c.due - trig.clock() > 60 for c in trig.table.by_hash.values())
+            return waiting and all(int(got[n]) == 0 for n in names)
+
+        await async_wait_until(drained, what="idle")
+        moto.reset()
+        moto.put(bucket, keys[3])
+        await async_wait_until(
+            lambda: task_row(db_path, run_id, "wait", 3)["state"] == "SUCCESS", what="woken"
+        )
+        listed = [r.query.get("prefix") for r in moto.requests if r.operation == "ListObjectsV2"]
+        # The notification (ObjectCreated, with the object's size) answered the woken wait:
+        # no page of the folder's 60 objects, no request at all.
+        assert listed == []
+        rows = [r for r in task_rows(db_path, run_id, "wait") if r["map_index"] >= 0]
+        assert sorted(r["state"] for r in rows) == ["DEFERRED"] * 9 + ["SUCCESS"]
 
 
 async def test_a_queue_that_disappears_falls_back_to_polling(

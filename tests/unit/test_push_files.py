@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from datetime import date
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from support.helpers import async_wait_until
 from support.triggers import serving, task_rows
 
 from executor import DAG
-from triggers import inotify
+from triggers import files, inotify
+from triggers.base import TriggerEvent
+from triggers.checking import CheckContext
 from triggers.files import FileTrigger
 
 DAY = date(2026, 4, 25)
@@ -168,3 +171,63 @@ async def test_a_live_source_polls_only_at_the_safety_interval(store, db_path, t
         (inbox / "a.csv").write_text("x")
         await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 1), what="woken")
         assert trig.checks_done - done <= 2  # the pushed check (one more if one was in flight)
+
+
+def test_an_entry_gone_before_its_stat_is_left_out_alone(tmp_path) -> None:
+    (tmp_path / "kept.csv").write_text("xy")
+    (tmp_path / "upload.part").write_text("x")
+    with os.scandir(tmp_path) as it:
+        entries = list(it)  # read from the directory: both names are in it
+    os.rename(tmp_path / "upload.part", tmp_path / "data.csv")  # renamed before the stat
+    assert files._sizes(entries) == {"kept.csv": 2}
+
+
+async def test_renames_into_the_directory_while_it_is_listed_never_hide_a_present_file(
+    tmp_path,
+) -> None:
+    # What a pushed wait sees in a burst: writers rename their temporary files into place
+    # while the check lists the directory. One entry vanishing between the directory read
+    # and its stat once made the whole listing "not yet" (every wait of the directory,
+    # woken by the push, then slept until its safety poll).
+    (tmp_path / "present.csv").write_text("x")
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            part = tmp_path / f"f{i % 100}.part"
+            part.write_text("x")
+            os.rename(part, tmp_path / f"f{i % 100}")
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    trigger = FileTrigger(path=str(tmp_path / "present.csv"))
+    try:
+        for _ in range(500):  # a listing raced a rename about one time in ten here
+            (result,) = await FileTrigger.poke_many([trigger], CheckContext())
+            assert isinstance(result, TriggerEvent), "a present file was reported missing"
+    finally:
+        stop.set()
+        thread.join()
+
+
+async def test_one_directory_named_two_ways_wakes_the_waits_of_both_names(
+    store, db_path, tmp_path
+) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    alias = tmp_path / "alias"
+    alias.symlink_to(inbox)  # two sources, one inode: the kernel gives both one watch
+    dag = file_waits("push_alias", [str(inbox / "a.csv"), str(alias / "b.csv")])
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", 2), what="deferred")
+        keys = [("inotify", str(inbox)), ("inotify", str(alias))]
+        await async_wait_until(lambda: all(trig.push.live(k) for k in keys), what="live")
+        assert reader_watches(trig) == 1
+        (inbox / "a.csv").write_text("x")
+        (inbox / "b.csv").write_text("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 2), what="both woken")

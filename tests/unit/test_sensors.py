@@ -164,7 +164,8 @@ async def test_deferrable_mode_is_finished_by_the_triggerer(
     dag = sensor_dag(inbox, "deferrable")
     run_id = await store.create_run(dag, DAY)
     row_id = task_row(db_path, run_id, "wait_for_file")["id"]
-    async with serving(store, dag):
+    # Polled, not pushed: the test counts the triggerer's checks at the sensor's interval.
+    async with serving(store, dag, config={"push": False}):
         await async_wait_until(lambda: absent_checks(listings, inbox) >= 2, what="two checks")
         assert state_of(db_path, run_id, "wait_for_file") == "DEFERRED"
         (trig,) = sql(db_path, "SELECT * FROM trigger")
