@@ -108,7 +108,8 @@ ORDER BY q.ord;
 -- name: load_triggers
 -- The waits of the given shards, from trigger id :after on (0 for a full reload): the
 -- tasks' and the start waits'. In no order: the loader needs none, and sorting the union
--- would be one more pass over every row of a full reload.
+-- would be one more pass over every row of a full reload. triggerer/loading.py reads the
+-- columns by position: keep their order (and the two backends' alike).
 -- Identity ids are handed out at INSERT but become visible at COMMIT, and concurrent
 -- workers commit out of order: a row with an id below :after may appear after a load that
 -- moved the cursor past it. So every row is also returned, once, by the first load that
@@ -261,6 +262,13 @@ INSERT INTO event (name, payload, sent_at, source)
 SELECT e ->> 0, e ->> 1, :now::double precision, :source::text
 FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS t(e, n) ORDER BY n
 RETURNING id;
+
+-- name: insert_check_logs
+-- A triggerer's sampled check lines in one statement: :lines is a JSON array of [task row,
+-- line], in order (one parameter instead of a row each: see the SQLite twin).
+INSERT INTO task_event (task_row, ts, kind, message)
+SELECT (e ->> 0)::bigint, :now::double precision, 'check', e ->> 1
+FROM jsonb_array_elements(:lines::text::jsonb) WITH ORDINALITY AS t(e, n) ORDER BY n;
 
 -- ---------------------------------------------------------------- people in the loop (issue 19)
 

@@ -98,7 +98,8 @@ FROM json_each(:questions) AS q;
 -- name: load_triggers
 -- The waits of the given shards, from trigger id :after on (0 for a full reload): the
 -- tasks' and the start waits'. In no order: the loader needs none, and sorting the union
--- would be one more pass over every row of a full reload.
+-- would be one more pass over every row of a full reload. triggerer/loading.py reads the
+-- columns by position: keep their order (and the two backends' alike).
 SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
        t.next_method, g.not_before
 FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
@@ -198,6 +199,15 @@ INSERT INTO event (name, payload, sent_at, source)
 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), :now, :source
 FROM json_each(:events) ORDER BY key
 RETURNING id;
+
+-- name: insert_check_logs
+-- A triggerer's sampled check lines in one statement: :lines is a JSON array of [task row,
+-- line], in order. Inserted by SQLite from the JSON, not row by row from Python: a cycle of a
+-- million first checks writes a million lines, and this way the driver's thread does it
+-- without holding the interpreter (triggerer/store.py).
+INSERT INTO task_event (task_row, ts, kind, message)
+SELECT json_extract(value, '$[0]'), :now, 'check', json_extract(value, '$[1]')
+FROM json_each(:lines) ORDER BY key;
 
 -- ---------------------------------------------------------------- people in the loop (issue 19)
 
