@@ -139,6 +139,12 @@ class TriggererStore:
         async with self.db.read() as tx:
             return await tx.fetch("load_triggers", shards=sorted(shards), after=after_id)
 
+    async def shard_sums(self, shards: Collection[int]) -> dict[int, tuple[int, int]]:
+        """shard -> (waits, checksum) as load_triggers would return them (CheckTable.shard_sum)."""
+        async with self.db.read() as tx:
+            rows = await tx.fetch("shard_sums", shards=sorted(shards))
+        return {int(r["shard"]): (int(r["n"]), int(r["h"])) for r in rows}
+
     async def max_trigger_id(self) -> int:
         async with self.db.read() as tx:
             row = await tx.fetchone("max_trigger_id")

@@ -144,6 +144,23 @@ FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN run_wait r ON r.trigger_id = g.id;
 
+-- name: shard_sums
+-- Per shard, how many waits load_triggers would return and a checksum of their (task row,
+-- trigger id) pairs (see the SQLite twin: a reconcile reads again only the shards that differ).
+SELECT shard, count(*) AS n, sum(h)::bigint AS h FROM (
+    SELECT g.shard, (t.id * 1000003 + g.id) % 2147483647 AS h
+    FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+    WHERE g.shard = ANY(:shards::integer[]) AND g.event_key IS NULL
+    UNION ALL
+    SELECT g.shard, (s.id * 1000003 + g.id) % 2147483647
+    FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
+    WHERE g.shard = ANY(:shards::integer[])
+    UNION ALL
+    SELECT g.shard, ((1099511627776 + r.id) * 1000003 + g.id) % 2147483647
+    FROM trigger g JOIN run_wait r ON r.trigger_id = g.id
+    WHERE g.shard = ANY(:shards::integer[])
+) AS waits GROUP BY shard;
+
 -- name: deferred_rows
 -- Locked, so that the trigger they wait on cannot change before this transaction moves them.
 -- `has_trigger`: a fire from memory for a row deleted meanwhile must not apply.

@@ -117,6 +117,25 @@ SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -(1099511627776 + w.id
 FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
 WHERE g.shard = ANY(:shards) AND g.id > :after;
 
+-- name: shard_sums
+-- Per shard, how many waits load_triggers would return and a checksum of their (task row,
+-- trigger id) pairs: a full reconcile reads again only the shards whose sums differ from
+-- the triggerer's own (CheckTable.shard_sum computes the same), so a minutely reconcile
+-- of a million unchanged waits is this one aggregate, not a million rows.
+SELECT shard, count(*) AS n, sum(h) AS h FROM (
+    SELECT g.shard, (t.id * 1000003 + g.id) % 2147483647 AS h
+    FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+    WHERE g.shard = ANY(:shards) AND g.event_key IS NULL
+    UNION ALL
+    SELECT g.shard, (s.id * 1000003 + g.id) % 2147483647
+    FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
+    WHERE g.shard = ANY(:shards)
+    UNION ALL
+    SELECT g.shard, ((1099511627776 + w.id) * 1000003 + g.id) % 2147483647
+    FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
+    WHERE g.shard = ANY(:shards)
+) GROUP BY shard;
+
 -- name: deferred_rows
 -- `has_trigger`: a fire from memory for a row deleted meanwhile must not apply.
 SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at,
