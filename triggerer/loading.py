@@ -105,9 +105,14 @@ class Loader:
         if full and seen is not None:
             # Only the shards whose waits differ from those held are read again: an
             # unchanged million is one aggregate query, not a million rows parsed here.
-            sums = await self._ops.shard_sums(ordered)
-            table = self._table
-            ordered = [s for s in ordered if table.shard_sum(s) != sums.get(s, (0, 0))]
+            # A few shards per query: at a million waits all 64 at once hold the
+            # connection (and the fires waiting for it) for seconds.
+            table, changed = self._table, []
+            for first in range(0, len(ordered), step):
+                group = ordered[first : first + step]
+                sums = await self._ops.shard_sums(group)
+                changed += [s for s in group if table.shard_sum(s) != sums.get(s, (0, 0))]
+            ordered = changed
         reread = set(ordered)
         after = 0 if full else self._max_trigger_id
         groups = [ordered[first : first + step] for first in range(0, len(ordered), step)]

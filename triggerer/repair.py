@@ -43,6 +43,8 @@ UNWAITED_TRIGGER = "trigger_unwaited"
 UNKNOWN_OWNER = "running_owner_unknown"
 UNLOADABLE = "trigger_unloadable"
 KINDS = (MISSING_TRIGGER, TIMED_OUT, UNWAITED_TRIGGER, UNKNOWN_OWNER, UNLOADABLE)
+# Shards repaired per transaction (see _groups).
+SHARDS_PER_PASS = 8
 
 
 class Repair:
@@ -58,18 +60,19 @@ class Repair:
     async def run(self, shards: Collection[int]) -> Counter[str]:
         """One pass over ``shards``; returns what it repaired."""
         done: Counter[str] = Counter()
-        if not shards:
-            return done
-        for part in (self._deferred, self._running):
-            got = await part(shards)
-            self.counts.update(got)  # counted as each part commits
-            done += got
+        for group in _groups(shards):
+            for part in (self._deferred, self._running):
+                got = await part(group)
+                self.counts.update(got)  # counted as each part commits
+                done += got
         done[UNWAITED_TRIGGER] += await self.delete_unwaited(shards)
         return +done
 
     async def delete_unwaited(self, shards: Collection[int]) -> int:
         """Delete the trigger rows of ``shards`` nobody waits on; returns how many."""
-        n = await self._ops.delete_orphan_triggers(shards)
+        n = 0
+        for group in _groups(shards):
+            n += await self._ops.delete_orphan_triggers(group)
         if n:  # routine: every fired or ended wait leaves its row behind
             log.debug("deleted %d trigger rows nobody waits on", n)
         self.count(UNWAITED_TRIGGER, n)
@@ -129,3 +132,11 @@ class Repair:
                     done[UNKNOWN_OWNER] += 1
                     log.warning("orphan repair: task row %d RUNNING with %s: retried", r["id"], who)
         return done
+
+
+def _groups(shards: Collection[int]) -> list[list[int]]:
+    """``shards`` a few at a time: each a transaction of its own, so that at a million waits
+    no repair query holds the write lock (and the fires and workers waiting for it) for
+    a second; the scans are about as fast per shard either way."""
+    ordered = sorted(shards)
+    return [ordered[i : i + SHARDS_PER_PASS] for i in range(0, len(ordered), SHARDS_PER_PASS)]
