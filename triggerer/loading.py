@@ -34,6 +34,10 @@ from .writing import Outbox
 # machine either.
 _ROWS_PER_YIELD = 1000
 _LOAD_SLICE = 0.005
+# Rows a query returns at most, as far as shards allow (a shard is read whole): at a
+# million waits four shards are 62,500 rows, which hold SQLite's one connection, and the
+# fires waiting for it, for over a second.
+_ROWS_PER_QUERY = 20_000
 # A load that has taken this many rows wakes the checker after each further chunk.
 _WAKE_AFTER_ROWS = 50_000
 # The held records are frozen out of the collector every this many rows: often enough
@@ -99,15 +103,17 @@ class Loader:
             self._max_release_id = max(self._max_release_id, await self._ops.max_release_id())
         else:
             await self._drop_released()
-        step = self._shards_per_query if full else len(ordered)
         # A first load has nothing to reconcile: no set of a million rows seen.
         seen: set[int] | None = set() if self._table.by_row else None
+        step = self._shards_per_query
         if full and seen is not None:
             # Only the shards whose waits differ from those held are read again: an
             # unchanged million is one aggregate query, not a million rows parsed here.
-            # A few shards per query: at a million waits all 64 at once hold the
-            # connection (and the fires waiting for it) for seconds.
+            # A few shards per query, fewer the more each holds (see _step): at a million
+            # waits all 64 at once hold the connection (and the fires waiting for it)
+            # for seconds.
             table, changed = self._table, []
+            step = self._step(table.subscriptions / len(ordered))
             for first in range(0, len(ordered), step):
                 group = ordered[first : first + step]
                 sums = await self._ops.shard_sums(group)
@@ -115,23 +121,38 @@ class Loader:
             ordered = changed
         reread = set(ordered)
         after = 0 if full else self._max_trigger_id
-        groups = [ordered[first : first + step] for first in range(0, len(ordered), step)]
+        if not full:
+            step = len(ordered)  # new rows only: few, one query
+        left = list(ordered)
+
+        def next_group() -> list[int]:
+            group = left[:step]
+            del left[:step]
+            return group
+
         # The next group's query runs in the driver's thread while this group's rows are
         # taken on the loop: the reading and the parsing overlap.
         ahead: asyncio.Future[list[Row]] | None = None
         spread: _Spread | None = None
+        group = next_group()
+        first = True
         try:
-            for i, group in enumerate(groups):
+            while group:
                 rows = await (ahead or self._ops.load_triggers(group, after))
                 ahead = None
-                if i + 1 < len(groups):
-                    ahead = asyncio.ensure_future(self._ops.load_triggers(groups[i + 1], after))
-                if i == 0:
+                if full:  # as many shards next time as keep a query near _ROWS_PER_QUERY
+                    step = self._step(len(rows) / len(group))
+                if first:
                     # Shards are hashes: the first query's share tells the whole load's size.
-                    spread = _Spread.of(len(rows) * len(groups))
+                    spread = _Spread.of(round(len(rows) / len(group) * len(ordered)))
                     self._spreading = spread is not None
+                    first = False
+                following = next_group()
+                if following:
+                    ahead = asyncio.ensure_future(self._ops.load_triggers(following, after))
                 await self._take(rows, full=full, newest=newest, seen=seen, spread=spread)
                 del rows
+                group = following
         finally:
             if ahead is not None and not ahead.done():
                 ahead.cancel()
@@ -151,6 +172,12 @@ class Loader:
                     if check is not None and check.shard in reread and task_row not in seen:
                         self._table.unsubscribe(task_row)
                 await asyncio.sleep(0)
+
+    def _step(self, rows_per_shard: float) -> int:
+        """Shards per query: up to ``shards_per_query``, as long as a query returns about
+        ``_ROWS_PER_QUERY`` rows at most (one shard at least)."""
+        fit = int(_ROWS_PER_QUERY // max(1.0, rows_per_shard))
+        return max(1, min(self._shards_per_query, fit))
 
     async def _drop_released(self) -> None:
         """Unsubscribe the waits an operator ended since the last look (cancel, clear)."""
