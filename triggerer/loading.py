@@ -47,8 +47,11 @@ _ROWS_PER_FREEZE = 16_000
 # A big load's first checks are spread at this rate at most (over at most their
 # interval) rather than all due at once: a million due together would be a backlog of a
 # minute that every new check (a 1 s probe too) waits behind, and checks competing with
-# the load itself. A load smaller than one second of it is not spread.
+# the load itself. A load of SPREAD_ABOVE rows or fewer is not spread: checked as one
+# burst it is done within seconds (in 5 ms slices), and a burst costs less per check
+# than a steady trickle (a wake-up serves many checks), cycle after cycle.
 FIRST_CHECKS_PER_S = 10_000
+SPREAD_ABOVE = 50_000
 
 
 class Loader:
@@ -302,8 +305,7 @@ class _Spread:
 
     @classmethod
     def of(cls, rows: int) -> _Spread | None:
-        window = rows / FIRST_CHECKS_PER_S
-        return cls(rows, window) if window >= 1.0 else None
+        return cls(rows, rows / FIRST_CHECKS_PER_S) if rows > SPREAD_ABOVE else None
 
     def first_at(self, at: float, k: int, interval: float) -> float:
         # An estimate a little short wraps around instead of piling up at the end.
