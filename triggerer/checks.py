@@ -171,6 +171,12 @@ class CheckWatcher(Protocol):
         ...
 
 
+def wait_sum(task_row: int, trigger_id: int) -> int:
+    """A wait's share of its shard's checksum: the ``shard_sums`` query's expression (its
+    keys are never negative there, hence ``abs``: a start or run wait's key is)."""
+    return (abs(task_row) * 1000003 + trigger_id) % 2147483647
+
+
 class CheckTable:
     """poke_hash -> Check, plus the schedule of due checks."""
 
@@ -189,6 +195,9 @@ class CheckTable:
         self._held: list[tuple[float, str]] = []
         # Called with each check that leaves the table (a held run() is stopped then).
         self.on_forget: Callable[[Check], None] | None = None
+        # shard -> [waits held, sum of their wait_sum]: kept as by_row changes, so that a
+        # reconcile compares each shard with the database's in O(1) (loading.py).
+        self._sums: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self.by_hash)
@@ -196,6 +205,19 @@ class CheckTable:
     @property
     def subscriptions(self) -> int:
         return len(self.by_row)
+
+    def shard_sum(self, shard: int) -> tuple[int, int]:
+        """(waits held in ``shard``, their checksum): what ``shard_sums`` says of it when
+        the table holds exactly its rows."""
+        n, h = self._sums.get(shard, (0, 0))
+        return n, h
+
+    def _count(self, check: Check, task_row: int, trigger_id: int, sign: int) -> None:
+        sums = self._sums.get(check.shard)
+        if sums is None:
+            sums = self._sums[check.shard] = [0, 0]
+        sums[0] += sign
+        sums[1] += sign * wait_sum(task_row, trigger_id)
 
     def subscribe(
         self,
@@ -221,8 +243,12 @@ class CheckTable:
             self._schedule_new(check, first_at)
             if self.watcher is not None:
                 self.watcher.added(check)
+        old = self.by_row.get(sub.task_row)
+        if old is not None and (old_sub := old.subscriber(sub.task_row)) is not None:
+            self._count(old, sub.task_row, old_sub.trigger_id, -1)
         check._add(sub)
         self.by_row[sub.task_row] = check
+        self._count(check, sub.task_row, sub.trigger_id, 1)
         if sub.interval < check.interval:
             check.interval = sub.interval
             # A newcomer in a hurry: check no later than its own interval from now.
@@ -242,6 +268,8 @@ class CheckTable:
         check = self.by_row.pop(task_row, None)
         if check is None:
             return
+        if (sub := check.subscriber(task_row)) is not None:
+            self._count(check, task_row, sub.trigger_id, -1)
         check._remove(task_row)
         if check._subs is None:
             if self.by_hash.get(check.poke_hash) is check:
@@ -255,9 +283,10 @@ class CheckTable:
         if self.by_hash.get(check.poke_hash) is check:
             del self.by_hash[check.poke_hash]
             self._forgotten(check)
-        for row in check.subscribers:
+        for row, sub in check.subscribers.items():
             if self.by_row.get(row) is check:
                 del self.by_row[row]
+                self._count(check, row, sub.trigger_id, -1)
 
     def _forgotten(self, check: Check) -> None:
         if self.on_forget is not None:

@@ -16,8 +16,10 @@ or whose trigger cannot be scheduled fails its own task, through the outbox.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from executor.store import Row
 from triggers.base import BaseTrigger
@@ -27,10 +29,29 @@ from .checks import CheckTable, Subscriber, freeze_held
 from .store import TriggererStore
 from .writing import Outbox
 
-# Rows handled between yields to the loop (~10 ms): a million rows must not stall it.
+# Rows handled between yields to the loop: at most this many, and no longer than
+# _LOAD_SLICE (looked at every 64 rows): a million rows must not stall it, on a busy
+# machine either.
 _ROWS_PER_YIELD = 1000
+_LOAD_SLICE = 0.005
+# Rows a query returns at most, as far as shards allow (a shard is read whole): at a
+# million waits four shards are 62,500 rows, which hold SQLite's one connection, and the
+# fires waiting for it, for over a second.
+_ROWS_PER_QUERY = 20_000
 # A load that has taken this many rows wakes the checker after each further chunk.
 _WAKE_AFTER_ROWS = 50_000
+# The held records are frozen out of the collector every this many rows: often enough
+# that a full collection during a long load walks few of them, seldom enough that the
+# young collection before each freeze costs little (it walks the next query's rows too).
+_ROWS_PER_FREEZE = 16_000
+# A big load's first checks are spread at this rate at most (over at most their
+# interval) rather than all due at once: a million due together would be a backlog of a
+# minute that every new check (a 1 s probe too) waits behind, and checks competing with
+# the load itself. A load of SPREAD_ABOVE rows or fewer is not spread: checked as one
+# burst it is done within seconds (in 5 ms slices), and a burst costs less per check
+# than a steady trickle (a wake-up serves many checks), cycle after cycle.
+FIRST_CHECKS_PER_S = 10_000
+SPREAD_ABOVE = 50_000
 
 
 class Loader:
@@ -47,6 +68,8 @@ class Loader:
         self._ops = ops
         self._wake = wake  # set after each chunk of a long load: its checks may start
         self._taken = 0
+        self._unfrozen = 0  # rows taken since the last freeze
+        self._spreading = False  # this load's first checks are spread (see _Spread)
         self._table = table
         self._outbox = outbox
         self._shards_per_query = shards_per_query
@@ -62,6 +85,8 @@ class Loader:
         if not ordered:
             return
         self._taken = 0  # rows of this load so far
+        self._unfrozen = 0
+        self._spreading = False
         # Its new checks become due together at the end (or chunk by chunk once it is
         # big): the checker never sees half of a small load, so batches are not split.
         self._table.hold()
@@ -69,6 +94,9 @@ class Loader:
             await self._load(ordered, full=full)
         finally:
             self._table.publish()
+        if self._unfrozen:
+            self._unfrozen = 0
+            freeze_held()
 
     async def _load(self, ordered: list[int], *, full: bool) -> None:
         newest = await self._ops.max_trigger_id() if full else 0
@@ -78,22 +106,56 @@ class Loader:
             self._max_release_id = max(self._max_release_id, await self._ops.max_release_id())
         else:
             await self._drop_released()
-        step = self._shards_per_query if full else len(ordered)
         # A first load has nothing to reconcile: no set of a million rows seen.
         seen: set[int] | None = set() if self._table.by_row else None
+        step = self._shards_per_query
+        if full and seen is not None:
+            # Only the shards whose waits differ from those held are read again: an
+            # unchanged million is one aggregate query, not a million rows parsed here.
+            # A few shards per query, fewer the more each holds (see _step): at a million
+            # waits all 64 at once hold the connection (and the fires waiting for it)
+            # for seconds.
+            table, changed = self._table, []
+            step = self._step(table.subscriptions / len(ordered))
+            for first in range(0, len(ordered), step):
+                group = ordered[first : first + step]
+                sums = await self._ops.shard_sums(group)
+                changed += [s for s in group if table.shard_sum(s) != sums.get(s, (0, 0))]
+            ordered = changed
+        reread = set(ordered)
         after = 0 if full else self._max_trigger_id
-        groups = [ordered[first : first + step] for first in range(0, len(ordered), step)]
+        if not full:
+            step = len(ordered)  # new rows only: few, one query
+        left = list(ordered)
+
+        def next_group() -> list[int]:
+            group = left[:step]
+            del left[:step]
+            return group
+
         # The next group's query runs in the driver's thread while this group's rows are
         # taken on the loop: the reading and the parsing overlap.
         ahead: asyncio.Future[list[Row]] | None = None
+        spread: _Spread | None = None
+        group = next_group()
+        first = True
         try:
-            for i, group in enumerate(groups):
+            while group:
                 rows = await (ahead or self._ops.load_triggers(group, after))
                 ahead = None
-                if i + 1 < len(groups):
-                    ahead = asyncio.ensure_future(self._ops.load_triggers(groups[i + 1], after))
-                await self._take(rows, full=full, newest=newest, seen=seen)
+                if full:  # as many shards next time as keep a query near _ROWS_PER_QUERY
+                    step = self._step(len(rows) / len(group))
+                if first:
+                    # Shards are hashes: the first query's share tells the whole load's size.
+                    spread = _Spread.of(round(len(rows) / len(group) * len(ordered)))
+                    self._spreading = spread is not None
+                    first = False
+                following = next_group()
+                if following:
+                    ahead = asyncio.ensure_future(self._ops.load_triggers(following, after))
+                await self._take(rows, full=full, newest=newest, seen=seen, spread=spread)
                 del rows
+                group = following
         finally:
             if ahead is not None and not ahead.done():
                 ahead.cancel()
@@ -101,16 +163,24 @@ class Loader:
         if full:
             self._max_trigger_id = max(self._max_trigger_id, newest)
             self._table.compact()
-        if full and seen is not None:
+        if full and seen is not None and reread:
             # Resumed, timed out or failed elsewhere. Read in slices (a million rows in one
             # pass would stall the loop); one seen now and gone by the next slice is
             # simply not there any more.
-            held = list(self._table.by_row)
+            by_row = self._table.by_row
+            held = list(by_row)
             for first in range(0, len(held), 20 * _ROWS_PER_YIELD):
                 for task_row in held[first : first + 20 * _ROWS_PER_YIELD]:
-                    if task_row not in seen:
+                    check = by_row.get(task_row)
+                    if check is not None and check.shard in reread and task_row not in seen:
                         self._table.unsubscribe(task_row)
                 await asyncio.sleep(0)
+
+    def _step(self, rows_per_shard: float) -> int:
+        """Shards per query: up to ``shards_per_query``, as long as a query returns about
+        ``_ROWS_PER_QUERY`` rows at most (one shard at least)."""
+        fit = int(_ROWS_PER_QUERY // max(1.0, rows_per_shard))
+        return max(1, min(self._shards_per_query, fit))
 
     async def _drop_released(self) -> None:
         """Unsubscribe the waits an operator ended since the last look (cancel, clear)."""
@@ -123,38 +193,58 @@ class Loader:
                     self._table.unsubscribe(r["task_row"])
 
     async def _take(
-        self, rows: Sequence[Row], *, full: bool, newest: int, seen: set[int] | None
+        self,
+        rows: Sequence[Row],
+        *,
+        full: bool,
+        newest: int,
+        seen: set[int] | None,
+        spread: _Spread | None = None,
     ) -> None:
         table = self._table
         now = self._clock()
+        start = self._taken  # this load's rows before these (a spread check's place)
         # Equal (classpath, kwargs) are validated once; the table keeps the class and the
         # validated JSON (one shared str), not the model (see checks.py).
         parsed: dict[tuple[str, str], _Parsed | TriggerLoadError] = {}
+        by_row, by_hash = table.by_row, table.by_hash
+        loaded_beyond = self._loaded_beyond
+        chunk_start = 0  # the first row not yet settled
+        slice_end = time.perf_counter() + _LOAD_SLICE
         for i, row in enumerate(rows):
-            if i % _ROWS_PER_YIELD == _ROWS_PER_YIELD - 1:
-                self._settled(_ROWS_PER_YIELD)
+            if i & 63 == 63 and (
+                i - chunk_start >= _ROWS_PER_YIELD or time.perf_counter() >= slice_end
+            ):
+                self._settled(i - chunk_start)
+                chunk_start = i
                 await asyncio.sleep(0)
-            task_row, trigger_id = row["task_row"], row["trigger_id"]
+                slice_end = time.perf_counter() + _LOAD_SLICE
+            # By position, in load_triggers' column order (both drivers' rows iterate
+            # their values): a name is a scan of the columns on SQLite's rows (~0.4 us a row).
+            trigger_id, classpath, kwargs, poke_hash, shard, task_row, next_method, not_before = (
+                cast(Iterable[Any], row)
+            )
             if seen is not None:
                 seen.add(task_row)
             if full:
                 if trigger_id > newest:
-                    self._loaded_beyond.add(trigger_id)
+                    loaded_beyond.add(trigger_id)
             else:
-                self._max_trigger_id = max(self._max_trigger_id, trigger_id)
-                if trigger_id in self._loaded_beyond:
+                if trigger_id > self._max_trigger_id:
+                    self._max_trigger_id = trigger_id
+                if trigger_id in loaded_beyond:
                     continue  # this full reload's, held or already fired: not again
-            held = table.by_row.get(task_row)
+            held = by_row.get(task_row)
             if held is not None:
                 sub_held = held.subscriber(task_row)
                 if sub_held is not None and sub_held.trigger_id == trigger_id:
                     continue
                 table.unsubscribe(task_row)  # it deferred again, on a new trigger
-            key = (row["classpath"], row["kwargs"])
+            key = (classpath, kwargs)
             entry = parsed.get(key)
             model = None
             if entry is None:
-                res = _parse(*key)
+                res = _parse(classpath, kwargs)
                 if isinstance(res, TriggerLoadError):
                     entry = parsed[key] = res
                 else:
@@ -164,40 +254,62 @@ class Loader:
                 self.unloadable += 1
                 self._outbox.fail({task_row: trigger_id}, f"cannot load trigger: {entry}")
                 continue
-            sub = Subscriber(task_row, trigger_id, entry.interval, row["next_method"] is not None)
+            sub = Subscriber(task_row, trigger_id, entry.interval, next_method is not None)
             # A re-armed start condition is not checked again before its interval passed.
-            at = max(now, row["not_before"] or now)
-            poke_hash = row["poke_hash"]
+            at = now if not_before is None or not_before < now else not_before
             try:  # first_check_at is the trigger's code
                 first_at = None
-                if poke_hash not in table.by_hash:
+                if poke_hash not in by_hash:
                     model = model or _rebuild(entry)
                     first_at = model.first_check_at(at)
-                table.subscribe(poke_hash, entry.compact, row["shard"], sub, at, first_at=first_at)
+                    if spread is not None and first_at == at:  # polled, not a moment
+                        first_at = spread.first_at(at, start + i, entry.interval)
+                table.subscribe(poke_hash, entry.compact, shard, sub, at, first_at=first_at)
             except Exception as exc:
                 table.unsubscribe(task_row)
                 self._outbox.fail(
                     {task_row: trigger_id},
                     f"cannot schedule {(model or _rebuild(entry)).describe()}: {exc!r}",
                 )
-        self._settled(len(rows) % _ROWS_PER_YIELD)
+        self._settled(len(rows) - chunk_start)
 
     def _settled(self, taken: int) -> None:
-        """A chunk of ``taken`` rows is in the table: its checks may start, and the
-        collector leaves the held records alone from now on (a full collection walking a
-        million of them is a second-long stall)."""
+        """A chunk of ``taken`` rows is in the table: its checks may start, and every
+        ``_ROWS_PER_FREEZE`` rows the collector is told to leave the held records alone
+        (a full collection walking a million of them is a second-long stall)."""
         if not taken:
             return
-        freeze_held()
+        self._unfrozen += taken
+        if self._unfrozen >= _ROWS_PER_FREEZE:
+            self._unfrozen = 0
+            freeze_held()
         # A big load lets the checks of its first chunks start (the loading loop wakes
         # the checker when it ends); a small one does not, so that a batching class gets
         # its waits in as few calls as possible (rows, not seconds: a busy machine must
         # not split the batches).
         self._taken += taken
-        if self._taken >= _WAKE_AFTER_ROWS:
+        if self._taken >= _WAKE_AFTER_ROWS or self._spreading:
             self._table.publish(keep_holding=True)
             if self._wake is not None:
                 self._wake.set()
+
+
+@dataclass(slots=True)
+class _Spread:
+    """Where a big load's checks are first due: row k of an estimated n at
+    ``at + (k / n) * min(n / FIRST_CHECKS_PER_S, interval)``, so the checks of the first
+    rows read come first and the whole load is checked at about the rate it was read."""
+
+    rows: int  # the load's estimated size
+    window: float  # seconds its first checks are spread over (capped by each interval)
+
+    @classmethod
+    def of(cls, rows: int) -> _Spread | None:
+        return cls(rows, rows / FIRST_CHECKS_PER_S) if rows > SPREAD_ABOVE else None
+
+    def first_at(self, at: float, k: int, interval: float) -> float:
+        # An estimate a little short wraps around instead of piling up at the end.
+        return at + ((k / self.rows) % 1.0) * min(self.window, interval)
 
 
 @dataclass(slots=True)

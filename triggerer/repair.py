@@ -43,6 +43,9 @@ UNWAITED_TRIGGER = "trigger_unwaited"
 UNKNOWN_OWNER = "running_owner_unknown"
 UNLOADABLE = "trigger_unloadable"
 KINDS = (MISSING_TRIGGER, TIMED_OUT, UNWAITED_TRIGGER, UNKNOWN_OWNER, UNLOADABLE)
+# Shards repaired per transaction once the triggerer holds GROUP_ABOVE waits (see _groups).
+SHARDS_PER_PASS = 8
+GROUP_ABOVE = 100_000
 
 
 class Repair:
@@ -55,21 +58,23 @@ class Repair:
     def count(self, kind: str, n: int = 1) -> None:
         self.counts[kind] += n
 
-    async def run(self, shards: Collection[int]) -> Counter[str]:
-        """One pass over ``shards``; returns what it repaired."""
+    async def run(self, shards: Collection[int], held: int = 0) -> Counter[str]:
+        """One pass over ``shards`` (``held``: the waits the triggerer holds); returns what
+        it repaired."""
         done: Counter[str] = Counter()
-        if not shards:
-            return done
-        for part in (self._deferred, self._running):
-            got = await part(shards)
-            self.counts.update(got)  # counted as each part commits
-            done += got
-        done[UNWAITED_TRIGGER] += await self.delete_unwaited(shards)
+        for group in _groups(shards, held):
+            for part in (self._deferred, self._running):
+                got = await part(group)
+                self.counts.update(got)  # counted as each part commits
+                done += got
+        done[UNWAITED_TRIGGER] += await self.delete_unwaited(shards, held)
         return +done
 
-    async def delete_unwaited(self, shards: Collection[int]) -> int:
+    async def delete_unwaited(self, shards: Collection[int], held: int = 0) -> int:
         """Delete the trigger rows of ``shards`` nobody waits on; returns how many."""
-        n = await self._ops.delete_orphan_triggers(shards)
+        n = 0
+        for group in _groups(shards, held):
+            n += await self._ops.delete_orphan_triggers(group)
         if n:  # routine: every fired or ended wait leaves its row behind
             log.debug("deleted %d trigger rows nobody waits on", n)
         self.count(UNWAITED_TRIGGER, n)
@@ -129,3 +134,13 @@ class Repair:
                     done[UNKNOWN_OWNER] += 1
                     log.warning("orphan repair: task row %d RUNNING with %s: retried", r["id"], who)
         return done
+
+
+def _groups(shards: Collection[int], held: int) -> list[list[int]]:
+    """``shards`` a few at a time once the waits are many: each a transaction of its own,
+    so that at a million waits no repair query holds the write lock (and the fires and
+    workers waiting for it) for a second. Below that, all at once: a scan of every
+    DEFERRED row per group would cost more than it saves."""
+    ordered = sorted(shards)
+    step = SHARDS_PER_PASS if held >= GROUP_ABOVE else max(1, len(ordered))
+    return [ordered[i : i + step] for i in range(0, len(ordered), step)]

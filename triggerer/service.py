@@ -299,7 +299,7 @@ class Triggerer:
                     self._loaded_once.set()
                     # What the reload could not hold (no trigger row, no owner) is ended here,
                     # so an orphan lasts one reconcile period at most (triggerer/repair.py).
-                    await self.repair.run(self.shards)
+                    await self.repair.run(self.shards, self.table.subscriptions)
                 self._wake_checker.set()  # new checks may be due at once
                 backoff.succeeded()
             except Exception as exc:
@@ -386,7 +386,7 @@ class Triggerer:
                     self.table.unsubscribe(row)
                 if time.monotonic() - last_cleanup > self.config.cleanup_every:
                     last_cleanup = time.monotonic()
-                    await self.repair.delete_unwaited(self.shards)
+                    await self.repair.delete_unwaited(self.shards, self.table.subscriptions)
                     if 0 in self.shards:  # one triggerer prunes events: whoever holds shard 0
                         await self.ops.prune_events(self.config.event_retention)
                 backoff.succeeded()

@@ -139,6 +139,12 @@ class TriggererStore:
         async with self.db.read() as tx:
             return await tx.fetch("load_triggers", shards=sorted(shards), after=after_id)
 
+    async def shard_sums(self, shards: Collection[int]) -> dict[int, tuple[int, int]]:
+        """shard -> (waits, checksum) as load_triggers would return them (CheckTable.shard_sum)."""
+        async with self.db.read() as tx:
+            rows = await tx.fetch("shard_sums", shards=sorted(shards))
+        return {int(r["shard"]): (int(r["n"]), int(r["h"])) for r in rows}
+
     async def max_trigger_id(self) -> int:
         async with self.db.read() as tx:
             row = await tx.fetchone("max_trigger_id")
@@ -154,23 +160,10 @@ class TriggererStore:
         async with self.db.write() as tx:
             if owner is not None:
                 batch = await _fenced(tx, batch, owner, now)
-            logs = [(row, line) for row, line in batch.logs if row > 0]  # start waits: no log
+            logs = [pair for pair in batch.logs if pair[0] > 0]  # start waits: no log
             if logs:
-                await tx.executemany(
-                    "insert_event",
-                    [
-                        {
-                            "task_row": row,
-                            "ts": now,
-                            "kind": "check",
-                            "from_state": None,
-                            "to_state": None,
-                            "attempt": None,
-                            "message": line,
-                        }
-                        for row, line in logs
-                    ],
-                )
+                # One JSON parameter, inserted by the database: no dict per line here.
+                await tx.execute("insert_check_logs", lines=json.dumps(logs), now=now)
             # The tasks' waits of every fire of the batch are settled together: one read,
             # one compare-and-set per kind (sensors done, methods to resume), each row with
             # its own fire's payload and message, and their children bumped once a batch.

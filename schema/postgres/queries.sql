@@ -142,7 +142,8 @@ ORDER BY q.ord;
 -- name: load_triggers
 -- The waits of the given shards, from trigger id :after on (0 for a full reload): the
 -- tasks' and the start waits'. In no order: the loader needs none, and sorting the union
--- would be one more pass over every row of a full reload.
+-- would be one more pass over every row of a full reload. triggerer/loading.py reads the
+-- columns by position: keep their order (and the two backends' alike).
 -- Identity ids are handed out at INSERT but become visible at COMMIT, and concurrent
 -- workers commit out of order: a row with an id below :after may appear after a load that
 -- moved the cursor past it. So every row is also returned, once, by the first load that
@@ -176,6 +177,23 @@ SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -(1099511627776 + r.id
 FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN run_wait r ON r.trigger_id = g.id;
+
+-- name: shard_sums
+-- Per shard, how many waits load_triggers would return and a checksum of their (task row,
+-- trigger id) pairs (see the SQLite twin: a reconcile reads again only the shards that differ).
+SELECT shard, count(*) AS n, sum(h)::bigint AS h FROM (
+    SELECT g.shard, (t.id * 1000003 + g.id) % 2147483647 AS h
+    FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+    WHERE g.shard = ANY(:shards::integer[]) AND g.event_key IS NULL
+    UNION ALL
+    SELECT g.shard, (s.id * 1000003 + g.id) % 2147483647
+    FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
+    WHERE g.shard = ANY(:shards::integer[])
+    UNION ALL
+    SELECT g.shard, ((1099511627776 + r.id) * 1000003 + g.id) % 2147483647
+    FROM trigger g JOIN run_wait r ON r.trigger_id = g.id
+    WHERE g.shard = ANY(:shards::integer[])
+) AS waits GROUP BY shard;
 
 -- name: deferred_rows
 -- Locked, so that the trigger they wait on cannot change before this transaction moves them.
@@ -305,6 +323,13 @@ INSERT INTO event (name, payload, sent_at, source)
 SELECT e ->> 0, e ->> 1, :now::double precision, :source::text
 FROM jsonb_array_elements(:events::jsonb) WITH ORDINALITY AS t(e, n) ORDER BY n
 RETURNING id;
+
+-- name: insert_check_logs
+-- A triggerer's sampled check lines in one statement: :lines is a JSON array of [task row,
+-- line], in order (one parameter instead of a row each: see the SQLite twin).
+INSERT INTO task_event (task_row, ts, kind, message)
+SELECT (e ->> 0)::bigint, :now::double precision, 'check', e ->> 1
+FROM jsonb_array_elements(:lines::text::jsonb) WITH ORDINALITY AS t(e, n) ORDER BY n;
 
 -- ---------------------------------------------------------------- people in the loop (issue 19)
 

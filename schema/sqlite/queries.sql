@@ -124,7 +124,8 @@ FROM json_each(:questions) AS q;
 -- name: load_triggers
 -- The waits of the given shards, from trigger id :after on (0 for a full reload): the
 -- tasks' and the start waits'. In no order: the loader needs none, and sorting the union
--- would be one more pass over every row of a full reload.
+-- would be one more pass over every row of a full reload. triggerer/loading.py reads the
+-- columns by position: keep their order (and the two backends' alike).
 SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
        t.next_method, g.not_before
 FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
@@ -141,6 +142,25 @@ SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -(1099511627776 + w.id
        g.not_before
 FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
 WHERE g.shard = ANY(:shards) AND g.id > :after;
+
+-- name: shard_sums
+-- Per shard, how many waits load_triggers would return and a checksum of their (task row,
+-- trigger id) pairs: a full reconcile reads again only the shards whose sums differ from
+-- the triggerer's own (CheckTable.shard_sum computes the same), so a minutely reconcile
+-- of a million unchanged waits is this one aggregate, not a million rows.
+SELECT shard, count(*) AS n, sum(h) AS h FROM (
+    SELECT g.shard, (t.id * 1000003 + g.id) % 2147483647 AS h
+    FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+    WHERE g.shard = ANY(:shards) AND g.event_key IS NULL
+    UNION ALL
+    SELECT g.shard, (s.id * 1000003 + g.id) % 2147483647
+    FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
+    WHERE g.shard = ANY(:shards)
+    UNION ALL
+    SELECT g.shard, ((1099511627776 + w.id) * 1000003 + g.id) % 2147483647
+    FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
+    WHERE g.shard = ANY(:shards)
+) GROUP BY shard;
 
 -- name: deferred_rows
 -- `has_trigger`: a fire from memory for a row deleted meanwhile must not apply.
@@ -234,6 +254,15 @@ INSERT INTO event (name, payload, sent_at, source)
 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), :now, :source
 FROM json_each(:events) ORDER BY key
 RETURNING id;
+
+-- name: insert_check_logs
+-- A triggerer's sampled check lines in one statement: :lines is a JSON array of [task row,
+-- line], in order. Inserted by SQLite from the JSON, not row by row from Python: a cycle of a
+-- million first checks writes a million lines, and this way the driver's thread does it
+-- without holding the interpreter (triggerer/store.py).
+INSERT INTO task_event (task_row, ts, kind, message)
+SELECT json_extract(value, '$[0]'), :now, 'check', json_extract(value, '$[1]')
+FROM json_each(:lines) ORDER BY key;
 
 -- ---------------------------------------------------------------- people in the loop (issue 19)
 

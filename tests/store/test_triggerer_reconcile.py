@@ -1,0 +1,147 @@
+"""Loading a triggerer's waits at scale (issue 17), on SQLite and PostgreSQL, with the real
+loader, table and store:
+
+- a full reconcile reads again only the shards whose waits changed: the database's
+  per-shard checksum (``shard_sums``) equals the table's own when nothing did, so an
+  unchanged table is one aggregate query; a wait ended elsewhere is dropped, a row no
+  incremental load returned is taken;
+- a big load's first checks are spread over a window instead of all due at once; a small
+  load's are all due at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Collection
+from datetime import date
+
+import pytest
+from support import backends
+from support.helpers import async_wait_until
+from support.triggers import FlagTrigger, serving
+
+from executor import DAG
+from executor.store import Row, Store, open_store
+from triggerer import loading
+from triggerer.checks import CheckTable
+from triggerer.loading import Loader
+from triggerer.store import TriggererStore
+from triggerer.writing import Outbox
+from triggers.base import SHARDS
+
+backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
+
+DAY = date(2026, 4, 27)
+WAITS = 12
+
+pytestmark = pytest.mark.usefixtures("fresh_triggers")
+
+
+class CountingStore(TriggererStore):
+    """The real store, noting which shards each load_triggers call read."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store.db, store.clock)
+        self.reads: list[list[int]] = []
+
+    async def load_triggers(self, shards: Collection[int], after_id: int = 0) -> list[Row]:
+        self.reads.append(sorted(shards))
+        return await super().load_triggers(shards, after_id)
+
+
+@pytest.fixture
+async def live_store(url: str) -> AsyncIterator[Store]:
+    s = await open_store(url)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def deferred_waits(store: Store, dag_id: str, n: int = WAITS) -> str:
+    """``n`` deferrable sensors of one run, DEFERRED by a worker (no triggerer)."""
+    dag = DAG(dag_id)
+    for i in range(n):
+        dag.sensor(f"s{i}", FlagTrigger(name=f"{dag_id}{i}", poke_interval=60), mode="deferrable")
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, triggerer=False):
+
+        async def all_deferred() -> bool:
+            async with store.db.read() as tx:
+                waits = await tx.fetch("load_triggers", shards=list(range(SHARDS)), after=0)
+            return len(waits) >= n
+
+        await async_wait_until(all_deferred, timeout=60, what=f"{n} sensors deferred")
+    return run_id
+
+
+def loader_on(ops: TriggererStore, table: CheckTable) -> Loader:
+    return Loader(ops, table, Outbox(ops), shards_per_query=4, clock=time.time)
+
+
+async def test_a_reconcile_reads_again_only_the_shards_that_changed(live_store) -> None:
+    run_id = await deferred_waits(live_store, "reconcile")
+    ops, table = CountingStore(live_store), CheckTable()
+    loader = loader_on(ops, table)
+    everything = range(SHARDS)
+    await loader.load(everything, full=True)
+    assert table.subscriptions == WAITS
+    # The table's checksums are the database's, shard by shard.
+    sums = await ops.shard_sums(everything)
+    assert sums == {s: table.shard_sum(s) for s in sums}
+    assert sum(n for n, _ in sums.values()) == WAITS
+
+    ops.reads.clear()
+    await loader.load(everything, full=True)
+    assert ops.reads == [], "nothing changed: no rows read"
+    assert table.subscriptions == WAITS
+
+    # One wait ends elsewhere (its task resumed by another hand): only its shard is read,
+    # and it is dropped.
+    async with live_store.db.read() as tx:
+        waits = await tx.fetch("load_triggers", shards=list(everything), after=0)
+    gone = waits[0]
+    async with live_store.db.write() as tx:
+        await tx.script(f"UPDATE task SET state = 'SUCCESS' WHERE id = {gone['task_row']}")
+    ops.reads.clear()
+    await loader.load(everything, full=True)
+    assert len(ops.reads) == 1 and gone["shard"] in ops.reads[0]
+    assert table.subscriptions == WAITS - 1
+    assert gone["task_row"] not in table.by_row
+
+    # A wait no incremental load returned (written behind its back) is taken.
+    async with live_store.db.write() as tx:
+        await tx.script(f"UPDATE task SET state = 'DEFERRED' WHERE id = {gone['task_row']}")
+    await loader.load(everything, full=True)
+    assert table.subscriptions == WAITS
+    assert gone["task_row"] in table.by_row
+    sums = await ops.shard_sums(everything)
+    assert sums == {s: table.shard_sum(s) for s in sums}
+    assert run_id
+
+
+async def test_a_big_load_spreads_its_first_checks(live_store, monkeypatch) -> None:
+    await deferred_waits(live_store, "spread")
+    # As if 12 waits were many, at 4 checks/s: spread over 3 s (< their 60 s interval).
+    monkeypatch.setattr(loading, "SPREAD_ABOVE", 10)
+    monkeypatch.setattr(loading, "FIRST_CHECKS_PER_S", 4)
+    table = CheckTable()
+    ops = TriggererStore(live_store.db, live_store.clock)
+    began = time.time()
+    await Loader(ops, table, Outbox(ops), shards_per_query=SHARDS, clock=time.time).load(
+        range(SHARDS), full=True
+    )
+    dues = sorted(check.due for check in table.by_hash.values())
+    assert len(dues) == WAITS
+    assert dues[0] < began + 1.0
+    assert dues[-1] - dues[0] > 1.5, dues  # spread, not all at once
+    assert dues[-1] < time.time() + 3.0
+
+    # Really, a dozen waits are all due at once.
+    monkeypatch.undo()
+    table = CheckTable()
+    began = time.time()
+    await Loader(ops, table, Outbox(ops), shards_per_query=SHARDS, clock=time.time).load(
+        range(SHARDS), full=True
+    )
+    assert all(check.due <= time.time() for check in table.by_hash.values())
