@@ -6,14 +6,12 @@ or whose timeout passed, even from memory."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import AsyncIterator
 from datetime import date
-from typing import Any
 
 import pytest
 from support import backends
-from support.helpers import async_wait_until
+from support.helpers import async_wait_until, raw_sql
 from support.triggers import FLAGS, FlagTrigger, serving
 
 from executor import DAG
@@ -37,35 +35,15 @@ async def live_store(url: str) -> AsyncIterator[Store]:
         await s.close()
 
 
-async def raw(url: str, query: str) -> list[dict[str, Any]]:
-    """Plain SQL behind the store's back: what a hand edit or a bug does."""
-    if url.startswith("sqlite"):
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=60)
-        conn.row_factory = sqlite3.Row
-        try:
-            rows = [dict(r) for r in conn.execute(query).fetchall()]
-            conn.commit()
-            return rows
-        finally:
-            conn.close()
-    import asyncpg
-
-    pconn = await asyncpg.connect(url)
-    try:
-        return [dict(r) for r in await pconn.fetch(query)]
-    finally:
-        await pconn.close()
-
-
 async def state(url: str, run_id: str, task_id: str) -> str:
-    rows = await raw(
+    rows = await raw_sql(
         url, f"SELECT state FROM task WHERE run_id = '{run_id}' AND task_id = '{task_id}'"
     )
     return str(rows[0]["state"])
 
 
 async def log_of(url: str, run_id: str, task_id: str) -> str:
-    rows = await raw(
+    rows = await raw_sql(
         url,
         "SELECT e.message FROM task_event e JOIN task t ON t.id = e.task_row "
         f"WHERE t.run_id = '{run_id}' AND t.task_id = '{task_id}' ORDER BY e.id",
@@ -101,8 +79,8 @@ async def test_deferred_with_trigger_row_missing_or_null_is_failed(live_store, u
     async with serving(live_store, gone, null, config={"reload_every": 3600}) as h:
         await deferred(url, run_gone)
         await deferred(url, run_null)
-        await raw(url, delete_trigger_of(run_gone))
-        await raw(url, f"UPDATE task SET trigger_id = NULL WHERE run_id = '{run_null}'")
+        await raw_sql(url, delete_trigger_of(run_gone))
+        await raw_sql(url, f"UPDATE task SET trigger_id = NULL WHERE run_id = '{run_null}'")
         assert h.triggerer is not None
         h.triggerer.config.reload_every = RECONCILE  # from now on, one reconcile period
 
@@ -128,9 +106,9 @@ async def test_own_timeout_holds_whatever_the_trigger_row(live_store, url) -> No
         await deferred(url, run_gone)
         await deferred(url, run_null)
         # The timeout first: whichever ends it then (the sweep or a repair), it times out.
-        await raw(url, f"UPDATE task SET wait_timeout_at = 1 WHERE run_id = '{run_gone}'")
-        await raw(url, delete_trigger_of(run_gone))
-        await raw(
+        await raw_sql(url, f"UPDATE task SET wait_timeout_at = 1 WHERE run_id = '{run_gone}'")
+        await raw_sql(url, delete_trigger_of(run_gone))
+        await raw_sql(
             url,
             f"UPDATE task SET trigger_id = NULL, wait_timeout_at = 1 WHERE run_id = '{run_null}'",
         )
@@ -157,8 +135,8 @@ async def test_no_fire_from_memory_for_a_deleted_row_or_a_passed_timeout(live_st
         await deferred(url, run_gone)
         await deferred(url, run_late)
         await async_wait_until(lambda: trig.table.subscriptions == 2, timeout=30)
-        await raw(url, delete_trigger_of(run_gone))
-        await raw(url, f"UPDATE task SET wait_timeout_at = 1 WHERE run_id = '{run_late}'")
+        await raw_sql(url, delete_trigger_of(run_gone))
+        await raw_sql(url, f"UPDATE task SET wait_timeout_at = 1 WHERE run_id = '{run_late}'")
         FLAGS.update({"fires-gone", "fires-late"})  # both conditions now hold, in memory
         await async_wait_until(lambda: trig.events_fired >= 2, timeout=30, what="two fires")
         await async_wait_until(lambda: not trig.outbox.batch, timeout=30, what="the flush")
@@ -187,8 +165,8 @@ async def test_unwaited_trigger_rows_deleted_and_unknown_owners_retried(live_sto
     run_id = await live_store.create_run(dag, DAY)
     claimed = await live_store.claim("worker-that-vanished", 1)
     assert [c.task_id for c in claimed] == ["job"]
-    await raw(url, f"UPDATE task SET owner = NULL WHERE run_id = '{run_id}'")
-    await raw(
+    await raw_sql(url, f"UPDATE task SET owner = NULL WHERE run_id = '{run_id}'")
+    await raw_sql(
         url,
         "INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, description) "
         "VALUES ('support.triggers.FlagTrigger', '{\"name\": \"x\"}', 'ab', 3, 0, 'stray')",
@@ -200,7 +178,7 @@ async def test_unwaited_trigger_rows_deleted_and_unknown_owners_retried(live_sto
         assert trig is not None
 
         async def repaired() -> bool:
-            return (await state(url, run_id, "job")) == "RETRYING" and not await raw(
+            return (await state(url, run_id, "job")) == "RETRYING" and not await raw_sql(
                 url, "SELECT id FROM trigger"
             )
 

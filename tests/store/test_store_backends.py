@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import sqlite3
 import time
 from datetime import date, timedelta
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from support import backends
-from support.helpers import FakeClock, async_wait_until, attempt_of, ops, run_to_end
+from support.helpers import FakeClock, async_wait_until, attempt_of, ops, raw_sql, run_to_end
 from support.pg import create_schema, drop_schema, with_params
 
 from executor import DAG
@@ -98,23 +97,6 @@ def etl_dag() -> DAG:
     dag.task(noop, task_id="transform_b", parents=["extract"])
     dag.task(noop, task_id="load", parents=["transform_a", "transform_b"])
     return dag
-
-
-async def raw_execute(url: str, statement: str) -> None:
-    """One statement outside the store (the test reaching under the API)."""
-    if url.startswith("sqlite"):
-        conn = sqlite3.connect(url[len("sqlite:///") :], timeout=60)
-        with conn:
-            conn.execute(statement)
-        conn.close()
-        return
-    import asyncpg
-
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 # ------------------------------------------------------------------------------- runs
@@ -763,7 +745,7 @@ async def test_reopening_migrates_nothing_and_a_newer_schema_is_refused(url: str
     first, second = await asyncio.gather(open_store(url), open_store(url))  # racing migrators
     await first.close()
     await second.close()
-    await raw_execute(url, "INSERT INTO schema_version VALUES (999, 'future', 0)")
+    await raw_sql(url, "INSERT INTO schema_version VALUES (999, 'future', 0)")
     with pytest.raises(SchemaTooNew, match="999"):
         await open_store(url)
 

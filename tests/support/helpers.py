@@ -77,14 +77,34 @@ async def async_wait_until(
 
 
 def sql(db_path: Path | str, query: str, *args: Any) -> list[dict[str, Any]]:
-    """Run one statement on the database file with the stdlib driver; rows as dicts."""
-    conn = sqlite3.connect(str(db_path), timeout=30)
+    """Run one statement on the database file with the stdlib driver; rows as dicts.
+
+    A write takes the lock at BEGIN (IMMEDIATE): a deferred transaction whose snapshot a
+    service's commit made stale fails at once with "database is locked", busy timeout or
+    not. Never call it on the loop a service of the test runs on: use :func:`raw_sql`.
+    """
+    conn = sqlite3.connect(str(db_path), timeout=30, isolation_level="IMMEDIATE")
     conn.row_factory = sqlite3.Row
     try:
         with conn:
             return [dict(r) for r in conn.execute(query, args).fetchall()]
     finally:
         conn.close()
+
+
+async def raw_sql(url: str, query: str) -> list[dict[str, Any]]:
+    """One statement behind the store's back (what a hand edit or a bug does), on either
+    backend. SQLite's runs in a thread: a service on this test's loop may hold the write
+    lock and need the loop to let it go."""
+    if url.startswith("sqlite"):
+        return await asyncio.to_thread(sql, url.removeprefix("sqlite:///"), query)
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return [dict(r) for r in await conn.fetch(query)]
+    finally:
+        await conn.close()
 
 
 def events(db_path: Path | str, run_id: str, task_id: str, map_index: int = -1) -> list[dict]:

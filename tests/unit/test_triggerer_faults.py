@@ -113,7 +113,10 @@ async def test_a_trigger_row_that_cannot_load_fails_its_task(
         await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
         trigger_id = task_row(db_path, run_id, "victim")["trigger_id"]
         # A row written by something else (an old version, a hand edit, a bad migration).
-        sql(db_path, f"UPDATE trigger SET {column} = ? WHERE id = ?", value, trigger_id)
+        # In a thread: the worker serving on this loop may hold the write lock meanwhile.
+        await asyncio.to_thread(
+            sql, db_path, f"UPDATE trigger SET {column} = ? WHERE id = ?", value, trigger_id
+        )
         await h.start_triggerer()
         await async_wait_until(
             lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
@@ -159,8 +162,10 @@ async def test_a_trigger_module_that_raises_on_import_fails_only_its_task(
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
         trigger_id = task_row(db_path, run_id, "victim")["trigger_id"]
-        sql(db_path, "UPDATE trigger SET classpath = ? WHERE id = ?", "acme_needs_env.Trigger",
-            trigger_id)  # fmt: skip
+        await asyncio.to_thread(
+            sql, db_path, "UPDATE trigger SET classpath = ? WHERE id = ?",
+            "acme_needs_env.Trigger", trigger_id,
+        )  # fmt: skip
         await h.start_triggerer()
         await async_wait_until(
             lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
