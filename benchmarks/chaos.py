@@ -19,7 +19,9 @@ SIGKILLed and a new one started at once, and the cluster is restarted once
 (``pg_ctl restart -m fast``), between two kills.
 
 Every process runs with its defaults (lease TTL 15 s, stale_after 30 s): a killed one is
-found by its liveness lock (executor/store/liveness.py), not by a timer.
+found by its liveness lock (executor/store/liveness.py), not by a timer. Triggerers poll
+(``--no-push``): with push a wait is checked only when its file lands, so "the first
+check by another triggerer" would measure the landing, not the takeover.
 
 Measured (benchmarks/results/chaos.json, chaos.png):
 
@@ -245,7 +247,10 @@ class Fleet:
         self.env.pop("SLOTLESS_DB", None)
 
     def start(self, kind: str) -> subprocess.Popen:
-        args = ["worker", "--slots", str(SLOTS)] if kind == "worker" else ["triggerer"]
+        # Triggerers poll (--no-push): a takeover is measured as the time until another
+        # triggerer checks a dead one's waits, and a pushed wait is checked only when its
+        # file lands. The load and first check a takeover starts are the same either way.
+        args = ["worker", "--slots", str(SLOTS)] if kind == "worker" else ["triggerer", "--no-push"]
         out = open(self.logs / f"{kind}-{self.started}.log", "w")  # noqa: SIM115 - the child's
         proc = subprocess.Popen(
             [sys.executable, "-m", "slotless", *args, "--db", self.url],

@@ -98,6 +98,7 @@ class Triggerer:
         # paused, or renewals fail) we check nothing and write no fire until renewed.
         self._valid_until = 0.0
         self._wake_leases = asyncio.Event()
+        self._take_freed = False  # a dead peer's shards were freed: take them all at once
         self.takeovers = 0  # dead triggerers whose shards we freed (the metrics)
         self.shards_lost = 0  # shards found taken when we renewed
         self._wake_checker = asyncio.Event()
@@ -224,9 +225,14 @@ class Triggerer:
             try:
                 began = time.monotonic()
                 released: set[int] = set()  # given back to a newcomer, not lost
-                shards = await self.ops.lease_shards(
-                    self.id, cfg.lease_ttl, cfg.lease_ttl, released
-                )
+                take_free, self._take_freed = self._take_freed, False
+                try:
+                    shards = await self.ops.lease_shards(
+                        self.id, cfg.lease_ttl, cfg.lease_ttl, released, take_free=take_free
+                    )
+                except BaseException:
+                    self._take_freed |= take_free  # the next try takes them
+                    raise
                 # Our leases run from the transaction's start; keep a tenth in hand.
                 self._valid_until = began + cfg.lease_ttl * 0.9
                 if shards != self.shards:
@@ -278,6 +284,7 @@ class Triggerer:
                         "its %d shards without waiting for their leases", owner, freed
                     )  # fmt: skip
                 if dead:
+                    self._take_freed = True
                     self._wake_leases.set()
                 backoff.succeeded()
             except Exception as exc:

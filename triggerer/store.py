@@ -77,13 +77,22 @@ class TriggererStore:
         self.clock = clock
 
     async def lease_shards(
-        self, owner: str, ttl: float, liveness: float, released: set[int] | None = None
+        self,
+        owner: str,
+        ttl: float,
+        liveness: float,
+        released: set[int] | None = None,
+        *,
+        take_free: bool = False,
     ) -> set[int]:
         """Renew this triggerer's leases and converge on its fair share of the shards.
 
         Fair share is ceil(shards / live triggerers); a triggerer over its share releases
         the excess so that a newcomer can take it (added to ``released``), one whose
-        leases expired loses them.
+        leases expired loses them. With ``take_free`` (just after freeing a dead peer's
+        shards) it takes every free shard whatever its share: the dead one's replacement
+        may already count as live while it is still starting, and its waits must not wait
+        for it; the excess goes back at the next renewal, as to any newcomer.
         """
         now = self.clock()
         async with self.db.write() as tx:
@@ -92,14 +101,15 @@ class TriggererStore:
             fair = math.ceil(SHARDS / max(1, len(live)))
             renewed = await tx.fetch("renew_shards", expires_at=now + ttl, owner=owner)
             held = sorted(r["shard"] for r in renewed)
-            for shard in held[fair:]:
+            want = SHARDS if take_free else fair
+            for shard in held[want:]:
                 await tx.execute("release_shard", shard=shard, owner=owner)
                 if released is not None:
                     released.add(shard)
-            held = held[:fair]
-            if len(held) < fair:
+            held = held[:want]
+            if len(held) < want:
                 for r in await tx.fetch("free_shards", now=now):
-                    if len(held) >= fair:
+                    if len(held) >= want:
                         break
                     taken = await tx.execute(
                         "take_shard", owner=owner, expires_at=now + ttl, shard=r["shard"], now=now

@@ -525,6 +525,26 @@ async def test_lease_shards_share_fairly_and_take_over_a_dead_triggerer(
     assert len(await ops(store).lease_shards("t3", 10, 10)) == SHARDS  # t2 gave them back
 
 
+async def test_a_dead_triggerers_shards_go_to_a_survivor_even_when_a_newcomer_counts(
+    store: Store,
+) -> None:
+    # The dead one's replacement is listed (live) but still starting: the survivor takes
+    # every freed shard at once, then gives the newcomer its share at the next renewal.
+    t1 = await ops(store).lease_shards("t1", 10, 10)
+    assert await ops(store).lease_shards("t2", 10, 10) == set()
+    t1 = await ops(store).lease_shards("t1", 10, 10)
+    t2 = await ops(store).lease_shards("t2", 10, 10)
+    assert len(t1) == len(t2) == SHARDS // 2
+    await ops(store).triggerer_beat("t3", 0, None)  # the replacement, holding nothing yet
+    assert await ops(store).forget_triggerer("t2") == SHARDS // 2
+    assert await ops(store).lease_shards("t1", 10, 10) == t1  # by share alone: nothing more
+    assert len(await ops(store).lease_shards("t1", 10, 10, take_free=True)) == SHARDS
+    released: set[int] = set()
+    t1 = await ops(store).lease_shards("t1", 10, 10, released)
+    assert len(t1) == SHARDS // 2 and len(released) == SHARDS // 2
+    assert await ops(store).lease_shards("t3", 10, 10) == released
+
+
 # ------------------------------------------------------------------------- catalogue
 
 
