@@ -62,14 +62,15 @@ RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf,
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one
 -- update of a child however many of its parents are in :parents (each flag is 0/1 by how
--- they ended).
+-- they ended). "GROUP BY +child": found by the key (run_id, parent), not by edge_by_child,
+-- which would give the groups in order by reading every edge of the run.
 UPDATE task
 SET n_done = n_done + c.n, n_success = n_success + c.n * :success,
     n_failed = n_failed + c.n * :failed,
     n_upstream_failed = n_upstream_failed + c.n * :upstream_failed,
     n_skipped = n_skipped + c.n * :skipped
 FROM (SELECT child, count(*) AS n FROM edge
-      WHERE run_id = :run_id AND parent = ANY(:parents) GROUP BY child) AS c
+      WHERE run_id = :run_id AND parent = ANY(:parents) GROUP BY +child) AS c
 WHERE task.run_id = :run_id AND task.map_index = -1 AND task.task_id = c.child
 RETURNING *;
 
