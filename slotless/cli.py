@@ -474,7 +474,7 @@ async def _watch(store: Store, run_id: str, worker: Worker) -> None:
             chained(recorded, claimed)
         # Outcomes recorded and nothing new to run: the run may have ended in that
         # transaction. Look now: waiting for the next poll was a tenth of a second at the
-        # end of every run (a third of a 1,000-task chain's time).
+        # end of every run (an eighth of a 1,000-task chain's time).
         if recorded and not claimed:
             settled.set()
 
