@@ -466,14 +466,30 @@ async def _watch(store: Store, run_id: str, worker: Worker) -> None:
     """Stop the worker once the run has ended (or paused: on_task_failure="pause", it waits
     for a person) and its callbacks and notifications were delivered or given up (they are
     retried with backoff: docs/dag-patterns.md); what it holds is finished first."""
+    settled = asyncio.Event()
+    chained = worker.on_exchange
+
+    def on_exchange(recorded: list[Any], claimed: list[Any]) -> None:
+        if chained is not None:
+            chained(recorded, claimed)
+        # Outcomes recorded and nothing new to run: the run may have ended in that
+        # transaction. Look now: waiting for the next poll was a tenth of a second at the
+        # end of every run (an eighth of a 1,000-task chain's time).
+        if recorded and not claimed:
+            settled.set()
+
+    worker.on_exchange = on_exchange
     while True:
+        settled.clear()  # before the read: an exchange that ends the run meanwhile wakes us
         info = await store.run_info(run_id)
         if info is None or info["state"] in RUN_TERMINAL or info["state"] == RunState.PAUSED:
             callbacks = await store.run_callbacks(run_id)
             if all(c["state"] in ("DONE", "FAILED") for c in callbacks):
                 worker.stop()
                 return
-        await asyncio.sleep(0.25)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.25):
+                await settled.wait()
 
 
 def _summary(run_id: str, info: Any, tasks: list[Any], mapped: dict[str, dict[str, int]]) -> None:

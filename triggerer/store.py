@@ -95,7 +95,8 @@ class TriggererStore:
         for it; the excess goes back at the next renewal, as to any newcomer.
         """
         now = self.clock()
-        async with self.db.write() as tx:
+
+        async def body(tx: Tx) -> set[int]:
             await tx.execute("triggerer_beat", id=owner, now=now, triggers=0, loop_lag_ms=None)
             live = [r["id"] for r in await tx.fetch("live_triggerers", since=now - liveness)]
             fair = math.ceil(SHARDS / max(1, len(live)))
@@ -116,7 +117,11 @@ class TriggererStore:
                     )
                     if taken:
                         held.append(r["shard"])
-        return set(held)
+            return set(held)
+
+        # One call into SQLite's driver thread: taking 64 free shards was 64 round trips
+        # with the connection held, and a worker sharing it (slotless run) waited for them.
+        return await self.db.transact(body)
 
     async def triggerer_beat(self, owner: str, triggers: int, loop_lag_ms: float | None) -> None:
         async with self.db.write() as tx:

@@ -7,6 +7,7 @@ front with ``BEGIN IMMEDIATE`` and wait up to the busy timeout for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -114,6 +115,10 @@ class _ThreadTx(SqliteTx):
             self._raw.execute(statement)
 
 
+def _nothing() -> None:
+    """Queued behind a transaction to learn when it has ended."""
+
+
 def _in_thread(raw: sqlite3.Connection, sql: dict[str, Query], body: Callable[[Tx], Any]) -> Any:
     """Run a transaction body in the driver's thread, to its end, in one call."""
     raw.execute("BEGIN IMMEDIATE")
@@ -186,13 +191,19 @@ class SqliteDatabase:
         Cancelled meanwhile, the transaction still ends (committed or rolled back) before
         the cancellation goes on."""
         async with self._lock:
-            call = asyncio.ensure_future(
-                self._conn._execute(_in_thread, self._conn._conn, self._sql, body)
-            )
+            # Awaited directly, not through a task and a shield: each of those was another
+            # turn of the event loop on the way there and back, per transaction (the chain's
+            # latency). The call is queued before the first suspension, so a cancellation
+            # can only arrive once it is.
             try:
-                return cast(T, await asyncio.shield(call))
+                return cast(
+                    T, await self._conn._execute(_in_thread, self._conn._conn, self._sql, body)
+                )
             except asyncio.CancelledError:
-                await asyncio.gather(call, return_exceptions=True)
+                # The driver's thread runs the transaction to its end regardless, and serves
+                # its queue in order: once this no-op has run, the transaction has ended.
+                with contextlib.suppress(Exception):
+                    await self._conn._execute(_nothing)
                 raise
 
     async def _undo_begin(self, begin: asyncio.Future[Any]) -> None:

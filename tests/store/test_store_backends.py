@@ -910,3 +910,34 @@ async def test_postgresql_recovers_when_the_server_drops_its_connections(
         await admin.close()
         await listener.close()
         await writer.close()
+
+
+async def test_a_cancelled_sqlite_transaction_ends_before_the_cancellation_goes_on(
+    store: Store, backend: str
+) -> None:
+    """``transact`` runs its body whole in the driver's thread: cancelled meanwhile, it
+    returns only once that transaction has ended there (here: committed), and the
+    connection goes on serving the next one."""
+    if not backend.startswith("sqlite"):
+        pytest.skip("PostgreSQL runs the body on the event loop: nothing outlives the await")
+    import threading
+
+    entered, go = threading.Event(), threading.Event()
+    ended: list[bool] = []
+
+    async def body(tx: Any) -> None:
+        entered.set()
+        go.wait(30.0)  # in the driver's thread: holds the transaction open
+        await tx.execute("worker_beat", id="w", now=1.0, expires_at=2.0)
+        ended.append(True)
+
+    call = asyncio.create_task(store.db.transact(body))
+    try:
+        assert await asyncio.to_thread(entered.wait, 30.0)
+        call.cancel()
+    finally:
+        go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert ended  # it had ended (committed) when the cancellation came out
+    assert await store.other_workers("me") == ["w"]
