@@ -87,6 +87,46 @@ async def test_many_waits_in_one_directory_share_one_watch_and_wake_on_close(
         await async_wait_until(lambda: reader_watches(trig) == 0, what="watch removed")
 
 
+async def test_a_wait_woken_by_its_own_name_reads_its_file_not_its_directory(
+    store, db_path, tmp_path, monkeypatch
+) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    (inbox / "unrelated.txt").write_text("y")
+    n = 20
+    listed: list[list[str]] = []
+    real = files._list_dirs
+
+    def spy(directories):
+        listed.append(list(directories))
+        return real(directories)
+
+    monkeypatch.setattr(files, "_list_dirs", spy)
+    dag = file_waits("push_heard", [str(inbox / f"{i}.csv") for i in range(n)])
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="deferred")
+        await async_wait_until(lambda: trig.push.live(("inotify", str(inbox))), what="live")
+
+        # Checked once more when the watch went live (a listing: nothing heard yet), then
+        # on the safety interval: every check far off and none running.
+        def settled() -> bool:
+            checks = list(trig.table.by_hash.values())
+            far = trig.clock() + 60
+            return len(checks) == n and all(not c.running and c.due > far for c in checks)
+
+        await async_wait_until(settled, what="the checks the watch asked for")
+        before = len(listed)
+        for i in range(n):
+            (inbox / f"{i}.csv").write_text("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all woken")
+        assert len(listed) == before  # each woken wait read its own file alone
+        outputs = {json.loads(r["output"])["paths"][0] for r in waits(db_path, run_id)}
+        assert outputs == {str(inbox / f"{i}.csv") for i in range(n)}
+
+
 async def test_a_glob_wakes_on_a_matching_name_and_a_rename_into_the_directory(
     store, db_path, tmp_path
 ) -> None:
