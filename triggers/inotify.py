@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,6 +54,7 @@ POLLED_FSTYPES = frozenset(
 )
 POLL_FSTYPES_ENV = "SLOTLESS_INOTIFY_POLL_FSTYPES"
 HEARD_NAMES = 100_000  # paths heard and not yet checked, kept at most (HeardNames)
+HEARD_FOR = 60.0  # seconds a heard path is kept for its check (it runs within ms)
 HEARD_KEY = "inotify-heard"  # the trigger context's shared HeardNames
 
 
@@ -100,11 +102,12 @@ class HeardNames:
     (shared through the trigger context as ``inotify-heard``): a woken wait on an exact
     path stats that path alone instead of reading its whole directory (a burst of 1,000
     files over 10 directories would read a directory, and stat each of its entries, in
-    every call). At most :data:`HEARD_NAMES` kept, the oldest forgotten first (their
-    waits read their directory, as when polled)."""
+    every call). A watch hears every name in its directory, waited on or not, so a path
+    is kept :data:`HEARD_FOR` seconds and at most :data:`HEARD_NAMES` of them; one
+    forgotten is read with its directory, as when polled."""
 
     def __init__(self) -> None:
-        self.paths: dict[str, None] = {}
+        self.paths: dict[str, float] = {}  # path -> when heard (monotonic), oldest first
 
     @classmethod
     async def create(cls) -> HeardNames:
@@ -112,13 +115,18 @@ class HeardNames:
 
     def note(self, directory: str, names: Iterable[str | None]) -> None:
         paths = self.paths
+        now = time.monotonic()
         for name in names:
             if name is not None:
                 path = os.path.join(directory, name)
                 paths.pop(path, None)  # moved to the end: the newest
-                paths[path] = None
-        while len(paths) > HEARD_NAMES:
-            del paths[next(iter(paths))]
+                paths[path] = now
+        stale = now - HEARD_FOR
+        while paths:
+            oldest = next(iter(paths))
+            if paths[oldest] >= stale and len(paths) <= HEARD_NAMES:
+                break
+            del paths[oldest]
 
     def take(self, path: str) -> bool:
         """Whether ``path`` was heard since it was last taken (and take it)."""

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import threading
+import time
 from datetime import date
 from pathlib import Path
 
@@ -125,6 +126,18 @@ async def test_a_wait_woken_by_its_own_name_reads_its_file_not_its_directory(
         assert len(listed) == before  # each woken wait read its own file alone
         outputs = {json.loads(r["output"])["paths"][0] for r in waits(db_path, run_id)}
         assert outputs == {str(inbox / f"{i}.csv") for i in range(n)}
+
+
+def test_heard_names_are_kept_a_while_and_bounded(monkeypatch) -> None:
+    # A watch hears every name in its directory, waited on or not: none is kept for good.
+    monkeypatch.setattr(inotify, "HEARD_NAMES", 3)
+    heard = inotify.HeardNames()
+    heard.note("/in", ["a", "b", None, "c", "d"])
+    assert list(heard.paths) == ["/in/b", "/in/c", "/in/d"]  # the oldest went first
+    assert heard.take("/in/c") and not heard.take("/in/c")
+    heard.paths["/in/b"] = time.monotonic() - inotify.HEARD_FOR - 1  # heard long ago
+    heard.note("/in", ["e"])
+    assert list(heard.paths) == ["/in/d", "/in/e"]
 
 
 async def test_a_glob_wakes_on_a_matching_name_and_a_rename_into_the_directory(
