@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 import traceback
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 from triggers.base import BaseTrigger, TransientError, TriggerEvent, clip
@@ -92,6 +92,8 @@ class CheckRunner:
         self.on_check_call: Callable[[str, int, float], None] | None = None
         # Starts holding a check whose class is `held` (triggerer/holding.py).
         self.hold: Callable[[Check], None] | None = None
+        # poke_hashes with an early call in flight (check_early): one at a time each.
+        self._early: set[str] = set()
 
     @property
     def full(self) -> bool:
@@ -258,6 +260,58 @@ class CheckRunner:
             if self._table.by_hash.get(check.poke_hash) is check:
                 self._table.schedule(check, now)
         self._wake.set()
+
+    def check_early(self, hashes: Iterable[str]) -> None:
+        """Checks pushed by name while a call of theirs is in flight are checked again
+        at once, alongside it, one call per class, instead of after it.
+
+        A safety poll's call lists whole folders (10,000 S3 waits: ten listings of 1,000
+        keys, seconds on a busy server): a wait whose object lands meanwhile would wait
+        for that listing, then run again. The early call answers it from what the push
+        said (an S3 notification's size, a fresh directory read). Only an event from it
+        is acted on, and only while the check is still held: the call in flight settles
+        everything else as before (the hub runs the check once more after it), and
+        whichever of the two fires first drops the check, so the other's event is
+        ignored (no double fire).
+        """
+        by_class: dict[type[BaseTrigger], list[Check]] = {}
+        by_hash = self._table.by_hash
+        for poke_hash in hashes:
+            check = by_hash.get(poke_hash)
+            if check is None or check not in self.running or poke_hash in self._early:
+                continue
+            self._early.add(poke_hash)
+            by_class.setdefault(check.cls, []).append(check)
+        size = self._batch_size
+        for cls, checks in by_class.items():
+            for i in range(0, len(checks), size):
+                task = asyncio.create_task(self._run_early(cls, checks[i : i + size]))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+
+    async def _run_early(self, cls: type[BaseTrigger], checks: list[Check]) -> None:
+        try:
+            if self._fenced():
+                return  # the calls in flight and the runs after them cover these checks
+            began = time.perf_counter()
+            try:
+                async with asyncio.timeout(self._check_timeout):
+                    results = list(await self._call(cls, checks))
+            except Exception:  # the same checks are in flight: their own call says it
+                return
+            if self.on_check_call is not None:
+                self.on_check_call(cls.classpath(), len(checks), time.perf_counter() - began)
+            if len(results) != len(checks):
+                return
+            now = self._clock()
+            settled: list[tuple[float, Check]] = []
+            for check, result in zip(checks, results, strict=True):
+                if isinstance(result, TriggerEvent):
+                    self._settle(check, result, now, settled)
+            if settled:  # an event reschedules nothing; _settle's contract all the same
+                self._table.schedule_many(settled)
+        finally:
+            self._early.difference_update(c.poke_hash for c in checks)
 
     def _start_call(self, cls: type[BaseTrigger], checks: list[Check]) -> None:
         self.calls += 1

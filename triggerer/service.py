@@ -138,6 +138,7 @@ class Triggerer:
         # Held triggers (run() open for the whole wait, as Airflow's are): holding.py.
         self.holder = Holder(self.runner, self.ctx, wake=self._wake_checker, clock=clock)
         self.runner.hold = self.holder.start
+        self.push.early = self.runner.check_early
         self.table.on_forget = self.holder.forget
         self._wake_loader = asyncio.Event()
         self._reload = True

@@ -172,10 +172,10 @@ class TriggererStore:
         fired or failed (a triggerer that woke after losing shards writes nothing for them).
         """
         now = self.clock()
-        async with self.db.write() as tx:
-            if owner is not None:
-                batch = await _fenced(tx, batch, owner, now)
-            logs = [pair for pair in batch.logs if pair[0] > 0]  # start waits: no log
+
+        async def body(tx: Tx) -> None:
+            todo = batch if owner is None else await _fenced(tx, batch, owner, now)
+            logs = [pair for pair in todo.logs if pair[0] > 0]  # start waits: no log
             if logs:
                 # One JSON parameter, inserted by the database: no dict per line here.
                 await tx.execute("insert_check_logs", lines=json.dumps(logs), now=now)
@@ -185,7 +185,7 @@ class TriggererStore:
             fired: Waits = {}
             payload_of: dict[int, str] = {}
             message_of: dict[int, str] = {}
-            for fire in batch.fires:
+            for fire in todo.fires:
                 waits, starts = split_waits(fire.waits)
                 if fire.error is not None:
                     await _fail_waits(tx, fire.waits, fire.error, now)
@@ -221,8 +221,12 @@ class TriggererStore:
                 ready_at=now,
                 carry=Carry(events={i: payload_of[i] for i in resumable}),
             )
-            for waits, why in batch.failures:
+            for waits, why in todo.failures:
                 await _fail_waits(tx, waits, why, now)
+
+        # One call into SQLite's driver thread for the whole transaction: a burst's fires
+        # are written while the loop is busy checking, not a statement per loop pass.
+        await self.db.transact(body)
 
     async def expire_waits(self, shards: Collection[int]) -> list[int]:
         """End the waits in these shards whose own timeout passed; returns their rows."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+import stat
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from functools import partial
@@ -15,7 +16,7 @@ from pydantic import field_validator
 
 from .base import BaseTrigger, TriggerEvent
 from .context import TriggerContext, to_thread
-from .inotify import InotifyDirectory
+from .inotify import HEARD_KEY, HeardNames, InotifyDirectory
 from .push import PushInterest
 
 
@@ -69,17 +70,44 @@ class FileTrigger(BaseTrigger):
     async def poke_many(
         cls, triggers: Sequence[BaseTrigger], ctx: TriggerContext
     ) -> Sequence[TriggerEvent | BaseException | None]:
+        heard: HeardNames = await ctx.shared(HEARD_KEY, HeardNames.create)
         by_dir: dict[str, list[FileTrigger]] = defaultdict(list)
+        alone: list[FileTrigger] = []  # woken by their own name: a stat each, no listing
         for t in triggers:
             assert isinstance(t, FileTrigger)
-            by_dir[os.path.dirname(t.path) or "."].append(t)
-        listings = await to_thread(_list_dirs, list(by_dir))
+            if heard.paths and not t.is_glob and heard.take(os.path.abspath(t.path)):
+                alone.append(t)
+            else:
+                by_dir[os.path.dirname(t.path) or "."].append(t)
+        listings, sizes = await to_thread(_read, list(by_dir), [t.path for t in alone])
         results: dict[int, TriggerEvent | BaseException | None] = {}
         for directory, group in by_dir.items():
             entries = listings.get(directory)
             for t in group:
                 results[id(t)] = _match(t, directory, entries)
+        for t in alone:
+            directory = os.path.dirname(t.path) or "."
+            size = sizes[t.path]
+            entries = None if size is None else {os.path.basename(t.path): size}
+            results[id(t)] = _match(t, directory, entries)
         return [results[id(t)] for t in triggers]
+
+
+def _read(
+    directories: list[str], paths: list[str]
+) -> tuple[dict[str, dict[str, int] | None], dict[str, int | None]]:
+    """The directories' listings and the paths' sizes (None: not a file, or not there),
+    in one trip to a thread."""
+    listings = _list_dirs(directories) if directories else {}
+    return listings, {p: _file_size(p) for p in paths}
+
+
+def _file_size(path: str) -> int | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def _list_dirs(directories: list[str]) -> dict[str, dict[str, int] | None]:

@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .push import PushSource, PushUnavailable, Wake
@@ -52,6 +53,9 @@ POLLED_FSTYPES = frozenset(
     }
 )
 POLL_FSTYPES_ENV = "SLOTLESS_INOTIFY_POLL_FSTYPES"
+HEARD_NAMES = 100_000  # paths heard and not yet checked, kept at most (HeardNames)
+HEARD_FOR = 60.0  # seconds a heard path is kept for its check (it runs within ms)
+HEARD_KEY = "inotify-heard"  # the trigger context's shared HeardNames
 
 
 def polled_fstypes() -> frozenset[str]:
@@ -93,6 +97,46 @@ def _poll_reason(directory: str) -> str | None:
     return None
 
 
+class HeardNames:
+    """Paths the watches heard closed or moved in and that no check has read since
+    (shared through the trigger context as ``inotify-heard``): a woken wait on an exact
+    path stats that path alone instead of reading its whole directory (a burst of 1,000
+    files over 10 directories would read a directory, and stat each of its entries, in
+    every call). A watch hears every name in its directory, waited on or not, so a path
+    is kept :data:`HEARD_FOR` seconds and at most :data:`HEARD_NAMES` of them; one
+    forgotten is read with its directory, as when polled."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, float] = {}  # path -> when heard (monotonic), oldest first
+
+    @classmethod
+    async def create(cls) -> HeardNames:
+        return cls()
+
+    def note(self, directory: str, names: Iterable[str | None]) -> None:
+        paths = self.paths
+        now = time.monotonic()
+        for name in names:
+            if name is not None:
+                path = os.path.join(directory, name)
+                paths.pop(path, None)  # moved to the end: the newest
+                paths[path] = now
+        stale = now - HEARD_FOR
+        while paths:
+            oldest = next(iter(paths))
+            if paths[oldest] >= stale and len(paths) <= HEARD_NAMES:
+                break
+            del paths[oldest]
+
+    def take(self, path: str) -> bool:
+        """Whether ``path`` was heard since it was last taken (and take it)."""
+        try:
+            del self.paths[path]
+        except KeyError:
+            return False
+        return True
+
+
 class InotifyDirectory(PushSource):
     """Wakes the waits of one directory: topics are the names closed or moved into it."""
 
@@ -107,8 +151,16 @@ class InotifyDirectory(PushSource):
         if reason is not None:
             raise PushUnavailable(reason)
         reader: _Reader = await ctx.shared("inotify", _Reader.open)
+        heard: HeardNames = await ctx.shared(HEARD_KEY, HeardNames.create)
+        directory = self.directory
+
+        def noted(names: Iterable[str | None]) -> None:
+            names = list(names)
+            heard.note(directory, names)  # before the wake: the woken checks read it
+            wake(names)
+
         gone: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        watch = reader.watch(self.directory, wake, gone)
+        watch = reader.watch(directory, noted, gone)
         try:
             ready()
             why = await gone

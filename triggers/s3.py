@@ -31,7 +31,7 @@ from pydantic import field_validator
 
 from .base import BaseTrigger, TransientError, TriggerEvent, unbatched
 from .context import TriggerContext
-from .listing import SingleFlight, compile_glob, has_magic, literal_prefix, on_grid
+from .listing import SingleFlight, check_glob, compile_glob, has_magic, literal_prefix, on_grid
 from .push import PushInterest
 from .s3_events import Heard, SqsEventQueue, aws_client, buckets_of
 
@@ -105,7 +105,7 @@ class S3KeyTrigger(BaseTrigger):
             raise ValueError("key must not be empty (use a prefix ending in '/' or a glob)")
         if value.startswith("/"):
             raise ValueError(f"key {value!r} must not start with '/' (S3 keys are relative)")
-        compile_glob(value)  # ValueError names what is malformed
+        check_glob(value)  # ValueError names what is malformed
         return value
 
     @field_validator("min_size")

@@ -281,7 +281,11 @@ def aws_client(conn: Any, service: str, options: dict[str, Any]) -> Any:
     token = extra.get("aws_session_token") or extra.get("session_token")
     if token:
         kwargs["aws_session_token"] = token
-    return get_session().create_client(service, **kwargs)
+    session = get_session()
+    # Listings are read for their keys and sizes alone: botocore would parse every
+    # object's LastModified with dateutil (~30 us each: 30 ms of the loop per page).
+    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+    return session.create_client(service, **kwargs)
 
 
 def buckets_of(extra: dict[str, str]) -> list[str]:

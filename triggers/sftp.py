@@ -30,7 +30,7 @@ from pydantic import field_validator, model_validator
 
 from .base import BaseTrigger, TransientError, TriggerEvent
 from .context import TriggerContext
-from .listing import SingleFlight, compile_glob, has_magic, on_grid
+from .listing import SingleFlight, check_glob, compile_glob, has_magic, on_grid
 
 MAX_PAYLOAD_PATHS = 1000
 
@@ -63,7 +63,7 @@ class SFTPFileTrigger(BaseTrigger):
                 f"path {value!r}: wildcards are allowed in the file name only, not in "
                 f"the directory {directory!r}"
             )
-        compile_glob(name)  # ValueError names what is malformed
+        check_glob(name)  # ValueError names what is malformed
         return value
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ from triggerer.running import TRANSIENT
 from triggers.base import TransientError, TriggerEvent
 from triggers.checking import CheckContext
 from triggers.connections import UnknownConnection
+from triggers.listing import compile_glob
 from triggers.registry import TriggerLoadError, load_trigger
 from triggers.s3 import S3CheckError, S3KeyTrigger
 
@@ -156,6 +157,16 @@ def test_malformed_glob_is_refused_with_a_clear_message():
         load_trigger("triggers.s3.S3KeyTrigger", {"bucket": "bkt", "key": "in/[x"})
     with pytest.raises(ValidationError, match="must not start with '/'"):
         S3KeyTrigger(bucket="bkt", key="/abs")
+
+
+def test_a_literal_key_is_validated_without_compiling_a_pattern():
+    # Every check rebuilds its trigger: 10,000 distinct keys compiled at each build cost
+    # a second of the loop per safety poll and evicted the real globs from the cache.
+    before = compile_glob.cache_info()
+    for i in range(100):
+        S3KeyTrigger(bucket="bkt", key=f"in/p{i:02d}/obj-{i:05d}.csv")
+    after = compile_glob.cache_info()
+    assert (after.hits, after.misses) == (before.hits, before.misses)
 
 
 def test_describe_and_serialize_carry_no_secret(s3):

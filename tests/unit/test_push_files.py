@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import threading
+import time
 from datetime import date
 from pathlib import Path
 
@@ -85,6 +86,58 @@ async def test_many_waits_in_one_directory_share_one_watch_and_wake_on_close(
         # The last wait gone, the source and its watch are closed.
         await async_wait_until(lambda: not trig.push.sources, what="source closed")
         await async_wait_until(lambda: reader_watches(trig) == 0, what="watch removed")
+
+
+async def test_a_wait_woken_by_its_own_name_reads_its_file_not_its_directory(
+    store, db_path, tmp_path, monkeypatch
+) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    (inbox / "unrelated.txt").write_text("y")
+    n = 20
+    listed: list[list[str]] = []
+    real = files._list_dirs
+
+    def spy(directories):
+        listed.append(list(directories))
+        return real(directories)
+
+    monkeypatch.setattr(files, "_list_dirs", spy)
+    dag = file_waits("push_heard", [str(inbox / f"{i}.csv") for i in range(n)])
+    run_id = await store.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="deferred")
+        await async_wait_until(lambda: trig.push.live(("inotify", str(inbox))), what="live")
+
+        # Checked once more when the watch went live (a listing: nothing heard yet), then
+        # on the safety interval: every check far off and none running.
+        def settled() -> bool:
+            checks = list(trig.table.by_hash.values())
+            far = trig.clock() + 60
+            return len(checks) == n and all(not c.running and c.due > far for c in checks)
+
+        await async_wait_until(settled, what="the checks the watch asked for")
+        before = len(listed)
+        for i in range(n):
+            (inbox / f"{i}.csv").write_text("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", n), what="all woken")
+        assert len(listed) == before  # each woken wait read its own file alone
+        outputs = {json.loads(r["output"])["paths"][0] for r in waits(db_path, run_id)}
+        assert outputs == {str(inbox / f"{i}.csv") for i in range(n)}
+
+
+def test_heard_names_are_kept_a_while_and_bounded(monkeypatch) -> None:
+    # A watch hears every name in its directory, waited on or not: none is kept for good.
+    monkeypatch.setattr(inotify, "HEARD_NAMES", 3)
+    heard = inotify.HeardNames()
+    heard.note("/in", ["a", "b", None, "c", "d"])
+    assert list(heard.paths) == ["/in/b", "/in/c", "/in/d"]  # the oldest went first
+    assert heard.take("/in/c") and not heard.take("/in/c")
+    heard.paths["/in/b"] = time.monotonic() - inotify.HEARD_FOR - 1  # heard long ago
+    heard.note("/in", ["e"])
+    assert list(heard.paths) == ["/in/d", "/in/e"]
 
 
 async def test_a_glob_wakes_on_a_matching_name_and_a_rename_into_the_directory(

@@ -14,6 +14,8 @@ from support.helpers import async_wait_until
 
 from triggerer.checks import CheckTable, Subscriber
 from triggerer.push import PushHub
+from triggerer.running import CheckRunner
+from triggerer.writing import Outbox
 from triggers.base import BaseTrigger, TriggerEvent
 from triggers.push import PushInterest, PushSource, PushUnavailable, Wake
 
@@ -137,3 +139,69 @@ async def test_a_trigger_whose_push_interest_raises_is_polled(opened, caplog) ->
     check = hold(table, Broken(source="s", topic="a"), 1, 0.0)
     assert "no idea" in caplog.text and not hub.sources and not opened
     assert hub.next_check(check, 0.0) is None
+
+
+class SlowListing(Topical):
+    """Batched: the first call waits at GATE (a safety poll's slow listing of a folder);
+    any call answers from LANDED (what a push said)."""
+
+    @classmethod
+    async def poke_many(cls, triggers: Any, ctx: Any) -> list[TriggerEvent | None]:
+        calls.append(len(triggers))
+        if len(calls) == 1:
+            await GATE[0]
+        return [
+            TriggerEvent(payload={"topic": t.topic}) if t.topic in LANDED else None
+            for t in triggers
+        ]
+
+
+GATE: list[asyncio.Future[None]] = []
+LANDED: set[str] = set()
+calls: list[int] = []
+
+
+async def test_a_check_pushed_while_its_call_is_in_flight_fires_before_that_call_ends(
+    opened,
+) -> None:
+    now = [1000.0]
+    table = CheckTable()
+    wake = asyncio.Event()
+    hub = PushHub(table, None, wake_checker=wake, clock=lambda: now[0])  # type: ignore[arg-type]
+    table.watcher = hub
+    outbox = Outbox(None)  # type: ignore[arg-type]  # never flushed here: read as is
+    runner = CheckRunner(
+        table,
+        None,  # type: ignore[arg-type]
+        outbox,
+        wake=wake,
+        clock=lambda: now[0],
+        max_concurrency=8,
+        wave=8,
+        batch_size=100,
+        check_timeout=30.0,
+        max_backoff=60.0,
+    )
+    hub.early = runner.check_early
+    GATE[:] = [asyncio.get_running_loop().create_future()]
+    LANDED.clear()
+    calls.clear()
+    a = hold(table, SlowListing(source="s", topic="a"), 1, now[0])
+    b = hold(table, SlowListing(source="s", topic="b"), 2, now[0])
+    await async_wait_until(lambda: hub.live(("test", "s")), what="live")
+    assert runner.dispatch(now[0])  # both in one call, which waits at the gate
+    await async_wait_until(lambda: calls == [2], what="the slow call")
+    assert a.running and b.running
+    LANDED.add("a")
+    assert opened[0].wake is not None
+    opened[0].wake(["a"])  # "a" landed while the slow call lists
+    await async_wait_until(lambda: outbox.batch.fires, what="the early fire")
+    assert not GATE[0].done() and calls == [2, 1]  # "a" alone, early; "b" not asked again
+    assert list(outbox.batch.fires[0].waits) == [1]
+    assert table.by_hash.get(a.poke_hash) is None and b.running
+    # The slow call ends, "a" in its answer too: ignored (dropped), no second fire.
+    GATE[0].set_result(None)
+    await async_wait_until(lambda: not b.running, what="the slow call settled")
+    await asyncio.sleep(0)
+    assert len(outbox.batch.fires) == 1 and table.by_hash.get(b.poke_hash) is b
+    await hub.aclose()
