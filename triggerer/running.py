@@ -96,6 +96,8 @@ class CheckRunner:
         self.checks_failed = 0
         self.events_fired = 0
         self.unloadable = 0  # checks whose kwargs, loaded unvalidated, failed to validate
+        # How each class is checked (asked once: two class calls a check add up at 3,800/s).
+        self._ways: dict[type[BaseTrigger], str] = {}
         # poke_hash -> (the check, its trigger) for frequent checks (see KEEP_INTERVAL).
         self._kept: dict[str, tuple[Check, BaseTrigger]] = {}
         # Called after each check call with (trigger classpath, triggers checked, seconds).
@@ -128,14 +130,18 @@ class CheckRunner:
         plain: list[Check] = []
         rounds = 0
         started = False
+        ways = self._ways
         for check in self._table.pop_due(now, 10 * size):
             started = True
             cls = check.cls
-            if cls.held and self.hold is not None:
+            way = ways.get(cls)
+            if way is None:
+                way = ways[cls] = _way_of(cls)
+            if way is _HELD and self.hold is not None:
                 self.hold(check)  # waits, not checks: no room taken
                 continue
             check.running = True
-            if cls.is_batched() and not cls.is_push():
+            if way is _BATCHED:
                 self.running.add(check)
                 group = groups.setdefault(cls, [])
                 if not group:
@@ -194,7 +200,8 @@ class CheckRunner:
                     continue
                 self.current = check
                 try:
-                    if check.cls.is_push():
+                    way = self._ways.get(check.cls)
+                    if way is _PUSH or (way is _HELD and check.cls.is_push()):
                         coro = check_once(model, self._ctx)
                     else:
                         coro = model.poke(self._ctx)
@@ -490,6 +497,19 @@ class CheckRunner:
         if n & (n - 1) == 0 or ((force or line != check.last_result) and n <= CHANGED_LINES):
             self._outbox.log(check.subscribers, clip(line, LOG_LINE))
         check.last_result = line
+
+
+# How a class is checked: its run() held open, in poke_many batches, through its push
+# wait (check_once), or by poke.
+_HELD, _BATCHED, _PUSH, _POKE = "held", "batched", "push", "poke"
+
+
+def _way_of(cls: type[BaseTrigger]) -> str:
+    if cls.held:
+        return _HELD
+    if cls.is_batched() and not cls.is_push():
+        return _BATCHED
+    return _PUSH if cls.is_push() else _POKE
 
 
 def _where(check: Check) -> str:
