@@ -124,8 +124,11 @@ class Loader:
             step = self._step(table.subscriptions / len(ordered))
             for first in range(0, len(ordered), step):
                 group = ordered[first : first + step]
+                began = time.perf_counter()
                 sums = await self._ops.shard_sums(group)
                 changed += [s for s in group if table.shard_sum(s) != sums.get(s, (0, 0))]
+                if step < len(ordered):
+                    await pace(time.perf_counter() - began)
             ordered = changed
         reread = set(ordered)
         after = 0 if full else self._max_trigger_id
@@ -152,7 +155,7 @@ class Loader:
                     step = self._step(len(rows) / len(group))
                 if first:
                     # Shards are hashes: the first query's share tells the whole load's size.
-                    spread = _Spread.of(round(len(rows) / len(group) * len(ordered)))
+                    spread = _Spread.of(round(len(rows) / len(group) * len(ordered)), self._clock())
                     self._spreading = spread is not None
                     first = False
                 following = next_group()
@@ -332,22 +335,38 @@ class Loader:
                 self._wake.set()
 
 
+async def pace(busy: float) -> None:
+    """Rest as long as the driver's thread was busy on a reconcile's query (0.1 s at most).
+
+    A reconcile of a million waits is seconds of SQL in that thread (64 checksums of ~25
+    ms, then the repair's 8 orphan scans of ~120 ms and 8 deletes of ~50 ms): back to back
+    it keeps a core busy while the loop checks ~17,000 waits a second, and on a shared
+    2-core machine the loop's thread then waits for a CPU (stalls of 150-350 ms whose
+    callbacks used ~0 ms of CPU themselves). At most half a core, the loop keeps up."""
+    await asyncio.sleep(min(busy, 0.1))
+
+
 @dataclass(slots=True)
 class _Spread:
     """Where a big load's checks are first due: row k of an estimated n at
-    ``at + (k / n) * min(n / FIRST_CHECKS_PER_S, interval)``, so the checks of the first
-    rows read come first and the whole load is checked at about the rate it was read."""
+    ``began + (k / n) * min(n / FIRST_CHECKS_PER_S, interval)`` (or when it is read, if
+    later), so the checks of the first rows read come first and the first cycle takes one
+    interval from the load's start. Counted from each row's own reading instead, a load of
+    8 s made a first cycle of interval + 8 s, whose last 8 s ran the first checks of the
+    last rows beside the second checks of the first: twice the rate (and the log lines of
+    checks 1 and 2), a minute after the load, stalling the loop."""
 
     rows: int  # the load's estimated size
     window: float  # seconds its first checks are spread over (capped by each interval)
+    began: float  # when the load's first rows were read
 
     @classmethod
-    def of(cls, rows: int) -> _Spread | None:
-        return cls(rows, rows / FIRST_CHECKS_PER_S) if rows > SPREAD_ABOVE else None
+    def of(cls, rows: int, began: float) -> _Spread | None:
+        return cls(rows, rows / FIRST_CHECKS_PER_S, began) if rows > SPREAD_ABOVE else None
 
     def first_at(self, at: float, k: int, interval: float) -> float:
         # An estimate a little short wraps around instead of piling up at the end.
-        return at + ((k / self.rows) % 1.0) * min(self.window, interval)
+        return max(at, self.began + ((k / self.rows) % 1.0) * min(self.window, interval))
 
 
 @dataclass(slots=True, frozen=True)
