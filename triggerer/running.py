@@ -247,12 +247,19 @@ class CheckRunner:
             self._kept[check.poke_hash] = (check, model)
         return model
 
+    def _drop(self, check: Check) -> None:
+        """The check is over (fired, failed): out of the table, its kept trigger too."""
+        self._table.drop(check)
+        kept = self._kept.get(check.poke_hash)
+        if kept is not None and kept[0] is check:
+            del self._kept[check.poke_hash]
+
     def _cannot_load(self, check: Check, exc: Exception) -> None:
         """A check loaded unvalidated whose kwargs fail to validate (a TriggerLoadError
         saying why): its one task fails, as the load would have failed it (loading.py)."""
         self.unloadable += 1
         self.running.discard(check)
-        self._table.drop(check)
+        self._drop(check)
         self._outbox.fail(_waits(check), f"cannot load trigger: {exc}")
 
     def _hand_on(self, rest: list[Check]) -> None:
@@ -384,7 +391,7 @@ class CheckRunner:
                 self._settle_result(check, result, now, settled)
             except Exception as exc:  # the trigger's own code (payload, next_check_at) failed
                 self.checks_failed += 1
-                self._table.drop(check)
+                self._drop(check)
                 self._outbox.fail(
                     _waits(check), f"cannot handle the result of {_where(check)}: "
                                    f"{type(exc).__name__}: {exc}"
@@ -418,7 +425,7 @@ class CheckRunner:
             else:
                 msg = f"trigger fired: {where} (after {check.checks} checks)"
             payload = json.dumps(result.payload)  # before anything is dropped: it may fail
-            self._table.drop(check)
+            self._drop(check)
             self.events_fired += 1
             self._outbox.fire(
                 Fire(_waits(check), payload, msg, error=msg if result.error else None)
@@ -426,7 +433,7 @@ class CheckRunner:
             return
         if isinstance(result, BaseException) and not isinstance(result, TRANSIENT):
             self.checks_failed += 1
-            self._table.drop(check)
+            self._drop(check)
             tb = "".join(traceback.format_exception(result)).rstrip()
             self._outbox.fail(
                 _waits(check), f"trigger {where} raised {type(result).__name__}: {result}\n{tb}"
