@@ -100,7 +100,7 @@ class LoopWatch:
         (the loop's own work: loading, writing; a collection shows as the frame that
         allocated, or a gc callback)."""
         frame = sys._current_frames().get(self._loop_thread)
-        where = []
+        where: list[str] = []
         while frame is not None and len(where) < depth:
             code = frame.f_code
             where.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {code.co_name}")
