@@ -16,8 +16,10 @@ or whose trigger cannot be scheduled fails its own task, through the outbox.
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,8 +27,8 @@ from executor.store import Row
 from triggers.base import BaseTrigger
 from triggers.registry import TriggerLoadError, load_trigger, trigger_class
 
-from .checks import CheckTable, Subscriber, freeze_held
-from .store import TriggererStore
+from .checks import Check, CheckTable, Subscriber, freeze_held
+from .store import TriggererStore, Waits
 from .writing import Outbox
 
 # Rows handled between yields to the loop: at most this many, and no longer than
@@ -78,6 +80,8 @@ class Loader:
         self._loaded_beyond: set[int] = set()  # trigger ids above a full reload's `newest`
         self._max_release_id = 0  # the newest operator release read (wait_release)
         self.unloadable = 0  # rows failed because they could not become a trigger
+        # classpath -> what a row of it needs (or why it cannot load), for one load.
+        self._classes: dict[str, _Kind | TriggerLoadError] = {}
 
     async def load(self, shards: Collection[int], *, full: bool) -> None:
         """Read the waits of ``shards``: all of them (``full``) or the new ones."""
@@ -90,6 +94,7 @@ class Loader:
         # Its new checks become due together at the end (or chunk by chunk once it is
         # big): the checker never sees half of a small load, so batches are not split.
         self._table.hold()
+        self._classes = {}  # the allow-list may have changed since the last load
         try:
             await self._load(ordered, full=full)
         finally:
@@ -119,8 +124,11 @@ class Loader:
             step = self._step(table.subscriptions / len(ordered))
             for first in range(0, len(ordered), step):
                 group = ordered[first : first + step]
+                began = time.perf_counter()
                 sums = await self._ops.shard_sums(group)
                 changed += [s for s in group if table.shard_sum(s) != sums.get(s, (0, 0))]
+                if step < len(ordered):
+                    await pace(time.perf_counter() - began)
             ordered = changed
         reread = set(ordered)
         after = 0 if full else self._max_trigger_id
@@ -147,7 +155,7 @@ class Loader:
                     step = self._step(len(rows) / len(group))
                 if first:
                     # Shards are hashes: the first query's share tells the whole load's size.
-                    spread = _Spread.of(round(len(rows) / len(group) * len(ordered)))
+                    spread = _Spread.of(round(len(rows) / len(group) * len(ordered)), self._clock())
                     self._spreading = spread is not None
                     first = False
                 following = next_group()
@@ -209,9 +217,13 @@ class Loader:
         parsed: dict[tuple[str, str], _Parsed | TriggerLoadError] = {}
         by_row, by_hash = table.by_row, table.by_hash
         loaded_beyond = self._loaded_beyond
+        classes = self._classes
+        texts: dict[str, str] = {}
         chunk_start = 0  # the first row not yet settled
         slice_end = time.perf_counter() + _LOAD_SLICE
-        for i, row in enumerate(rows):
+        # Each row as its values (both drivers' rows iterate them), typed as they come.
+        values = cast(Sequence[Any], rows)
+        for i, row in enumerate(values):
             if i & 63 == 63 and (
                 i - chunk_start >= _ROWS_PER_YIELD or time.perf_counter() >= slice_end
             ):
@@ -221,9 +233,7 @@ class Loader:
                 slice_end = time.perf_counter() + _LOAD_SLICE
             # By position, in load_triggers' column order (both drivers' rows iterate
             # their values): a name is a scan of the columns on SQLite's rows (~0.4 us a row).
-            trigger_id, classpath, kwargs, poke_hash, shard, task_row, next_method, not_before = (
-                cast(Iterable[Any], row)
-            )
+            trigger_id, classpath, kwargs, poke_hash, shard, task_row, next_method, not_before = row
             if seen is not None:
                 seen.add(task_row)
             if full:
@@ -240,6 +250,37 @@ class Loader:
                 if sub_held is not None and sub_held.trigger_id == trigger_id:
                     continue
                 table.unsubscribe(task_row)  # it deferred again, on a new trigger
+            kind = classes.get(classpath)
+            if kind is None:
+                kind = classes[classpath] = _kind_of(classpath)
+            if isinstance(kind, TriggerLoadError):
+                self.unloadable += 1
+                self._outbox.fail({task_row: trigger_id}, f"cannot load trigger: {kind}")
+                continue
+            if kind.lazy and poke_hash not in by_hash:
+                # The common row of a big load: a check not held yet, of a plain polled
+                # class. Its kwargs are validated by its first check (~1-3 us a row saved
+                # here; one that fails then fails its own task, as it would now).
+                interval = _interval_in(kwargs, kind.interval)
+                if interval is not None:
+                    kwargs = texts.setdefault(kwargs, kwargs)  # equal JSON shared
+                    sub = Subscriber(task_row, trigger_id, interval, next_method is not None)
+                    at = now if not_before is None or not_before < now else not_before
+                    if spread is not None:
+                        at = spread.first_at(at, start + i, interval)
+                    table.add_loaded(poke_hash, kind.cls, kwargs, shard, sub, at)
+                    continue
+            else:
+                joined = by_hash.get(poke_hash)
+                if joined is not None and not joined.valid:
+                    # A second wait on a check loaded unvalidated: its kwargs are checked
+                    # now, so that a bad row fails alone, not the wait that joins it.
+                    try:
+                        joined.validate()
+                    except TriggerLoadError as exc:
+                        self.unloadable += 1
+                        table.drop(joined)
+                        self._outbox.fail(waits_of(joined), f"cannot load trigger: {exc}")
             key = (classpath, kwargs)
             entry = parsed.get(key)
             model = None
@@ -294,22 +335,87 @@ class Loader:
                 self._wake.set()
 
 
+async def pace(busy: float) -> None:
+    """Rest as long as the driver's thread was busy on a reconcile's query (0.1 s at most).
+
+    A reconcile of a million waits is ~3 s of SQL in that thread (64 checksums of ~25 ms,
+    then the repair's 8 orphan scans of ~120 ms and 8 deletes of ~50 ms) while the loop
+    checks ~17,000 waits a second: paced, it takes half a core at most, and the loop's
+    thread finds a CPU on a shared 2-core machine."""
+    await asyncio.sleep(min(busy, 0.1))
+
+
 @dataclass(slots=True)
 class _Spread:
     """Where a big load's checks are first due: row k of an estimated n at
-    ``at + (k / n) * min(n / FIRST_CHECKS_PER_S, interval)``, so the checks of the first
-    rows read come first and the whole load is checked at about the rate it was read."""
+    ``began + (k / n) * min(n / FIRST_CHECKS_PER_S, interval)`` (or when it is read, if
+    later), so the checks of the first rows read come first and the first cycle takes one
+    interval from the load's start. Counted from each row's own reading instead, a load of
+    8 s made a first cycle of interval + 8 s, whose last 8 s ran the first checks of the
+    last rows beside the second checks of the first: twice the rate (and the log lines of
+    checks 1 and 2), a minute after the load, stalling the loop."""
 
     rows: int  # the load's estimated size
     window: float  # seconds its first checks are spread over (capped by each interval)
+    began: float  # when the load's first rows were read
 
     @classmethod
-    def of(cls, rows: int) -> _Spread | None:
-        return cls(rows, rows / FIRST_CHECKS_PER_S) if rows > SPREAD_ABOVE else None
+    def of(cls, rows: int, began: float) -> _Spread | None:
+        return cls(rows, rows / FIRST_CHECKS_PER_S, began) if rows > SPREAD_ABOVE else None
 
     def first_at(self, at: float, k: int, interval: float) -> float:
         # An estimate a little short wraps around instead of piling up at the end.
-        return at + ((k / self.rows) % 1.0) * min(self.window, interval)
+        return max(at, self.began + ((k / self.rows) % 1.0) * min(self.window, interval))
+
+
+@dataclass(slots=True, frozen=True)
+class _Kind:
+    """A trigger class as the loader treats its rows."""
+
+    cls: type[BaseTrigger]
+    interval: float  # the class's default poke_interval
+    # Its rows may be held unvalidated until their first check: a plain polled class
+    # (not held, no moment of its own to be first checked at).
+    lazy: bool
+
+
+def _kind_of(classpath: str) -> _Kind | TriggerLoadError:
+    try:
+        cls = trigger_class(classpath)
+    except TriggerLoadError as exc:
+        return exc
+    except Exception as exc:  # a module that fails to import: its rows only
+        return TriggerLoadError(f"{type(exc).__name__}: {exc}")
+    default = cls.model_fields["poke_interval"].default
+    lazy = (
+        not cls.held
+        and cls.first_check_at is BaseTrigger.first_check_at
+        and isinstance(default, int | float)
+    )
+    return _Kind(cls, float(default) if lazy else 60.0, lazy)
+
+
+_INTERVAL_KEY = '"poke_interval"'
+_INTERVAL_VALUE = re.compile(r'"poke_interval"\s*:\s*([0-9.eE+-]+)\s*[,}]')
+
+
+def _interval_in(kwargs: str, default: float) -> float | None:
+    """The poke_interval a row's kwargs JSON asks for, read without parsing it (~0.3 us; a
+    validation is 1-3 us): the class's default if the key is absent; None (validate the
+    row now) if it is there more than once or is not a plain positive number. Read from a
+    nested object by mistake, it is corrected by the first check (Check._validated): it
+    only placed that first check within a big load's spread."""
+    i = kwargs.find(_INTERVAL_KEY)
+    if i < 0:
+        return default
+    m = _INTERVAL_VALUE.match(kwargs, i)
+    if m is None or kwargs.find(_INTERVAL_KEY, i + 1) >= 0:
+        return None
+    try:
+        value = float(m[1])
+    except ValueError:
+        return None
+    return value if 0 < value < math.inf else None
 
 
 @dataclass(slots=True)
@@ -318,6 +424,10 @@ class _Parsed:
 
     compact: tuple[type[BaseTrigger], str]  # the class and the validated kwargs' JSON
     interval: float
+
+
+def waits_of(check: Check) -> Waits:
+    return {row: sub.trigger_id for row, sub in check.subscribers.items()}
 
 
 def _rebuild(entry: _Parsed) -> BaseTrigger:

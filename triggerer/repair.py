@@ -25,6 +25,7 @@ at WARNING.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Collection
 
@@ -32,6 +33,7 @@ from executor.statemachine import retry_or_fail, transition
 from executor.states import State
 from triggers.base import SHARDS
 
+from .loading import pace
 from .store import TriggererStore
 
 log = logging.getLogger("slotless.triggerer.repair")
@@ -62,19 +64,27 @@ class Repair:
         """One pass over ``shards`` (``held``: the waits the triggerer holds); returns what
         it repaired."""
         done: Counter[str] = Counter()
-        for group in _groups(shards, held):
+        groups = _groups(shards, held)
+        for group in groups:
             for part in (self._deferred, self._running):
+                began = time.perf_counter()
                 got = await part(group)
                 self.counts.update(got)  # counted as each part commits
                 done += got
+                if len(groups) > 1:
+                    await pace(time.perf_counter() - began)
         done[UNWAITED_TRIGGER] += await self.delete_unwaited(shards, held)
         return +done
 
     async def delete_unwaited(self, shards: Collection[int], held: int = 0) -> int:
         """Delete the trigger rows of ``shards`` nobody waits on; returns how many."""
         n = 0
-        for group in _groups(shards, held):
+        groups = _groups(shards, held)
+        for group in groups:
+            began = time.perf_counter()
             n += await self._ops.delete_orphan_triggers(group)
+            if len(groups) > 1:
+                await pace(time.perf_counter() - began)
         if n:  # routine: every fired or ended wait leaves its row behind
             log.debug("deleted %d trigger rows nobody waits on", n)
         self.count(UNWAITED_TRIGGER, n)

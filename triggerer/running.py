@@ -39,6 +39,13 @@ TRANSIENT = (TransientError, OSError, TimeoutError, ConnectionError)
 # the backoff of every wait on that connection (BaseTrigger.connection_key).
 PROBE_EVERY = 5.0
 
+# A check due at least this often keeps its trigger object between checks (at most
+# KEEP_MODELS of them, the oldest let go first): 19,000 waits on a 5 s interval would
+# otherwise validate their JSON again 3,800 times a second (~2-3 us each). A million waits
+# on a minute keep none, so their memory stays a compact record each.
+KEEP_INTERVAL = 30.0
+KEEP_MODELS = 32_768
+
 # Rounds of plain checks started per dispatch (each ~2 ms of work at 500 cheap checks).
 _ROUNDS_PER_PASS = 2
 # A round that has run this long hands the rest of its checks to a new round, which runs
@@ -88,6 +95,11 @@ class CheckRunner:
         self._backing_off: dict[str, dict[str, None]] = {}
         self.checks_failed = 0
         self.events_fired = 0
+        self.unloadable = 0  # checks whose kwargs, loaded unvalidated, failed to validate
+        # How each class is checked (asked once: two class calls a check add up at 3,800/s).
+        self._ways: dict[type[BaseTrigger], str] = {}
+        # poke_hash -> (the check, its trigger) for frequent checks (see KEEP_INTERVAL).
+        self._kept: dict[str, tuple[Check, BaseTrigger]] = {}
         # Called after each check call with (trigger classpath, triggers checked, seconds).
         self.on_check_call: Callable[[str, int, float], None] | None = None
         # Starts holding a check whose class is `held` (triggerer/holding.py).
@@ -120,14 +132,18 @@ class CheckRunner:
         plain: list[Check] = []
         rounds = 0
         started = False
+        ways = self._ways
         for check in self._table.pop_due(now, 10 * size):
             started = True
             cls = check.cls
-            if cls.held and self.hold is not None:
+            way = ways.get(cls)
+            if way is None:
+                way = ways[cls] = _way_of(cls)
+            if way is _HELD and self.hold is not None:
                 self.hold(check)  # waits, not checks: no room taken
                 continue
             check.running = True
-            if cls.is_batched() and not cls.is_push():
+            if way is _BATCHED:
                 self.running.add(check)
                 group = groups.setdefault(cls, [])
                 if not group:
@@ -178,10 +194,16 @@ class CheckRunner:
                 if began >= slice_end:
                     self._hand_on(checks[i:])
                     break
+                try:
+                    model = self._model(check)
+                except Exception as exc:  # its kwargs, loaded unvalidated, are invalid
+                    check.running = False
+                    self._cannot_load(check, exc)
+                    continue
                 self.current = check
                 try:
-                    model = check.model()
-                    if check.cls.is_push():
+                    way = self._ways.get(check.cls)
+                    if way is _PUSH or (way is _HELD and check.cls.is_push()):
                         coro = check_once(model, self._ctx)
                     else:
                         coro = model.poke(self._ctx)
@@ -212,6 +234,35 @@ class CheckRunner:
             check, coro, step = waiting
             self.running.add(check)
             await self._finish(check, _Resume(coro, step))
+
+    def _model(self, check: Check) -> BaseTrigger:
+        """The check's trigger for this check: kept from the last one if it is frequent,
+        else built from its JSON (and kept, if frequent). Let go by ``check.release()``."""
+        kept = self._kept.get(check.poke_hash)
+        if kept is not None and kept[0] is check:
+            return check.use(kept[1])
+        model = check.model()
+        if check.interval <= KEEP_INTERVAL:
+            if len(self._kept) >= KEEP_MODELS:
+                # The oldest out (a dropped check's entry among them).
+                del self._kept[next(iter(self._kept))]
+            self._kept[check.poke_hash] = (check, model)
+        return model
+
+    def _drop(self, check: Check) -> None:
+        """The check is over (fired, failed): out of the table, its kept trigger too."""
+        self._table.drop(check)
+        kept = self._kept.get(check.poke_hash)
+        if kept is not None and kept[0] is check:
+            del self._kept[check.poke_hash]
+
+    def _cannot_load(self, check: Check, exc: Exception) -> None:
+        """A check loaded unvalidated whose kwargs fail to validate (a TriggerLoadError
+        saying why): its one task fails, as the load would have failed it (loading.py)."""
+        self.unloadable += 1
+        self.running.discard(check)
+        self._drop(check)
+        self._outbox.fail(_waits(check), f"cannot load trigger: {exc}")
 
     def _hand_on(self, rest: list[Check]) -> None:
         """The rest of a round whose Task a waiting check keeps: a new round if there is
@@ -324,6 +375,20 @@ class CheckRunner:
             if self._fenced():
                 self._put_back(checks)
                 return
+            loaded = []
+            for check in checks:
+                try:
+                    self._model(check)
+                except Exception as exc:  # its kwargs, loaded unvalidated, are invalid
+                    check.running = False
+                    self._cannot_load(check, exc)
+                else:
+                    loaded.append(check)
+            checks = loaded
+            if not checks:
+                self.calls -= 1
+                self._wake.set()
+                return
             results: list[Any]
             began = time.perf_counter()
             try:
@@ -380,13 +445,13 @@ class CheckRunner:
                 self._settle_result(check, result, now, settled)
             except Exception as exc:  # the trigger's own code (payload, next_check_at) failed
                 self.checks_failed += 1
-                self._table.drop(check)
+                self._drop(check)
                 self._outbox.fail(
                     _waits(check), f"cannot handle the result of {_where(check)}: "
                                    f"{type(exc).__name__}: {exc}"
                 )  # fmt: skip
         finally:
-            check.release()  # the model lives only while its check runs
+            check.release()  # the record keeps no model between checks (see _model)
 
     def _settle_result(
         self, check: Check, result: Any, now: float, settled: list[tuple[float, Check]]
@@ -414,7 +479,7 @@ class CheckRunner:
             else:
                 msg = f"trigger fired: {where} (after {check.checks} checks)"
             payload = json.dumps(result.payload)  # before anything is dropped: it may fail
-            self._table.drop(check)
+            self._drop(check)
             self.events_fired += 1
             self._outbox.fire(
                 Fire(_waits(check), payload, msg, error=msg if result.error else None)
@@ -422,7 +487,7 @@ class CheckRunner:
             return
         if isinstance(result, BaseException) and not isinstance(result, TRANSIENT):
             self.checks_failed += 1
-            self._table.drop(check)
+            self._drop(check)
             tb = "".join(traceback.format_exception(result)).rstrip()
             self._outbox.fail(
                 _waits(check), f"trigger {where} raised {type(result).__name__}: {result}\n{tb}"
@@ -493,6 +558,19 @@ class CheckRunner:
         if n & (n - 1) == 0 or ((force or line != check.last_result) and n <= CHANGED_LINES):
             self._outbox.log(check.subscribers, clip(line, LOG_LINE))
         check.last_result = line
+
+
+# How a class is checked: its run() held open, in poke_many batches, through its push
+# wait (check_once), or by poke.
+_HELD, _BATCHED, _PUSH, _POKE = "held", "batched", "push", "poke"
+
+
+def _way_of(cls: type[BaseTrigger]) -> str:
+    if cls.held:
+        return _HELD
+    if cls.is_batched() and not cls.is_push():
+        return _BATCHED
+    return _PUSH if cls.is_push() else _POKE
 
 
 def _where(check: Check) -> str:

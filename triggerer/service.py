@@ -171,7 +171,10 @@ class Triggerer:
     @property
     def repaired(self) -> dict[str, int]:
         """Orphans repaired so far, by kind (triggerer/repair.py); the metric reads it."""
-        return {**self.repair.counts, UNLOADABLE: self.loader.unloadable}
+        return {
+            **self.repair.counts,
+            UNLOADABLE: self.loader.unloadable + self.runner.unloadable,
+        }
 
     # -- lifecycle --------------------------------------------------------------------
 

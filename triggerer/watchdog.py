@@ -90,7 +90,22 @@ class LoopWatch:
             culprit = self._culprit() or "unknown (not inside a trigger)"
             self.blocked[culprit] += 1
             blamed = self._blame(culprit) if self._blame is not None else None
-            log.warning("event loop blocked for %.2f s so far in %s", stalled, culprit)
+            log.warning(
+                "event loop blocked for %.2f s so far in %s (at %s)",
+                stalled, culprit, self._where(),
+            )  # fmt: skip
+
+    def _where(self, depth: int = 4) -> str:
+        """The loop thread's innermost Python frames, for a stall no trigger is blamed for
+        (the loop's own work: loading, writing; a collection shows as the frame that
+        allocated, or a gc callback)."""
+        frame = sys._current_frames().get(self._loop_thread)
+        where: list[str] = []
+        while frame is not None and len(where) < depth:
+            code = frame.f_code
+            where.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {code.co_name}")
+            frame = frame.f_back
+        return " < ".join(where) or "no frame"
 
     def _culprit(self) -> str | None:
         frame = sys._current_frames().get(self._loop_thread)
