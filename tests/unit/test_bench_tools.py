@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -39,6 +40,14 @@ def test_inserted_waits_load_as_the_triggerer_loads_them(tmp_path: Path) -> None
     for (_, state, method, classpath, kwargs, poke_hash), wait in zip(got, waits, strict=True):
         assert (state, method) == ("DEFERRED", "resume")
         assert load_trigger(classpath, kwargs).poke_hash() == poke_hash == wait.poke_hash()
+
+
+def test_the_warm_up_checks_as_the_triggerer_does(tmp_path: Path) -> None:
+    # It broke once when FileTrigger's checks began to use a context method its stand-in
+    # lacked: the capacity benchmark then failed before measuring anything.
+    db = tmp_path / "w.db"
+    capacity.create_schema(db)
+    asyncio.run(capacity._warm_up(str(db)))
 
 
 def test_salt_makes_equal_keys_distinct_checks() -> None:
