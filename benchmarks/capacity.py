@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -522,7 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.child:
-        result = asyncio.run(_child(json.loads(args.child)))
+        try:
+            result = asyncio.run(_child(json.loads(args.child)))
+        except BaseException:
+            # The store's driver thread would keep a failed child alive, and its parent
+            # waiting on it for ever: say why and go.
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
         _emit(result=result)
         return 0
 
