@@ -56,8 +56,12 @@ class Outbox:
             # A cycle of a million cheap checks logs a line for each of its waits at once
             # (checks 1, 2, 4, ...): built and written in one go, the lines would stall
             # the loop. The rest go out with the next flushes; fires never wait for them.
-            self.batch.logs = batch.logs[LOGS_PER_FLUSH:]
-            del batch.logs[LOGS_PER_FLUSH:]
+            # The backlog keeps its list: a copy of the rest at each flush would allocate
+            # a new list of up to a million lines, young, for the collector to walk.
+            rest = batch.logs
+            batch.logs = rest[:LOGS_PER_FLUSH]
+            del rest[:LOGS_PER_FLUSH]
+            self.batch.logs = rest
         try:
             await self._ops.triggerer_commit(batch, self._owner)
         except BaseException as exc:  # cancelled at stop mid-commit too: the last flush retries it
