@@ -112,6 +112,21 @@ def shard_owners(db_path: Path | str) -> dict[str, int]:
 # --------------------------------------------------------------------------- serving
 
 
+def spy_listings(monkeypatch: Any) -> list[list[str]]:
+    """Record each directory listing FileTrigger's checks make (one list per call)."""
+    from triggers import files
+
+    listed: list[list[str]] = []
+    real = files._list_dirs
+
+    def spy(directories: list[str]) -> Any:
+        listed.append(list(directories))
+        return real(directories)
+
+    monkeypatch.setattr(files, "_list_dirs", spy)
+    return listed
+
+
 def fast_config(**overrides: Any) -> TriggererConfig:
     """A triggerer whose every loop turns in tens of milliseconds."""
     values: dict[str, Any] = dict(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.helpers import async_wait_until
-from support.triggers import serving, task_rows
+from support.triggers import serving, spy_listings, task_rows
 
 from executor import DAG
 from triggers import files, inotify
@@ -95,14 +95,7 @@ async def test_a_wait_woken_by_its_own_name_reads_its_file_not_its_directory(
     inbox.mkdir()
     (inbox / "unrelated.txt").write_text("y")
     n = 20
-    listed: list[list[str]] = []
-    real = files._list_dirs
-
-    def spy(directories):
-        listed.append(list(directories))
-        return real(directories)
-
-    monkeypatch.setattr(files, "_list_dirs", spy)
+    listed = spy_listings(monkeypatch)
     dag = file_waits("push_heard", [str(inbox / f"{i}.csv") for i in range(n)])
     run_id = await store.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}) as h:

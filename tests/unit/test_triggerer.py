@@ -21,6 +21,7 @@ from support.triggers import (
     log_text,
     pokes_of,
     serving,
+    spy_listings,
     state_of,
     task_row,
     task_rows,
@@ -28,7 +29,6 @@ from support.triggers import (
 )
 
 from executor import DAG
-from triggers import files
 from triggers.base import BaseTrigger
 from triggers.files import FileTrigger
 from triggers.temporal import TimeDeltaTrigger
@@ -167,14 +167,7 @@ async def test_file_waits_in_one_directory_cost_one_listing_per_cycle(
     n = 25
     inbox = tmp_path / "in"
     inbox.mkdir()
-    listed: list[list[str]] = []
-    real = files._list_dirs
-
-    def spy(directories):
-        listed.append(list(directories))
-        return real(directories)
-
-    monkeypatch.setattr(files, "_list_dirs", spy)
+    listed = spy_listings(monkeypatch)
     dag = fan_out_dag(
         "files", n, lambda i: FileTrigger(path=str(inbox / f"{i}.csv"), poke_interval=0.1)
     )
