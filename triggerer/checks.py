@@ -317,18 +317,10 @@ class CheckTable:
         check.last_result = check._model = None
         self.by_hash[poke_hash] = check
         self.by_row[sub.task_row] = check
-        if self._holding:
-            check.due = first_at
-            self._held.append((first_at, poke_hash))
-        else:
-            self.schedule(check, first_at)
+        self._schedule_new(check, first_at)
         if self.watcher is not None:
             self.watcher.added(check)
-        sums = self._sums.get(shard)
-        if sums is None:
-            sums = self._sums[shard] = [0, 0]
-        sums[0] += 1
-        sums[1] += (abs(sub.task_row) * 1000003 + sub.trigger_id) % 2147483647  # wait_sum
+        self._count(check, sub.task_row, sub.trigger_id, 1)
 
     def _schedule_new(self, check: Check, at: float) -> None:
         if self._holding:

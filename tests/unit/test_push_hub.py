@@ -202,6 +202,8 @@ async def test_a_check_pushed_while_its_call_is_in_flight_fires_before_that_call
     # The slow call ends, "a" in its answer too: ignored (dropped), no second fire.
     GATE[0].set_result(None)
     await async_wait_until(lambda: not b.running, what="the slow call settled")
+    # One turn of the loop: a second fire would be written by the same settle that ended
+    # "b", so whatever that settle scheduled has run by now.
     await asyncio.sleep(0)
     assert len(outbox.batch.fires) == 1 and table.by_hash.get(b.poke_hash) is b
     await hub.aclose()
