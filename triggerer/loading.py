@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from executor.store import Row
-from triggers.base import BaseTrigger
+from triggers.base import SHARDS, BaseTrigger
 from triggers.registry import TriggerLoadError, load_trigger, trigger_class
 
 from .checks import Check, CheckTable, Subscriber, freeze_held
@@ -40,6 +40,9 @@ _LOAD_SLICE = 0.005
 # million waits four shards are 62,500 rows, which hold SQLite's one connection, and the
 # fires waiting for it, for over a second.
 _ROWS_PER_QUERY = 20_000
+# A full load of at least 1/_WINDOWS_FROM_SHARE of all shards reads windows of trigger ids,
+# not groups of shards (load_trigger_range says why).
+_WINDOWS_FROM_SHARE = 4
 # A load that has taken this many rows wakes the checker after each further chunk.
 _WAKE_AFTER_ROWS = 50_000
 # The held records are frozen out of the collector every this many rows: often enough
@@ -131,39 +134,36 @@ class Loader:
                     await pace(time.perf_counter() - began)
             ordered = changed
         reread = set(ordered)
-        after = 0 if full else self._max_trigger_id
-        if not full:
-            step = len(ordered)  # new rows only: few, one query
-        left = list(ordered)
+        pages: _ShardGroups | _IdWindows
+        if full and len(ordered) * _WINDOWS_FROM_SHARE >= SHARDS:
+            pages = _IdWindows(ordered, newest, _ROWS_PER_QUERY * SHARDS // len(ordered))
+        elif full:
+            pages = _ShardGroups(ordered, 0, step, most=self._shards_per_query)
+        else:
+            pages = _ShardGroups(ordered, self._max_trigger_id, len(ordered))  # new rows: few
 
-        def next_group() -> list[int]:
-            group = left[:step]
-            del left[:step]
-            return group
-
-        # The next group's query runs in the driver's thread while this group's rows are
+        # The next page's query runs in the driver's thread while this page's rows are
         # taken on the loop: the reading and the parsing overlap.
         ahead: asyncio.Future[list[Row]] | None = None
         spread: _Spread | None = None
-        group = next_group()
+        page = pages.next()
         first = True
         try:
-            while group:
-                rows = await (ahead or self._ops.load_triggers(group, after))
+            while page is not None:
+                rows = await (ahead or self._ops.load_triggers(*page.query))
                 ahead = None
-                if full:  # as many shards next time as keep a query near _ROWS_PER_QUERY
-                    step = self._step(len(rows) / len(group))
+                pages.took(len(rows))
                 if first:
-                    # Shards are hashes: the first query's share tells the whole load's size.
-                    spread = _Spread.of(round(len(rows) / len(group) * len(ordered)), self._clock())
+                    # Shards are hashes: the first page's share (of the shards or of the
+                    # ids) tells the whole load's size.
+                    spread = _Spread.of(round(len(rows) / page.share), self._clock())
                     self._spreading = spread is not None
                     first = False
-                following = next_group()
-                if following:
-                    ahead = asyncio.ensure_future(self._ops.load_triggers(following, after))
+                page = pages.next()
+                if page is not None:
+                    ahead = asyncio.ensure_future(self._ops.load_triggers(*page.query))
                 await self._take(rows, full=full, newest=newest, seen=seen, spread=spread)
                 del rows
-                group = following
         finally:
             if ahead is not None and not ahead.done():
                 ahead.cancel()
@@ -185,10 +185,7 @@ class Loader:
                 await asyncio.sleep(0)
 
     def _step(self, rows_per_shard: float) -> int:
-        """Shards per query: up to ``shards_per_query``, as long as a query returns about
-        ``_ROWS_PER_QUERY`` rows at most (one shard at least)."""
-        fit = int(_ROWS_PER_QUERY // max(1.0, rows_per_shard))
-        return max(1, min(self._shards_per_query, fit))
+        return _fitting(rows_per_shard, self._shards_per_query)
 
     async def _drop_released(self) -> None:
         """Unsubscribe the waits an operator ended since the last look (cancel, clear)."""
@@ -343,6 +340,70 @@ async def pace(busy: float) -> None:
     checks ~17,000 waits a second: paced, it takes half a core at most, and the loop's
     thread finds a CPU on a shared 2-core machine."""
     await asyncio.sleep(min(busy, 0.1))
+
+
+def _fitting(rows_per_shard: float, most: int) -> int:
+    """Shards per query: up to ``most``, as long as a query returns about
+    ``_ROWS_PER_QUERY`` rows at most (one shard at least)."""
+    return max(1, min(most, int(_ROWS_PER_QUERY // max(1.0, rows_per_shard))))
+
+
+@dataclass(slots=True, frozen=True)
+class _Page:
+    query: tuple[list[int], int, int | None]  # load_triggers' shards, after_id, upto
+    share: float  # the part of the load it covers
+
+
+@dataclass(slots=True)
+class _ShardGroups:
+    """A load read a few shards per query, as many as keep a query near
+    ``_ROWS_PER_QUERY`` rows once the first told how many a shard holds (with ``most``)."""
+
+    left: list[int]
+    after: int
+    step: int
+    most: int = 0  # 0: the step stays
+    total: int = 0
+    last: int = 0  # shards in the page last given
+
+    def __post_init__(self) -> None:
+        self.left = list(self.left)
+        self.total = len(self.left)
+
+    def next(self) -> _Page | None:
+        group = self.left[: self.step]
+        del self.left[: self.step]
+        self.last = len(group)
+        return _Page((group, self.after, None), len(group) / self.total) if group else None
+
+    def took(self, rows: int) -> None:
+        if self.most:
+            self.step = _fitting(rows / self.last, self.most)
+
+
+@dataclass(slots=True)
+class _IdWindows:
+    """A load of many shards read by windows of trigger ids up to ``newest`` (see the
+    load_trigger_range query), each as wide as held ``_ROWS_PER_QUERY`` rows in the last."""
+
+    shards: list[int]
+    newest: int
+    width: int
+    low: int = 0
+    last: int = 0  # the width of the window last given
+
+    def next(self) -> _Page | None:
+        if self.low >= self.newest:
+            return None
+        high = min(self.newest, self.low + self.width)
+        page = _Page((self.shards, self.low, high), (high - self.low) / self.newest)
+        self.last, self.low = high - self.low, high
+        return page
+
+    def took(self, rows: int) -> None:
+        # Ids of waits gone (fired, resumed) leave gaps: wider, 16x at most at a time.
+        fit = self.last * _ROWS_PER_QUERY // max(rows, 1)
+        self.width = max(1, min(16 * self.last, fit))
 
 
 @dataclass(slots=True)

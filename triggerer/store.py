@@ -150,9 +150,17 @@ class TriggererStore:
             await tx.execute("release_all_shards", owner=owner)
             await tx.execute("triggerer_leave", id=owner)
 
-    async def load_triggers(self, shards: Collection[int], after_id: int = 0) -> list[Row]:
+    async def load_triggers(
+        self, shards: Collection[int], after_id: int = 0, upto: int | None = None
+    ) -> list[Row]:
+        """The waits of ``shards`` with trigger ids above ``after_id`` (and at most
+        ``upto``: a window of ids, the faster read when the shards are many)."""
         async with self.db.read() as tx:
-            return await tx.fetch("load_triggers", shards=sorted(shards), after=after_id)
+            if upto is None:
+                return await tx.fetch("load_triggers", shards=sorted(shards), after=after_id)
+            return await tx.fetch(
+                "load_trigger_range", shards=sorted(shards), after=after_id, upto=upto
+            )
 
     async def shard_sums(self, shards: Collection[int]) -> dict[int, tuple[int, int]]:
         """shard -> (waits, checksum) as load_triggers would return them (CheckTable.shard_sum)."""

@@ -178,6 +178,36 @@ FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN run_wait r ON r.trigger_id = g.id;
 
+-- name: load_trigger_range
+-- load_triggers for a window of trigger ids, (:after, :upto], when a load reads many shards
+-- (see the SQLite twin). Rows of the window are marked `loaded` as load_triggers marks
+-- them; one committed late below the window is not, and the next incremental load returns it.
+WITH marked AS (
+    UPDATE trigger SET loaded = TRUE
+    WHERE NOT loaded AND shard = ANY(:shards::integer[])
+      AND id > :after::bigint AND id <= :upto::bigint
+), wanted AS (
+    SELECT id FROM trigger
+    WHERE shard = ANY(:shards::integer[]) AND id > :after::bigint AND id <= :upto::bigint
+)
+SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
+       t.next_method, g.not_before
+FROM wanted w
+JOIN trigger g ON g.id = w.id
+JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+WHERE g.event_key IS NULL
+UNION ALL
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
+FROM wanted w
+JOIN trigger g ON g.id = w.id
+JOIN start_wait s ON s.trigger_id = g.id
+UNION ALL
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -(1099511627776 + r.id), NULL,
+       g.not_before
+FROM wanted w
+JOIN trigger g ON g.id = w.id
+JOIN run_wait r ON r.trigger_id = g.id;
+
 -- name: shard_sums
 -- Per shard, how many waits load_triggers would return and a checksum of their (task row,
 -- trigger id) pairs (see the SQLite twin: a reconcile reads again only the shards that differ).

@@ -5,6 +5,7 @@ loader, table and store:
   per-shard checksum (``shard_sums``) equals the table's own when nothing did, so an
   unchanged table is one aggregate query; a wait ended elsewhere is dropped, a row no
   incremental load returned is taken;
+- a load of many shards reads windows of trigger ids, and misses none across gaps;
 - a big load's first checks are spread over a window instead of all due at once; a small
   load's are all due at once.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Collection
 from datetime import date
+from itertools import pairwise
 
 import pytest
 from support import backends
@@ -43,10 +45,14 @@ class CountingStore(TriggererStore):
     def __init__(self, store: Store) -> None:
         super().__init__(store.db, store.clock)
         self.reads: list[list[int]] = []
+        self.windows: list[tuple[int, int | None]] = []  # (after_id, upto) of each read
 
-    async def load_triggers(self, shards: Collection[int], after_id: int = 0) -> list[Row]:
+    async def load_triggers(
+        self, shards: Collection[int], after_id: int = 0, upto: int | None = None
+    ) -> list[Row]:
         self.reads.append(sorted(shards))
-        return await super().load_triggers(shards, after_id)
+        self.windows.append((after_id, upto))
+        return await super().load_triggers(shards, after_id, upto)
 
 
 @pytest.fixture
@@ -118,6 +124,41 @@ async def test_a_reconcile_reads_again_only_the_shards_that_changed(live_store) 
     sums = await ops.shard_sums(everything)
     assert sums == {s: table.shard_sum(s) for s in sums}
     assert run_id
+
+
+async def test_a_load_of_many_shards_reads_windows_of_ids_and_misses_none(
+    live_store, monkeypatch
+) -> None:
+    await deferred_waits(live_store, "windows")
+    async with live_store.db.read() as tx:
+        ids = sorted(
+            w["trigger_id"]
+            for w in await tx.fetch("load_triggers", shards=list(range(SHARDS)), after=0)
+        )
+    # A gap in the ids: four waits in the middle ended elsewhere.
+    gone = ids[4:8]
+    async with live_store.db.write() as tx:
+        await tx.script(
+            f"UPDATE task SET state = 'SUCCESS' WHERE trigger_id IN ({', '.join(map(str, gone))})"
+        )
+    # Windows of two rows, widened across the gap.
+    monkeypatch.setattr(loading, "_ROWS_PER_QUERY", 2)
+    ops, table = CountingStore(live_store), CheckTable()
+    await loader_on(ops, table).load(range(SHARDS), full=True)
+    assert table.subscriptions == WAITS - len(gone)
+    assert {sub.trigger_id for c in table.by_hash.values() for sub in c.subscribers.values()} == (
+        set(ids) - set(gone)
+    )
+    windows = ops.windows
+    assert len(windows) >= 4 and all(upto is not None for _, upto in windows), windows
+    # They tile the ids from 0 to the newest, neither overlapping nor leaving a hole.
+    assert windows[0][0] == 0 and windows[-1][1] == ids[-1]
+    assert all(a[1] == b[0] for a, b in pairwise(windows)), windows
+
+    # A load of a few shards reads them by shard, from the index on shard.
+    ops.windows.clear()
+    await loader_on(ops, CheckTable()).load(range(SHARDS // 8), full=True)
+    assert ops.windows and all(upto is None for _, upto in ops.windows)
 
 
 async def test_a_big_load_spreads_its_first_checks(live_store, monkeypatch) -> None:

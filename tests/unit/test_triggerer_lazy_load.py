@@ -48,8 +48,11 @@ class Rows:
     async def max_release_id(self) -> int:
         return 0
 
-    async def load_triggers(self, shards: Collection[int], after_id: int = 0) -> list[Any]:
-        return [r for r in self.rows if r[4] in shards and r[0] > after_id]
+    async def load_triggers(
+        self, shards: Collection[int], after_id: int = 0, upto: int | None = None
+    ) -> list[Any]:
+        top = upto if upto is not None else max((r[0] for r in self.rows), default=0)
+        return [r for r in self.rows if r[4] in shards and after_id < r[0] <= top]
 
 
 def row(n: int, kwargs: dict[str, Any] | str, poke_hash: str | None = None) -> tuple[Any, ...]:
