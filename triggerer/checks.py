@@ -28,6 +28,8 @@ from typing import Protocol
 from triggers.base import BaseTrigger
 from triggers.registry import load_trigger
 
+from .splitdict import SplitDict
+
 
 @dataclass(slots=True)
 class Subscriber:
@@ -217,8 +219,9 @@ class CheckTable:
     def __init__(self) -> None:
         # The push layer, told when a distinct check is first held and when it is let go.
         self.watcher: CheckWatcher | None = None
-        self.by_hash: dict[str, Check] = {}
-        self.by_row: dict[int, Check] = {}
+        # Split, so that a million-wait load never stalls on one dict's growth.
+        self.by_hash: SplitDict[str, Check] = SplitDict()
+        self.by_row: SplitDict[int, Check] = SplitDict()
         # Entries name their check by poke_hash, not by reference: a tuple of a float and
         # a str is untracked by the garbage collector. An entry is current while its due
         # time is its check's (a rescheduled check leaves a stale entry, skipped on pop).
