@@ -172,13 +172,12 @@ class Loader:
             self._max_trigger_id = max(self._max_trigger_id, newest)
             self._table.compact()
         if full and seen is not None and reread:
-            # Resumed, timed out or failed elsewhere. Read in slices (a million rows in one
-            # pass would stall the loop); one seen now and gone by the next slice is
+            # Resumed, timed out or failed elsewhere. Read a 64th at a time (a million rows
+            # in one pass would stall the loop); one seen now and gone by the next part is
             # simply not there any more.
             by_row = self._table.by_row
-            held = list(by_row)
-            for first in range(0, len(held), 20 * _ROWS_PER_YIELD):
-                for task_row in held[first : first + 20 * _ROWS_PER_YIELD]:
+            for rows_held in by_row.key_chunks():
+                for task_row in rows_held:
                     check = by_row.get(task_row)
                     if check is not None and check.shard in reread and task_row not in seen:
                         self._table.unsubscribe(task_row)

@@ -73,6 +73,12 @@ class SplitDict(MutableMapping[K, V], Generic[K, V]):
     def __len__(self) -> int:
         return sum(map(len, self._parts))
 
+    def key_chunks(self) -> Iterator[list[K]]:
+        """The keys, one part (a 64th) at a time, each a list taken when it is reached:
+        a caller on the event loop yields between them."""
+        for part in self._parts:
+            yield list(part)
+
     def values(self) -> ValuesView[V]:
         return _Values(self)
 

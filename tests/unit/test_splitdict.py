@@ -28,6 +28,9 @@ def test_it_behaves_as_a_dict() -> None:
     with pytest.raises(KeyError):
         d["k3"]
     assert dict(d.items()) == plain
+    chunks = list(d.key_chunks())
+    assert len(chunks) == 64
+    assert sorted(str(k) for chunk in chunks for k in chunk) == sorted(map(str, plain))
     d.clear()
     assert len(d) == 0 and not d and list(d) == []
 
