@@ -11,7 +11,7 @@ Its first event or exception is settled like any check's result, by the runner; 
 ``run()`` that returns without an event fails its tasks (it would never fire). A held
 Task does not count against the runner's concurrency and has no check timeout: it is
 waiting, not checking. This is Airflow's cost model (a coroutine per wait, about 2 KB),
-chosen for compatibility; slotless's own triggers poll from the heap instead.
+chosen for compatibility; slotless's own triggers are checked from the schedule instead.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Holder:
 
     def start(self, check: Check) -> None:
         """Hold ``check``'s run() until it yields, fails, or the check is forgotten."""
-        check.running = True  # off the heap while held: its entries are stale
+        check.running = True  # off the schedule while held: its entries are stale
         self._runner.running.add(check)
         name = f"held {check.trigger.blame()}"
         self.tasks[check.poke_hash] = asyncio.create_task(self._hold(check), name=name)

@@ -1,6 +1,6 @@
-"""Running checks: due checks off the heap into calls, and each result into the outbox.
+"""Running checks: due checks off the schedule into calls, and each result into the outbox.
 
-The heap is the queue: a due check stays there until a call can take it, instead of
+The schedule is the queue: a due check stays there until a call can take it, instead of
 waiting as a Task of its own (100,000 waiting Tasks would cost memory and stall the loop
 in garbage collection). A round starts at most ``wave`` calls and never lets more than
 ``max_concurrency`` be in flight; a class that implements ``poke_many`` is checked in
@@ -77,7 +77,7 @@ class CheckRunner:
         self._table = table
         self._ctx = ctx
         self._outbox = outbox
-        self._wake = wake  # set when a call ends: its checks are back on the heap
+        self._wake = wake  # set when a call ends: its checks are back on the schedule
         self._clock = clock
         self._max_concurrency = max_concurrency
         self._wave = wave
@@ -179,7 +179,7 @@ class CheckRunner:
                 self._start_call(cls, group)
         self._since_young_collection += popped
         if self._since_young_collection >= _CHECKS_PER_YOUNG_COLLECTION:
-            # A check allocates tracked objects (its next heap entry, its log line) and
+            # A check allocates tracked objects (its log line, its result) and
             # frees old ones, and CPython lowers the young generation's count at every
             # free, whatever the freed object's age: the count stays under its threshold
             # while the young list grows (~764,000 objects at a million waits, then one
@@ -283,7 +283,7 @@ class CheckRunner:
 
     def _hand_on(self, rest: list[Check]) -> None:
         """The rest of a round whose Task a waiting check keeps: a new round if there is
-        room, else back on the heap (they are due: the next dispatch takes them)."""
+        room, else back on the schedule (they are due: the next dispatch takes them)."""
         if self.calls < self._max_concurrency:
             self._start_round(rest)
             return
@@ -445,7 +445,7 @@ class CheckRunner:
 
     def settle(self, check: Check, result: Any, now: float) -> None:
         """Settle one check's result from outside a round (a held trigger's event): fire,
-        fail, or put it back on the heap."""
+        fail, or put it back on the schedule."""
         settled: list[tuple[float, Check]] = []
         self._settle(check, result, now, settled)
         self._table.schedule_many(settled)
@@ -454,7 +454,7 @@ class CheckRunner:
         self, check: Check, result: Any, now: float, settled: list[tuple[float, Check]]
     ) -> None:
         """Act on one result; a check to run again is appended to ``settled`` (its next
-        due time), for the caller to put back on the heap with the rest of its batch."""
+        due time), for the caller to put back on the schedule with the rest of its batch."""
         try:
             if self._table.by_hash.get(check.poke_hash) is not check:
                 return  # dropped meanwhile (shard lost, every subscriber gone)
