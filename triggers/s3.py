@@ -298,7 +298,7 @@ class _S3Link:
         options: dict[str, Any] = {"max_pool_connections": 50}
         if "addressing_style" in conn.extra:
             options["s3"] = {"addressing_style": conn.extra["addressing_style"]}
-        cm = aws_client(conn, "s3", options)
+        cm = await aws_client(conn, "s3", options)
         client = await cm.__aenter__()
         return cls(conn, client, cm)
 

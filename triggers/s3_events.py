@@ -140,8 +140,8 @@ class SqsEventQueue(PushSource):
         conn = ctx.connection(self.conn_id)
         wait = max(0, min(20, int(float(conn.extra.get("events_wait", 20)))))
         receivers = max(1, min(10, int(conn.extra.get("events_receivers", 4))))
-        cm = _client(conn)
         try:
+            cm = await _client(conn)
             client = await cm.__aenter__()
         except Exception as exc:
             raise PushUnavailable(f"cannot open an SQS client: {exc}") from exc
@@ -242,21 +242,24 @@ class SqsEventQueue(PushSource):
         await self._call(client.delete_message_batch, QueueUrl=url, Entries=entries)
 
 
-def _client(conn: Any) -> Any:
+async def _client(conn: Any) -> Any:
     # A long poll waits up to 20 s: the read timeout must outlast it.
     read_timeout = float(conn.extra.get("read_timeout", 30)) + 20
-    return aws_client(conn, "sqs", {"read_timeout": read_timeout, "total_max_attempts": 2})
+    return await aws_client(conn, "sqs", {"read_timeout": read_timeout, "total_max_attempts": 2})
 
 
-def aws_client(conn: Any, service: str, options: dict[str, Any]) -> Any:
+async def aws_client(conn: Any, service: str, options: dict[str, Any]) -> Any:
     """An aiobotocore client context for ``service`` from a slotless connection.
+
+    The process's one session reads botocore's data files for ``service`` (its model,
+    endpoints, partitions: ~0.25 s of disk and JSON) in a thread the first time, not on
+    the event loop where creating the client would.
 
     ``options`` overrides the defaults read from the connection's extras (timeouts, the
     number of attempts, ``max_pool_connections``, ``s3`` addressing); the endpoint, region,
     TLS check and credentials come from the connection alone.
     """
     from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
 
     extra = conn.extra
     attempts = options.pop("total_max_attempts", int(extra.get("max_attempts", 2)))
@@ -281,11 +284,28 @@ def aws_client(conn: Any, service: str, options: dict[str, Any]) -> Any:
     token = extra.get("aws_session_token") or extra.get("session_token")
     if token:
         kwargs["aws_session_token"] = token
-    session = get_session()
-    # Listings are read for their keys and sizes alone: botocore would parse every
-    # object's LastModified with dateutil (~30 us each: 30 ms of the loop per page).
-    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+    session = _session()
+    if service not in _WARMED:
+        await asyncio.to_thread(session.warm_up_loader_caches, service)
+        _WARMED.add(service)
     return session.create_client(service, **kwargs)
+
+
+_SESSION: Any = None
+_WARMED: set[str] = set()  # services whose data files the session has read
+
+
+def _session() -> Any:
+    global _SESSION
+    if _SESSION is None:
+        from aiobotocore.session import get_session
+
+        _SESSION = get_session()
+        # Listings are read for their keys and sizes alone: botocore would parse every
+        # object's LastModified with dateutil (~30 us each: 30 ms of the loop per page).
+        parsers = _SESSION.get_component("response_parser_factory")
+        parsers.set_parser_defaults(timestamp_parser=str)
+    return _SESSION
 
 
 def buckets_of(extra: dict[str, str]) -> list[str]:

@@ -230,3 +230,36 @@ async def test_garbage_on_the_queue_fails_nothing_and_falls_back_to_polling(
         assert attrs["ApproximateNumberOfMessages"] == "0"
         moto.seed(bucket, ["a.csv", "b.csv"])  # straight into the backend: no notification
         await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 2), what="polled")
+
+
+async def test_an_aws_client_reads_botocore_data_files_off_the_loop(moto, monkeypatch) -> None:
+    """Creating a client reads botocore's models (~0.25 s of disk and JSON): the session
+    reads them in a thread the first time, so the loop reads none, then or later."""
+    import threading
+
+    from triggers import s3_events
+    from triggers.connections import parse_connection
+
+    monkeypatch.setattr(s3_events, "_SESSION", None)
+    monkeypatch.setattr(s3_events, "_WARMED", set())
+    loader = s3_events._session().get_component("data_loader")
+    loop_thread, on_loop, anywhere = threading.get_ident(), [], []
+    real = loader.file_loader.load_file
+
+    def load_file(path: str) -> Any:
+        anywhere.append(path)
+        if threading.get_ident() == loop_thread:
+            on_loop.append(path)
+        return real(path)
+
+    monkeypatch.setattr(loader.file_loader, "load_file", load_file)
+    conn = parse_connection("aws", s3_conn_uri(moto.endpoint))
+    for service in ("sqs", "s3", "s3"):
+        cm = await s3_events.aws_client(conn, service, {})
+        async with cm as client:
+            if service == "sqs":
+                await client.list_queues()
+            else:
+                await client.list_buckets()
+    assert anywhere, "the spy saw no file read: it does not watch the loader"
+    assert on_loop == []
