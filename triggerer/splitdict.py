@@ -79,6 +79,11 @@ class SplitDict(MutableMapping[K, V], Generic[K, V]):
         for part in self._parts:
             yield list(part)
 
+    def value_chunks(self) -> Iterator[list[V]]:
+        """The values, one part at a time, as :meth:`key_chunks` gives the keys."""
+        for part in self._parts:
+            yield list(part.values())
+
     def values(self) -> ValuesView[V]:
         return _Values(self)
 
