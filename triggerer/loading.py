@@ -28,6 +28,7 @@ from triggers.base import SHARDS, BaseTrigger
 from triggers.registry import TriggerLoadError, load_trigger, trigger_class
 
 from .checks import Check, CheckTable, Subscriber, freeze_held
+from .splitdict import SplitDict
 from .store import TriggererStore, Waits
 from .writing import Outbox
 
@@ -115,7 +116,8 @@ class Loader:
         else:
             await self._drop_released()
         # A first load has nothing to reconcile: no set of a million rows seen.
-        seen: set[int] | None = set() if self._table.by_row else None
+        # Split as the table's indexes are: a set of a million grows in one long step too.
+        seen: SplitDict[int, None] | None = SplitDict() if self._table.by_row else None
         step = self._shards_per_query
         if full and seen is not None:
             # Only the shards whose waits differ from those held are read again: an
@@ -202,7 +204,7 @@ class Loader:
         *,
         full: bool,
         newest: int,
-        seen: set[int] | None,
+        seen: SplitDict[int, None] | None,
         spread: _Spread | None = None,
     ) -> None:
         table = self._table
@@ -231,7 +233,7 @@ class Loader:
             # their values): a name is a scan of the columns on SQLite's rows (~0.4 us a row).
             trigger_id, classpath, kwargs, poke_hash, shard, task_row, next_method, not_before = row
             if seen is not None:
-                seen.add(task_row)
+                seen[task_row] = None
             if full:
                 if trigger_id > newest:
                     loaded_beyond.add(trigger_id)
