@@ -182,6 +182,9 @@ JOIN run_wait r ON r.trigger_id = g.id;
 -- load_triggers for a window of trigger ids, (:after, :upto], when a load reads many shards
 -- (see the SQLite twin). Rows of the window are marked `loaded` as load_triggers marks
 -- them; one committed late below the window is not, and the next incremental load returns it.
+-- The SELECT after `wanted` repeats load_triggers' own (keep the two alike): one statement
+-- with an optional window would OR its conditions, and an OR here made a scan of every
+-- trigger (see load_triggers).
 WITH marked AS (
     UPDATE trigger SET loaded = TRUE
     WHERE NOT loaded AND shard = ANY(:shards::integer[])
