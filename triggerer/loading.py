@@ -357,8 +357,8 @@ class _Page:
 
 @dataclass(slots=True)
 class _ShardGroups:
-    """A load read a few shards per query, as many as keep a query near
-    ``_ROWS_PER_QUERY`` rows once the first told how many a shard holds (with ``most``)."""
+    """A load reading a few shards per query: with ``most``, as many (up to it) as keep
+    a query near ``_ROWS_PER_QUERY`` rows once the first query told what a shard holds."""
 
     left: list[int]
     after: int
