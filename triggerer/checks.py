@@ -423,7 +423,16 @@ class CheckTable:
     def next_due(self) -> float | None:
         """When the first current entry is due: its tick's start (none before it is)."""
         self._discard_stale()
-        return self._tick_order[0] * TICK if self._tick_order else None
+        if not self._tick_order:
+            return None
+        tick = self._tick_order[0]
+        at = tick * TICK
+        # The first float at which that tick has started: tick * 0.01 may land a hair
+        # below it (on a monotonic clock's small numbers), and a wake-up then would find
+        # nothing due and sleep another check_tick.
+        while _tick_of_now(at) < tick:
+            at = math.nextafter(at, math.inf)
+        return at
 
     def pop_due(self, now: float, limit: int) -> Iterator[Check]:
         """Due checks, the earliest tick first; entries of dropped or rescheduled checks

@@ -79,3 +79,13 @@ def test_compact_keeps_only_the_current_entries() -> None:
     assert table._entries == 600
     assert taken(table, T0 + 5.5) == []
     assert sorted(taken(table, T0 + 6)) == sorted(f"w{i}" for i in range(600))
+
+
+def test_the_next_due_time_is_one_at_which_its_check_is_taken() -> None:
+    """On a monotonic clock's small numbers, a tick times 0.01 can fall a hair short of
+    the tick (1234567.16 * 100 < 123456716): waking then must still find the check."""
+    table = CheckTable()
+    held(table, "m", 1234567.155)
+    nxt = table.next_due()
+    assert nxt is not None and nxt >= 1234567.155
+    assert taken(table, nxt) == ["m"]
