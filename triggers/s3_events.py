@@ -251,7 +251,7 @@ async def _client(conn: Any) -> Any:
 async def aws_client(conn: Any, service: str, options: dict[str, Any]) -> Any:
     """An aiobotocore client context for ``service`` from a slotless connection.
 
-    The process's one session reads botocore's data files for ``service`` (its model,
+    The process's one botocore data loader reads the files for ``service`` (its model,
     endpoints, partitions: ~0.25 s of disk and JSON) in a thread the first time, not on
     the event loop where creating the client would.
 
@@ -291,21 +291,26 @@ async def aws_client(conn: Any, service: str, options: dict[str, Any]) -> Any:
     return session.create_client(service, **kwargs)
 
 
-_SESSION: Any = None
-_WARMED: set[str] = set()  # services whose data files the session has read
+_LOADER: Any = None  # botocore's data files, read once per process
+_WARMED: set[str] = set()  # services whose files _LOADER has read
 
 
 def _session() -> Any:
-    global _SESSION
-    if _SESSION is None:
-        from aiobotocore.session import get_session
+    """A new session sharing the process's data loader. Not one shared session: its
+    credentials (a refreshable role's lock) would belong to the first event loop."""
+    global _LOADER
+    from aiobotocore.session import get_session
+    from botocore.loaders import create_loader
 
-        _SESSION = get_session()
-        # Listings are read for their keys and sizes alone: botocore would parse every
-        # object's LastModified with dateutil (~30 us each: 30 ms of the loop per page).
-        parsers = _SESSION.get_component("response_parser_factory")
-        parsers.set_parser_defaults(timestamp_parser=str)
-    return _SESSION
+    if _LOADER is None:
+        _LOADER = create_loader()
+    session = get_session()
+    session.register_component("data_loader", _LOADER)
+    # Listings are read for their keys and sizes alone: botocore would parse every
+    # object's LastModified with dateutil (~30 us each: 30 ms of the loop per page).
+    parsers = session.get_component("response_parser_factory")
+    parsers.set_parser_defaults(timestamp_parser=str)
+    return session
 
 
 def buckets_of(extra: dict[str, str]) -> list[str]:

@@ -233,14 +233,14 @@ async def test_garbage_on_the_queue_fails_nothing_and_falls_back_to_polling(
 
 
 async def test_an_aws_client_reads_botocore_data_files_off_the_loop(moto, monkeypatch) -> None:
-    """Creating a client reads botocore's models (~0.25 s of disk and JSON): the session
-    reads them in a thread the first time, so the loop reads none, then or later."""
+    """Creating a client reads botocore's models (~0.25 s of disk and JSON): the shared
+    loader reads them in a thread the first time, so the loop reads none, then or later."""
     import threading
 
     from triggers import s3_events
     from triggers.connections import parse_connection
 
-    monkeypatch.setattr(s3_events, "_SESSION", None)
+    monkeypatch.setattr(s3_events, "_LOADER", None)
     monkeypatch.setattr(s3_events, "_WARMED", set())
     loader = s3_events._session().get_component("data_loader")
     loop_thread, on_loop, anywhere = threading.get_ident(), [], []
