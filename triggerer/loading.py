@@ -122,11 +122,11 @@ class Loader:
         if full and seen is not None:
             # Only the shards whose waits differ from those held are read again: an
             # unchanged million is one aggregate query, not a million rows parsed here.
-            # A few shards per query, fewer the more each holds (see _step): at a million
+            # A few shards per query, fewer the more each holds (see _fitting): at a million
             # waits all 64 at once hold the connection (and the fires waiting for it)
             # for seconds.
             table, changed = self._table, []
-            step = self._step(table.subscriptions / len(ordered))
+            step = _fitting(table.subscriptions / len(ordered), self._shards_per_query)
             for first in range(0, len(ordered), step):
                 group = ordered[first : first + step]
                 began = time.perf_counter()
@@ -184,9 +184,6 @@ class Loader:
                     if check is not None and check.shard in reread and task_row not in seen:
                         self._table.unsubscribe(task_row)
                 await asyncio.sleep(0)
-
-    def _step(self, rows_per_shard: float) -> int:
-        return _fitting(rows_per_shard, self._shards_per_query)
 
     async def _drop_released(self) -> None:
         """Unsubscribe the waits an operator ended since the last look (cancel, clear)."""
