@@ -34,10 +34,12 @@ from triggers.base import BaseTrigger
 from triggers.registry import load_trigger
 
 from .splitdict import SplitDict
+from .waitref import wait_sum
 
 
 @dataclass(slots=True)
 class Subscriber:
+    # The wait's key (triggerer/waitref.py): a task's row id, or a start or run wait packed.
     task_row: int
     trigger_id: int
     interval: float
@@ -210,12 +212,6 @@ class CheckWatcher(Protocol):
     def next_check(self, check: Check, now: float) -> float | None:
         """When a check that said "not yet" is due next; None: its own interval."""
         ...
-
-
-def wait_sum(task_row: int, trigger_id: int) -> int:
-    """A wait's share of its shard's checksum: the ``shard_sums`` query's expression (its
-    keys are never negative there, hence ``abs``: a start or run wait's key is)."""
-    return (abs(task_row) * 1000003 + trigger_id) % 2147483647
 
 
 class CheckTable:

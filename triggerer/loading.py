@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 import re
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from executor.store import Row
 from triggers.base import SHARDS, BaseTrigger
@@ -29,7 +30,8 @@ from triggers.registry import TriggerLoadError, load_trigger, trigger_class
 
 from .checks import Check, CheckTable, Subscriber, freeze_held
 from .splitdict import SplitDict
-from .store import TriggererStore, Waits
+from .store import TriggererStore
+from .waitref import WaitKind, Waits, pack
 from .writing import Outbox
 
 # Rows handled between yields to the loop: at most this many, and no longer than
@@ -58,6 +60,11 @@ _ROWS_PER_FREEZE = 16_000
 # than a steady trickle (a wake-up serves many checks), cycle after cycle.
 FIRST_CHECKS_PER_S = 10_000
 SPREAD_ABOVE = 50_000
+# The load statements' columns the loader reads, in the order it unpacks them.
+_COLUMNS = (
+    "trigger_id", "classpath", "kwargs", "poke_hash", "shard",
+    "wait_kind", "wait_id", "next_method", "not_before",
+)  # fmt: skip
 
 
 class Loader:
@@ -216,9 +223,9 @@ class Loader:
         texts: dict[str, str] = {}
         chunk_start = 0  # the first row not yet settled
         slice_end = time.perf_counter() + _LOAD_SLICE
-        # Each row as its values (both drivers' rows iterate them), typed as they come.
-        values = cast(Sequence[Any], rows)
-        for i, row in enumerate(values):
+        columns = _columns_of(rows)
+        task = WaitKind.TASK
+        for i, row in enumerate(rows):
             if i & 63 == 63 and (
                 i - chunk_start >= _ROWS_PER_YIELD or time.perf_counter() >= slice_end
             ):
@@ -226,9 +233,10 @@ class Loader:
                 chunk_start = i
                 await asyncio.sleep(0)
                 slice_end = time.perf_counter() + _LOAD_SLICE
-            # By position, in load_triggers' column order (both drivers' rows iterate
-            # their values): a name is a scan of the columns on SQLite's rows (~0.4 us a row).
-            trigger_id, classpath, kwargs, poke_hash, shard, task_row, next_method, not_before = row
+            (trigger_id, classpath, kwargs, poke_hash, shard, wait_kind, wait_id, next_method,
+             not_before) = columns(row)  # fmt: skip
+            # The wait's key (most rows are tasks': their key is their id).
+            task_row = wait_id if wait_kind == task else pack(wait_kind, wait_id)
             if seen is not None:
                 seen[task_row] = None
             if full:
@@ -338,6 +346,15 @@ async def pace(busy: float) -> None:
     checks ~17,000 waits a second: paced, it takes half a core at most, and the loop's
     thread finds a CPU on a shared 2-core machine."""
     await asyncio.sleep(min(busy, 0.1))
+
+
+def _columns_of(rows: Sequence[Row]) -> Callable[[Row], tuple[Any, ...]]:
+    """A row's ``_COLUMNS`` values, found by name once for a page of rows: a name looked up
+    in each row is a scan of its columns on SQLite's rows (~0.4 us a row of a million)."""
+    if not rows:
+        return lambda row: ()
+    names = list(rows[0].keys())
+    return operator.itemgetter(*(names.index(name) for name in _COLUMNS))
 
 
 def _fitting(rows_per_shard: float, most: int) -> int:

@@ -20,31 +20,12 @@ from executor.store import Database, Row, Tx
 from executor.store.deadlines import fire_run_waits
 from executor.store.events import prune_events
 from executor.store.people import answer_by_default
-from executor.store.runwaits import is_run_wait, run_wait_id
 from executor.store.starts import fail_starts, fire_starts
 from triggers.base import SHARDS
 
+from .waitref import WaitKind, Waits, by_kind, is_task
+
 log = logging.getLogger("slotless.triggerer")
-
-# The waits a check answers: task row -> the trigger row it waits on. A task that resumed
-# and deferred again since waits on another trigger, and a late event must not wake it.
-# A start wait (a schedule or start condition: executor/store/starts.py) is keyed by the
-# negative of its id, a run wait (a deadline, a dagrun_timeout, an expected_by:
-# executor/store/runwaits.py) by the negative of 2^40 plus its id, so that every kind
-# shares one compact subscriber table.
-Waits = dict[int, int]
-
-
-def split_waits(waits: Waits) -> tuple[Waits, Waits]:
-    """(task row -> trigger id, start wait id -> trigger id); see :func:`run_waits_of`."""
-    tasks = {k: v for k, v in waits.items() if k > 0}
-    starts = {-k: v for k, v in waits.items() if k < 0 and not is_run_wait(k)}
-    return tasks, starts
-
-
-def run_waits_of(waits: Waits) -> Waits:
-    """run wait id -> trigger id."""
-    return {run_wait_id(k): v for k, v in waits.items() if is_run_wait(k)}
 
 
 @dataclass(slots=True)
@@ -183,7 +164,7 @@ class TriggererStore:
 
         async def body(tx: Tx) -> None:
             todo = batch if owner is None else await _fenced(tx, batch, owner, now)
-            logs = [pair for pair in todo.logs if pair[0] > 0]  # start waits: no log
+            logs = [pair for pair in todo.logs if is_task(pair[0])]  # a task's only
             if logs:
                 # One JSON parameter, inserted by the database: no dict per line here.
                 await tx.execute("insert_check_logs", lines=json.dumps(logs), now=now)
@@ -194,13 +175,14 @@ class TriggererStore:
             payload_of: dict[int, str] = {}
             message_of: dict[int, str] = {}
             for fire in todo.fires:
-                waits, starts = split_waits(fire.waits)
                 if fire.error is not None:
                     await _fail_waits(tx, fire.waits, fire.error, now)
                     continue
-                if starts:
+                kinds = by_kind(fire.waits)
+                waits = kinds[WaitKind.TASK]
+                if starts := kinds[WaitKind.START]:
                     await fire_starts(tx, starts, json.loads(fire.payload_json), now)
-                if runs := run_waits_of(fire.waits):
+                if runs := kinds[WaitKind.RUN]:
                     await fire_run_waits(tx, runs, now)
                 fired.update(waits)
                 for row in waits:
@@ -332,14 +314,14 @@ def _still_firable(rows: list[Row], now: float) -> list[Row]:
 async def _fail_waits(tx: Tx, waits: Waits, why: str, now: float) -> None:
     """A trigger that cannot fire: its tasks fail (or retry, if they have attempts left);
     a start wait is kept, re-armed after its interval, with the error on its DAG."""
-    tasks, starts = split_waits(waits)
-    if starts:
+    kinds = by_kind(waits)
+    if starts := kinds[WaitKind.START]:
         await fail_starts(tx, starts, why, now)
-    if runs := run_waits_of(waits):
+    if runs := kinds[WaitKind.RUN]:
         # A time wait's moment is all it waits for: one past its moment is fired; one
         # not yet due stays armed, loaded again at the next full reload.
         await fire_run_waits(tx, runs, now, due_only=True)
-    for r in await _still_waiting(tx, tasks):
+    for r in await _still_waiting(tx, kinds[WaitKind.TASK]):
         await retry_or_fail(
             tx, r["id"], State.DEFERRED, attempt=r["attempt"], max_attempts=r["max_attempts"],
             now=now, why=why,

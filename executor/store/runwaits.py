@@ -3,7 +3,7 @@
 Like a schedule's start wait (executor/store/starts.py), each is a wait without a task: a
 ``run_wait`` row pointing at a trigger row, a :class:`~triggers.temporal.DateTimeTrigger`
 at the moment (waits due at one moment share one trigger row, so one check), which the
-triggerer loads beside the tasks' waits, under the subscriber key :func:`subscriber`, and
+triggerer loads beside the tasks' waits (as ``wait_kind`` 'run', ``wait_id`` its id) and
 fires in its outbox's transaction (executor/store/deadlines.py). No loop of its own.
 
 **Armed** as the run's state changes (:func:`waits_of`, :func:`arm`): the deadline and the
@@ -30,23 +30,6 @@ from .db import Tx
 DEADLINE = "deadline"
 TIMEOUT = "timeout"
 LATE = "late"
-
-# A run wait's subscriber key in the triggerer's table: tasks are their row id (> 0),
-# start waits the negative of theirs, run waits the negative of this plus theirs.
-RUN_WAIT_BASE = 1 << 40
-
-
-def subscriber(run_wait_id: int) -> int:
-    return -(RUN_WAIT_BASE + run_wait_id)
-
-
-def is_run_wait(key: int) -> bool:
-    return key <= -RUN_WAIT_BASE
-
-
-def run_wait_id(key: int) -> int:
-    return -key - RUN_WAIT_BASE
-
 
 # (run_id, kind, task_id or "", due at in epoch seconds)
 Wait = tuple[str, str, str, float]

@@ -343,6 +343,25 @@ WHERE state = 'RUNNING' AND (owner IS NULL OR heartbeat_at IS NULL)
 -- Where the next incremental load starts after a full reload read shard by shard.
 SELECT COALESCE(max(id), 0) AS id FROM trigger;
 
+-- name: shard_sums
+-- Per shard, how many waits load_triggers would return and a checksum of their (wait_id,
+-- trigger id) pairs: a full reconcile reads again only the shards whose sums differ from
+-- the triggerer's own (triggerer/waitref.py's wait_sum computes the same), so a minutely
+-- reconcile of a million unchanged waits is this one aggregate, not a million rows.
+SELECT shard, count(*) AS n,
+       CAST(sum((wait_id * 1000003 + trigger_id) % 2147483647) AS BIGINT) AS h
+FROM (
+    SELECT g.shard, t.id AS wait_id, g.id AS trigger_id
+    FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
+    WHERE g.shard = ANY(:shards) AND g.event_key IS NULL
+    UNION ALL
+    SELECT g.shard, s.id, g.id FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
+    WHERE g.shard = ANY(:shards)
+    UNION ALL
+    SELECT g.shard, w.id, g.id FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
+    WHERE g.shard = ANY(:shards)
+) AS waits GROUP BY shard;
+
 -- name: list_triggerers
 SELECT r.*, (SELECT count(*) FROM shard_lease s WHERE s.owner = r.id) AS shards
 FROM triggerer r ORDER BY r.id;

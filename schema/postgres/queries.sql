@@ -141,9 +141,10 @@ ORDER BY q.ord;
 
 -- name: load_triggers
 -- The waits of the given shards, from trigger id :after on (0 for a full reload): the
--- tasks' and the start waits'. In no order: the loader needs none, and sorting the union
--- would be one more pass over every row of a full reload. triggerer/loading.py reads the
--- columns by position: keep their order (and the two backends' alike).
+-- tasks', the start waits' and the run waits', each named by (wait_kind, wait_id)
+-- (triggerer/waitref.py). In no order: the loader needs none, and sorting the union would
+-- be one more pass over every row of a full reload. Keep the columns of the two backends'
+-- load statements alike (triggerer/loading.py reads them by name).
 -- Identity ids are handed out at INSERT but become visible at COMMIT, and concurrent
 -- workers commit out of order: a row with an id below :after may appear after a load that
 -- moved the cursor past it. So every row is also returned, once, by the first load that
@@ -158,22 +159,20 @@ WITH fresh AS (
     UNION
     SELECT id FROM fresh
 )
-SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
-       t.next_method, g.not_before
+SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard,
+       'task' AS wait_kind, t.id AS wait_id, t.next_method, g.not_before
 FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
 WHERE g.event_key IS NULL  -- an event wait is settled by its event, never checked
 UNION ALL
--- A start wait is a subscriber too, under the negative of its id (triggerer/store.py).
-SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'start', s.id, NULL, g.not_before
 FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN start_wait s ON s.trigger_id = g.id
 UNION ALL
--- A run wait (deadline, dagrun_timeout, expected_by) under -(2^40 + its id): runwaits.py.
-SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -(1099511627776 + r.id), NULL,
-       g.not_before
+-- A run wait: a deadline, a dagrun_timeout, an expected_by (executor/store/runwaits.py).
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'run', r.id, NULL, g.not_before
 FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN run_wait r ON r.trigger_id = g.id;
@@ -193,40 +192,22 @@ WITH marked AS (
     SELECT id FROM trigger
     WHERE shard = ANY(:shards::integer[]) AND id > :after::bigint AND id <= :upto::bigint
 )
-SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
-       t.next_method, g.not_before
+SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard,
+       'task' AS wait_kind, t.id AS wait_id, t.next_method, g.not_before
 FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
 WHERE g.event_key IS NULL
 UNION ALL
-SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'start', s.id, NULL, g.not_before
 FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN start_wait s ON s.trigger_id = g.id
 UNION ALL
-SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -(1099511627776 + r.id), NULL,
-       g.not_before
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'run', r.id, NULL, g.not_before
 FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN run_wait r ON r.trigger_id = g.id;
-
--- name: shard_sums
--- Per shard, how many waits load_triggers would return and a checksum of their (task row,
--- trigger id) pairs (see the SQLite twin: a reconcile reads again only the shards that differ).
-SELECT shard, count(*) AS n, sum(h)::bigint AS h FROM (
-    SELECT g.shard, (t.id * 1000003 + g.id) % 2147483647 AS h
-    FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
-    WHERE g.shard = ANY(:shards::integer[]) AND g.event_key IS NULL
-    UNION ALL
-    SELECT g.shard, (s.id * 1000003 + g.id) % 2147483647
-    FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
-    WHERE g.shard = ANY(:shards::integer[])
-    UNION ALL
-    SELECT g.shard, ((1099511627776 + r.id) * 1000003 + g.id) % 2147483647
-    FROM trigger g JOIN run_wait r ON r.trigger_id = g.id
-    WHERE g.shard = ANY(:shards::integer[])
-) AS waits GROUP BY shard;
 
 -- name: deferred_rows
 -- Locked, so that the trigger they wait on cannot change before this transaction moves them.

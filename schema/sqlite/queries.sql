@@ -129,23 +129,22 @@ FROM json_each(:questions) AS q;
 
 -- name: load_triggers
 -- The waits of the given shards, from trigger id :after on (0 for a full reload): the
--- tasks' and the start waits'. In no order: the loader needs none, and sorting the union
--- would be one more pass over every row of a full reload. triggerer/loading.py reads the
--- columns by position: keep their order (and the two backends' alike).
-SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
-       t.next_method, g.not_before
+-- tasks', the start waits' and the run waits', each named by (wait_kind, wait_id)
+-- (triggerer/waitref.py). In no order: the loader needs none, and sorting the union would
+-- be one more pass over every row of a full reload. Keep the columns of the two backends'
+-- load statements alike (triggerer/loading.py reads them by name).
+SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard,
+       'task' AS wait_kind, t.id AS wait_id, t.next_method, g.not_before
 FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
 WHERE g.shard = ANY(:shards) AND g.id > :after
   AND g.event_key IS NULL  -- an event wait is settled by its event, never checked
 UNION ALL
--- A start wait is a subscriber too, under the negative of its id (triggerer/store.py).
-SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'start', s.id, NULL, g.not_before
 FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
 WHERE g.shard = ANY(:shards) AND g.id > :after
 UNION ALL
--- A run wait (deadline, dagrun_timeout, expected_by) under -(2^40 + its id): runwaits.py.
-SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -(1099511627776 + w.id), NULL,
-       g.not_before
+-- A run wait: a deadline, a dagrun_timeout, an expected_by (executor/store/runwaits.py).
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'run', w.id, NULL, g.not_before
 FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
 WHERE g.shard = ANY(:shards) AND g.id > :after;
 
@@ -155,39 +154,19 @@ WHERE g.shard = ANY(:shards) AND g.id > :after;
 -- index on trigger_id, then trigger by rowid. Read through the index on shard instead,
 -- each row is a lookup in a different page, shard after shard: 3-4x the time at a million
 -- rows. The unary plus keeps the planner off that index (benchmarks/capacity.py).
-SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard, t.id AS task_row,
-       t.next_method, g.not_before
+SELECT g.id AS trigger_id, g.classpath, g.kwargs, g.poke_hash, g.shard,
+       'task' AS wait_kind, t.id AS wait_id, t.next_method, g.not_before
 FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
 WHERE +g.shard = ANY(:shards) AND g.id > :after AND g.id <= :upto
   AND g.event_key IS NULL
 UNION ALL
-SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -s.id, NULL, g.not_before
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'start', s.id, NULL, g.not_before
 FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
 WHERE +g.shard = ANY(:shards) AND g.id > :after AND g.id <= :upto
 UNION ALL
-SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, -(1099511627776 + w.id), NULL,
-       g.not_before
+SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'run', w.id, NULL, g.not_before
 FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
 WHERE +g.shard = ANY(:shards) AND g.id > :after AND g.id <= :upto;
-
--- name: shard_sums
--- Per shard, how many waits load_triggers would return and a checksum of their (task row,
--- trigger id) pairs: a full reconcile reads again only the shards whose sums differ from
--- the triggerer's own (CheckTable.shard_sum computes the same), so a minutely reconcile
--- of a million unchanged waits is this one aggregate, not a million rows.
-SELECT shard, count(*) AS n, sum(h) AS h FROM (
-    SELECT g.shard, (t.id * 1000003 + g.id) % 2147483647 AS h
-    FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
-    WHERE g.shard = ANY(:shards) AND g.event_key IS NULL
-    UNION ALL
-    SELECT g.shard, (s.id * 1000003 + g.id) % 2147483647
-    FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
-    WHERE g.shard = ANY(:shards)
-    UNION ALL
-    SELECT g.shard, ((1099511627776 + w.id) * 1000003 + g.id) % 2147483647
-    FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
-    WHERE g.shard = ANY(:shards)
-) GROUP BY shard;
 
 -- name: deferred_rows
 -- `has_trigger`: a fire from memory for a row deleted meanwhile must not apply.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support import backends
 from support.catalogued import all_runs, catalogue_file
-from support.helpers import FakeClock, ops, run_to_end, write_dag
+from support.helpers import FakeClock, loaded_waits, ops, run_to_end, write_dag
 
 from executor.store import Store
 from executor.store.runs import scheduled_run_key
@@ -64,8 +64,7 @@ async def test_one_run_per_interval_keyed_as_the_schedule_queued_over_max_active
     assert [(b.how, b.run_id) for b in again] == [("existing", b.run_id) for b in done]
 
     # The schedule (catchup from 07:00) fires for the same intervals: nothing created.
-    rows_ = await ops(store).load_triggers(range(64))
-    waits = {r["task_row"]: r["trigger_id"] for r in rows_ if r["task_row"] < 0}
+    waits = await loaded_waits(store, "start")
     assert waits, "the catalogue armed the schedule"
     await ops(store).triggerer_commit(TriggererBatch(fires=[Fire(waits, "null", "fired")]))
     assert len(await all_runs(store)) == 5

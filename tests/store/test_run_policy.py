@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from support import backends
-from support.helpers import FakeClock, attempt_of, ops
+from support.helpers import FakeClock, attempt_of, loaded_waits, ops
 
 from executor import DAG
 from executor.outcomes import Deferral, Deferred, Failed, Succeeded
@@ -23,7 +23,6 @@ from executor.states import State
 from executor.store import Store, open_store
 from executor.store.control import ControlError
 from executor.store.runs import NewRun, RunShape, insert_run, scheduled_run_key
-from executor.store.runwaits import is_run_wait
 from triggerer.store import Fire, TriggererBatch
 from triggers.temporal import DateTimeTrigger
 
@@ -52,8 +51,7 @@ def settlements(**options: Any) -> DAG:
 
 async def run_waits(store: Store) -> dict[int, int]:
     """Every run wait the triggerer would load: subscriber key -> trigger id."""
-    rows = await ops(store).load_triggers(range(64))
-    return {r["task_row"]: r["trigger_id"] for r in rows if is_run_wait(r["task_row"])}
+    return await loaded_waits(store, "run")
 
 
 async def wait_rows(store: Store, run_id: str) -> list[dict[str, Any]]:

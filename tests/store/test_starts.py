@@ -11,7 +11,7 @@ from pathlib import Path
 
 from support import backends
 from support.catalogued import all_runs, catalogue_file
-from support.helpers import FakeClock, ops, run_to_end, write_dag
+from support.helpers import FakeClock, loaded_waits, ops, run_to_end, write_dag
 
 from executor import DAG
 from executor.catalogue import _declared
@@ -45,8 +45,7 @@ def work(ctx):
 
 async def fire_start_waits(store: Store, payload: object = None) -> dict[int, int]:
     """Fire every armed start wait, as the triggerer does when their triggers fire."""
-    rows = await ops(store).load_triggers(range(64))
-    waits = {r["task_row"]: r["trigger_id"] for r in rows if r["task_row"] < 0}
+    waits = await loaded_waits(store, "start")
     await ops(store).triggerer_commit(
         TriggererBatch(fires=[Fire(waits, json.dumps(payload), "fired")])
     )
@@ -258,8 +257,7 @@ async def test_a_condition_that_fails_is_its_dags_error_and_nothing_else(
     [wait] = [w for w in await store.start_waits() if w["dag_id"] == "bad"]
     assert wait["not_before"] == T0.timestamp() + RETRY_AFTER  # checked again, later
     # A trigger that reports an error (or raises) is the same: kept on the DAG, retried.
-    rows_before = await ops(store).load_triggers(range(64))
-    waits = {r["task_row"]: r["trigger_id"] for r in rows_before if r["task_row"] < 0}
+    waits = await loaded_waits(store, "start")
     await ops(store).triggerer_commit(
         TriggererBatch(fires=[Fire(waits, "null", "boom", error="the bucket is gone")])
     )

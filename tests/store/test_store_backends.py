@@ -29,6 +29,7 @@ from executor.store.catalogue import DeclaredDag, UnknownDag
 from executor.store.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
 from executor.store.jobs import _record
 from triggerer.store import Fire, TriggererBatch
+from triggerer.waitref import pack
 from triggers.base import SHARDS
 from triggers.files import FileTrigger
 
@@ -36,6 +37,11 @@ backend, url, store = backends.backend, backends.url, backends.store  # fixtures
 pg_server = backends.pg_server  # fixture
 DAY = date(2026, 4, 25)
 ALL_SHARDS = list(range(SHARDS))
+
+
+def wait_key(wait: Row) -> int:
+    """A loaded wait's key in the triggerer's table."""
+    return int(pack(wait["wait_kind"], wait["wait_id"]))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -310,7 +316,7 @@ async def test_a_late_event_does_not_wake_a_task_now_waiting_on_another_trigger(
     run_id = await store.create_run(sensor_dag(tmp_path), DAY)
     submit = {r.task_id: r for r in await store.claim("w", 10)}["submit"]
     await store.complete([deferred(submit, str(tmp_path / "one"), clock.now, method="check")])
-    (first,) = [w for w in await ops(store).load_triggers(ALL_SHARDS) if w["task_row"] == submit.id]
+    (first,) = [w for w in await ops(store).load_triggers(ALL_SHARDS) if wait_key(w) == submit.id]
     old = Fire({submit.id: first["trigger_id"]}, json.dumps(1), "fired: one")
     await ops(store).triggerer_commit(TriggererBatch(fires=[old]))
     again = {r.task_id: r for r in await store.claim("w2", 10)}["submit"]
@@ -334,7 +340,7 @@ async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     )
     assert await store.run_counts(run_id) == {"DEFERRED": 2, "PENDING": 1}
     waits = await ops(store).load_triggers(ALL_SHARDS)
-    by_row = {w["task_row"]: w for w in waits}
+    by_row = {wait_key(w): w for w in waits}
     assert set(by_row) == {rows["wait"].id, rows["submit"].id}
     assert by_row[rows["submit"].id]["next_method"] == "check"
     assert by_row[rows["wait"].id]["next_method"] is None
@@ -342,7 +348,7 @@ async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     assert await ops(store).load_triggers(ALL_SHARDS, newest) == []
 
     clock.advance(1)
-    on = {w["task_row"]: {w["task_row"]: w["trigger_id"]} for w in waits}
+    on = {wait_key(w): {wait_key(w): w["trigger_id"]} for w in waits}
     fires = [
         Fire(on[rows["wait"].id], json.dumps({"paths": ["in.csv"]}), "fired: in.csv"),
         Fire(on[rows["submit"].id], json.dumps({"flag": True}), "fired: done.flag"),
@@ -409,14 +415,14 @@ async def test_a_batch_of_deferrals_gives_each_row_its_own_wait(
         ("RUNNING", "DEFERRED"),
     ]
     waits = await ops(store).load_triggers(ALL_SHARDS)
-    assert sorted(w["task_row"] for w in waits) == sorted(
+    assert sorted(wait_key(w) for w in waits) == sorted(
         rows[t].id for t in ("t0", "t1", "t2", "t3")
     )
     assert {w["trigger_id"] for w in waits} == {
         got[t]["trigger_id"] for t in ("t0", "t1", "t2", "t3")
     }
-    assert {w["poke_hash"] for w in waits if w["task_row"] in (rows["t0"].id, rows["t1"].id)} == {
-        next(w["poke_hash"] for w in waits if w["task_row"] == rows["t0"].id)
+    assert {w["poke_hash"] for w in waits if wait_key(w) in (rows["t0"].id, rows["t1"].id)} == {
+        next(w["poke_hash"] for w in waits if wait_key(w) == rows["t0"].id)
     }
     assert await ops(store).delete_orphan_triggers(ALL_SHARDS) == 0  # none left behind
 
@@ -439,7 +445,7 @@ async def test_a_flush_of_many_fires_settles_a_fan_in_once(
         + [deferred(rows["resumes"], str(tmp_path / "r"), clock.now, method="again")]
     )  # fmt: skip
     waits = await ops(store).load_triggers(ALL_SHARDS)
-    by_row = {w["task_row"]: w["trigger_id"] for w in waits}
+    by_row = {wait_key(w): w["trigger_id"] for w in waits}
     fires = [
         Fire({rows[t].id: by_row[rows[t].id]}, json.dumps({"n": t}), f"fired: {t}")
         for t in [*sorted(t for t in rows if t.startswith("s")), "resumes"]
@@ -495,10 +501,10 @@ async def test_a_trigger_committed_after_a_newer_one_is_still_loaded(
         await _record(slow, [deferred(rows["a"], str(tmp_path / "a"), clock.now)], clock.now)
         await store.complete([deferred(rows["b"], str(tmp_path / "b"), clock.now)])
         first = await ops(store).load_triggers(ALL_SHARDS)
-        assert [w["task_row"] for w in first] == [rows["b"].id]
+        assert [wait_key(w) for w in first] == [rows["b"].id]
     cursor = first[0]["trigger_id"]
     later = await ops(store).load_triggers(ALL_SHARDS, cursor)
-    assert [w["task_row"] for w in later] == [rows["a"].id]
+    assert [wait_key(w) for w in later] == [rows["a"].id]
     assert later[0]["trigger_id"] < cursor
     assert await ops(store).load_triggers(ALL_SHARDS, cursor) == []
 

@@ -107,20 +107,21 @@ async def test_a_reconcile_reads_again_only_the_shards_that_changed(live_store) 
     async with live_store.db.read() as tx:
         waits = await tx.fetch("load_triggers", shards=list(everything), after=0)
     gone = waits[0]
+    assert gone["wait_kind"] == "task"  # its key in the table is its row id
     async with live_store.db.write() as tx:
-        await tx.script(f"UPDATE task SET state = 'SUCCESS' WHERE id = {gone['task_row']}")
+        await tx.script(f"UPDATE task SET state = 'SUCCESS' WHERE id = {gone['wait_id']}")
     ops.reads.clear()
     await loader.load(everything, full=True)
     assert len(ops.reads) == 1 and gone["shard"] in ops.reads[0]
     assert table.subscriptions == WAITS - 1
-    assert gone["task_row"] not in table.by_row
+    assert gone["wait_id"] not in table.by_row
 
     # A wait no incremental load returned (written behind its back) is taken.
     async with live_store.db.write() as tx:
-        await tx.script(f"UPDATE task SET state = 'DEFERRED' WHERE id = {gone['task_row']}")
+        await tx.script(f"UPDATE task SET state = 'DEFERRED' WHERE id = {gone['wait_id']}")
     await loader.load(everything, full=True)
     assert table.subscriptions == WAITS
-    assert gone["task_row"] in table.by_row
+    assert gone["wait_id"] in table.by_row
     sums = await ops.shard_sums(everything)
     assert sums == {s: table.shard_sum(s) for s in sums}
     assert run_id

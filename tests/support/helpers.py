@@ -223,6 +223,14 @@ def ops(store: Any) -> Any:
     return TriggererStore(store.db, store.clock)
 
 
+async def loaded_waits(store: Any, kind: str) -> dict[int, int]:
+    """The waits of ``kind`` a triggerer would load: wait key -> trigger id."""
+    from triggerer.waitref import pack
+
+    rows = await ops(store).load_triggers(range(64))
+    return {pack(kind, r["wait_id"]): r["trigger_id"] for r in rows if r["wait_kind"] == kind}
+
+
 def attempt_of(row: Any) -> dict[str, Any]:
     """What every outcome of a claimed row's attempt carries (``Succeeded(**attempt_of(row),
     output_json=...)``)."""

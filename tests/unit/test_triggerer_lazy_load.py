@@ -55,10 +55,21 @@ class Rows:
         return [r for r in self.rows if r[4] in shards and after_id < r[0] <= top]
 
 
+class FakeRow(tuple[Any, ...]):
+    """A row as both drivers' rows read: by position, and by name through keys()."""
+
+    COLUMNS = (
+        "trigger_id", "classpath", "kwargs", "poke_hash", "shard",
+        "wait_kind", "wait_id", "next_method", "not_before",
+    )  # fmt: skip
+
+    def keys(self) -> tuple[str, ...]:
+        return self.COLUMNS
+
+
 def row(n: int, kwargs: dict[str, Any] | str, poke_hash: str | None = None) -> tuple[Any, ...]:
     text = kwargs if isinstance(kwargs, str) else json.dumps(kwargs, sort_keys=True)
-    # trigger_id, classpath, kwargs, poke_hash, shard, task_row, next_method, not_before
-    return (n, CLASSPATH, text, poke_hash or f"h{n}", 0, 100 + n, None, None)
+    return FakeRow((n, CLASSPATH, text, poke_hash or f"h{n}", 0, "task", 100 + n, None, None))
 
 
 async def load(rows: list[tuple[Any, ...]]) -> tuple[CheckTable, Outbox]:
