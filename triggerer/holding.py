@@ -7,7 +7,7 @@ as for every check); the Task is cancelled, and the generator closed (so its cle
 when the check leaves the table: it fired or failed, its last subscriber left, its shard
 moved to another triggerer, or the triggerer stops.
 
-Its first event or exception is settled like any check's result, by the runner; a
+Its first event or exception is settled like any check's result (settling.py); a
 ``run()`` that returns without an event fails its tasks (it would never fire). A held
 Task does not count against the runner's concurrency and has no check timeout: it is
 waiting, not checking. This is Airflow's cost model (a coroutine per wait, about 2 KB),
@@ -24,7 +24,7 @@ from typing import Any
 from triggers.checking import CheckContext
 
 from .checks import Check
-from .running import CheckRunner
+from .settling import Settler
 
 
 class HeldTriggerEnded(RuntimeError):
@@ -34,13 +34,15 @@ class HeldTriggerEnded(RuntimeError):
 class Holder:
     def __init__(
         self,
-        runner: CheckRunner,
+        settler: Settler,
         ctx: CheckContext,
+        running: set[Check],
         *,
         wake: asyncio.Event,
         clock: Callable[[], float],
     ) -> None:
-        self._runner = runner
+        self._settler = settler
+        self._running = running  # the checks in flight, the runner's too (see CheckRunner)
         self._ctx = ctx
         self._wake = wake
         self._clock = clock
@@ -52,7 +54,7 @@ class Holder:
     def start(self, check: Check) -> None:
         """Hold ``check``'s run() until it yields, fails, or the check is forgotten."""
         check.running = True  # off the schedule while held: its entries are stale
-        self._runner.running.add(check)
+        self._running.add(check)
         name = f"held {check.trigger.blame()}"
         self.tasks[check.poke_hash] = asyncio.create_task(self._hold(check), name=name)
 
@@ -62,7 +64,7 @@ class Holder:
         if task is not None and task is not asyncio.current_task():
             self.tasks.pop(check.poke_hash, None)
             task.cancel()
-        self._runner.running.discard(check)
+        self._running.discard(check)
 
     async def stop(self) -> None:
         tasks = list(self.tasks.values())
@@ -92,6 +94,6 @@ class Holder:
             if self.tasks.get(check.poke_hash) is me:
                 del self.tasks[check.poke_hash]
             check.running = False
-            self._runner.running.discard(check)
-        self._runner.settle(check, result, self._clock())
+            self._running.discard(check)
+        self._settler.settle(check, result, self._clock())
         self._wake.set()

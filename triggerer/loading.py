@@ -28,10 +28,11 @@ from executor.store import Row
 from triggers.base import SHARDS, BaseTrigger
 from triggers.registry import TriggerLoadError, load_trigger, trigger_class
 
-from .checks import Check, CheckTable, Subscriber, freeze_held
+from .checks import CheckTable, Subscriber, freeze_held
+from .settling import waits_of
 from .splitdict import SplitDict
 from .store import TriggererStore
-from .waitref import WaitKind, Waits, pack
+from .waitref import WaitKind, pack
 from .writing import Outbox
 
 # Rows handled between yields to the loop: at most this many, and no longer than
@@ -500,10 +501,6 @@ class _Parsed:
 
     compact: tuple[type[BaseTrigger], str]  # the class and the validated kwargs' JSON
     interval: float
-
-
-def waits_of(check: Check) -> Waits:
-    return {row: sub.trigger_id for row, sub in check.subscribers.items()}
 
 
 def _rebuild(entry: _Parsed) -> BaseTrigger:

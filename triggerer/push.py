@@ -64,6 +64,7 @@ class PushHub:
         safety_interval: float = 300.0,
         retry_after: float = 30.0,
         enabled: bool = True,
+        early: Callable[[Iterable[str]], None] | None = None,
     ) -> None:
         self._table = table
         self._ctx = ctx
@@ -81,9 +82,9 @@ class PushHub:
         self._pushed: set[str] = set()
         self.recheck = 1.0
         self._pushable: dict[type[BaseTrigger], bool] = {}
-        # Called with the checks pushed by name while a call of theirs is in flight: the
-        # runner checks them early instead of after it (CheckRunner.check_early).
-        self.early: Callable[[Iterable[str]], None] | None = None
+        # Called with the checks pushed by name while a call of theirs is in flight: they
+        # are checked early instead of after it (triggerer/early.py).
+        self._early = early
         self.pushes = 0  # topics pushed (for metrics and benchmarks)
         self.woken = 0  # checks made due by a push
 
@@ -241,10 +242,10 @@ class PushHub:
             self.woken += woken
             if woken:
                 self._wake_checker.set()
-            if pushed and self.early is not None:
+            if pushed and self._early is not None:
                 in_flight = hashes & self._again  # running now: woken only once they end
                 if in_flight:
-                    self.early(in_flight)
+                    self._early(in_flight)
 
     def _close(self, held: _Held) -> None:
         if self._sources.get(held.key) is held:

@@ -12,12 +12,14 @@ longer DEFERRED on that trigger), a fire lost would leave its tasks waiting for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 
-from executor.store.faults import is_transient, split_apart
+from executor.store.faults import Backoff, is_transient, split_apart
 
-from .store import Fire, TriggererBatch, TriggererStore, Waits
+from .store import Fire, TriggererBatch, TriggererStore
+from .waitref import Waits
 
 log = logging.getLogger("slotless.triggerer.writing")
 
@@ -35,6 +37,23 @@ class Outbox:
         # Set when a fire or a failure is added: the writing loop commits without waiting
         # for its tick (check logs alone wait for it).
         self.urgent = asyncio.Event()
+
+    async def flushing(self, every: float) -> None:
+        """The writing loop: a fire is written at once (what comes meanwhile joins the next
+        commit); logs wait for the tick."""
+        backoff = Backoff("triggerer: writing events", log)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that
+                # races the event being set, and stop() then waits for this loop forever.
+                async with asyncio.timeout(every):
+                    await self.urgent.wait()
+            self.urgent.clear()
+            try:
+                await self.flush()  # kept for the next try if it fails
+                backoff.succeeded()
+            except Exception as exc:
+                await asyncio.sleep(backoff.failed(exc))
 
     def fire(self, fire: Fire) -> None:
         self.batch.fires.append(fire)

@@ -13,7 +13,7 @@ from support.helpers import async_wait_until
 from support.servers import all_events_text, run_dag, task_log
 
 from executor import DAG
-from triggerer.running import TRANSIENT
+from triggerer.settling import TRANSIENT
 from triggers.base import TransientError, TriggerEvent
 from triggers.checking import CheckContext
 from triggers.connections import UnknownConnection

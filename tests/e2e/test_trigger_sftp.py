@@ -26,7 +26,7 @@ from support.servers import (
 )
 
 from executor import DAG
-from triggerer.running import TRANSIENT
+from triggerer.settling import TRANSIENT
 from triggers.base import TransientError, TriggerEvent
 from triggers.checking import CheckContext
 from triggers.connections import UnknownConnection

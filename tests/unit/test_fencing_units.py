@@ -12,10 +12,10 @@ import pytest
 from support.helpers import async_wait_until
 
 from triggerer.checks import CheckTable, Subscriber
-from triggerer.running import PROBE_EVERY, CheckRunner
+from triggerer.models import KeptModels
+from triggerer.settling import PROBE_EVERY, Settler
 from triggerer.watchdog import LoopWatch
 from triggers.base import BaseTrigger, TriggerEvent
-from triggers.checking import CheckContext
 
 
 async def test_the_watchdog_reports_a_stalls_true_length_when_it_ends() -> None:
@@ -53,19 +53,8 @@ class NullOutbox:
     def fail(self, waits: Any, why: str) -> None: ...
 
 
-def runner_with(table: CheckTable) -> CheckRunner:
-    return CheckRunner(
-        table,
-        CheckContext(None),
-        NullOutbox(),  # type: ignore[arg-type]
-        wake=asyncio.Event(),
-        clock=time.time,
-        max_concurrency=8,
-        wave=8,
-        batch_size=10,
-        check_timeout=5,
-        max_backoff=300,
-    )
+def settler_with(table: CheckTable) -> Settler:
+    return Settler(table, NullOutbox(), KeptModels(), max_backoff=300)  # type: ignore[arg-type]
 
 
 async def test_a_success_on_a_connection_resets_the_backoff_of_every_wait_on_it() -> None:
@@ -77,27 +66,27 @@ async def test_a_success_on_a_connection_resets_the_backoff_of_every_wait_on_it(
         checks[name] = table.subscribe(
             trigger.poke_hash(), trigger, 0, Subscriber(row, row, 1.0, False), now
         )
-    runner = runner_with(table)
+    settler = settler_with(table)
     down = ConnectionError("connection refused")
     for _ in range(8):  # a long outage: 2**8 s of backoff each, capped at 300
         for name in "abc":
-            runner.settle(checks[name], down, now)
+            settler.settle(checks[name], down, now)
     a, b, c = checks["a"], checks["b"], checks["c"]
     # The first to back off on a connection is its probe: it keeps trying every few seconds.
     assert a.due == now + PROBE_EVERY and c.due == now + PROBE_EVERY
     assert b.due == now + 256 and b.failures == 8
     # The server is back: the probe's check succeeds (not yet), and b is due at once.
     later = now + PROBE_EVERY
-    runner.settle(a, None, later)
+    settler.settle(a, None, later)
     assert (b.failures, b.due) == (0, later)
     assert (c.failures, c.due) == (8, now + PROBE_EVERY)  # another connection: unchanged
     # A fire counts as a success too.
     for _ in range(3):
-        runner.settle(b, down, later)
-    runner.settle(a, down, later)
+        settler.settle(b, down, later)
+    settler.settle(a, down, later)
     assert b.due == later + PROBE_EVERY  # the probe now: a backed off after it
     assert a.due == later + 2
-    runner.settle(b, TriggerEvent(payload={}), later + 1)
+    settler.settle(b, TriggerEvent(payload={}), later + 1)
     assert (a.failures, a.due) == (0, later + 1)
 
 

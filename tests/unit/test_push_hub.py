@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 from support.helpers import async_wait_until
 
-from triggerer.checks import CheckTable, Subscriber
+from triggerer.checks import Check, CheckTable, Subscriber
+from triggerer.early import EarlyChecks
+from triggerer.models import KeptModels
 from triggerer.push import PushHub
-from triggerer.running import CheckRunner
+from triggerer.running import CallTimes, CheckRunner
+from triggerer.settling import Settler
 from triggerer.writing import Outbox
 from triggers.base import BaseTrigger, TriggerEvent
 from triggers.push import PushInterest, PushSource, PushUnavailable, Wake
@@ -167,22 +170,35 @@ async def test_a_check_pushed_while_its_call_is_in_flight_fires_before_that_call
     now = [1000.0]
     table = CheckTable()
     wake = asyncio.Event()
-    hub = PushHub(table, None, wake_checker=wake, clock=lambda: now[0])  # type: ignore[arg-type]
-    table.watcher = hub
     outbox = Outbox(None)  # type: ignore[arg-type]  # never flushed here: read as is
+    models = KeptModels()
+    settler = Settler(table, outbox, models, max_backoff=60.0)
+    running: set[Check] = set()
     runner = CheckRunner(
         table,
         None,  # type: ignore[arg-type]
-        outbox,
+        settler,
+        models,
         wake=wake,
         clock=lambda: now[0],
         max_concurrency=8,
         wave=8,
         batch_size=100,
         check_timeout=30.0,
-        max_backoff=60.0,
+        running=running,
     )
-    hub.early = runner.check_early
+    early = EarlyChecks(
+        table,
+        settler,
+        None,  # type: ignore[arg-type]
+        running,
+        clock=lambda: now[0],
+        batch_size=100,
+        check_timeout=30.0,
+        call_times=CallTimes(),
+    )
+    hub = PushHub(table, None, wake_checker=wake, clock=lambda: now[0], early=early.check)  # type: ignore[arg-type]
+    table.watcher = hub
     GATE[:] = [asyncio.get_running_loop().create_future()]
     LANDED.clear()
     calls.clear()

@@ -14,7 +14,9 @@ import pytest
 
 from triggerer.checks import CheckTable
 from triggerer.loading import Loader, _interval_in
+from triggerer.models import KeptModels
 from triggerer.running import CheckRunner
+from triggerer.settling import Settler
 from triggerer.writing import Outbox
 from triggers.base import BaseTrigger, TriggerEvent
 from triggers.checking import CheckContext
@@ -129,14 +131,16 @@ async def test_a_bad_row_joined_by_a_good_one_fails_alone() -> None:
 async def test_a_bad_row_fails_its_own_task_at_its_first_check() -> None:
     table, outbox = await load([row(1, {"name": "a", "bogus": 1}), row(2, {"name": "b"})])
     assert len(table) == 2 and not outbox.batch
+    models = KeptModels()
+    settler = Settler(table, outbox, models, max_backoff=60)
     runner = CheckRunner(
-        table, CheckContext(), outbox, wake=asyncio.Event(), clock=lambda: 2000.0,
-        max_concurrency=4, wave=4, batch_size=10, check_timeout=5, max_backoff=60,
+        table, CheckContext(), settler, models, wake=asyncio.Event(), clock=lambda: 2000.0,
+        max_concurrency=4, wave=4, batch_size=10, check_timeout=5,
     )  # fmt: skip
     assert runner.dispatch(2000.0)
     await asyncio.gather(*runner.tasks)
-    assert list(table.by_hash) == ["h2"] and runner.checks_done == 1
+    assert list(table.by_hash) == ["h2"] and settler.checks_done == 1
     [(waits, why)] = outbox.batch.failures
     assert waits == {101: 1}
     assert why.startswith(f"cannot load trigger: invalid kwargs for {CLASSPATH}: bogus:")
-    assert runner.unloadable == 1
+    assert settler.unloadable == 1
