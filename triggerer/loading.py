@@ -28,11 +28,11 @@ from executor.store import Row
 from triggers.base import SHARDS, BaseTrigger
 from triggers.registry import TriggerLoadError, load_trigger, trigger_class
 
-from .checks import CheckTable, Subscriber, freeze_held
+from .checks import Check, CheckTable, Subscriber, freeze_held
 from .settling import waits_of
 from .splitdict import SplitDict
 from .store import TriggererStore
-from .waitref import WaitKind, pack
+from .waitref import WaitKind, Waits, pack
 from .writing import Outbox
 
 # Rows handled between yields to the loop: at most this many, and no longer than
@@ -258,9 +258,10 @@ class Loader:
             if kind is None:
                 kind = classes[classpath] = _kind_of(classpath)
             if isinstance(kind, TriggerLoadError):
-                self.unloadable += 1
-                self._outbox.fail({task_row: trigger_id}, f"cannot load trigger: {kind}")
+                self._unloadable({task_row: trigger_id}, kind)
                 continue
+            # A re-armed start condition is not checked again before its interval passed.
+            at = now if not_before is None or not_before < now else not_before
             if kind.lazy and poke_hash not in by_hash:
                 # The common row of a big load: a check not held yet, of a plain polled
                 # class. Its kwargs are validated by its first check (~1-3 us a row saved
@@ -269,7 +270,6 @@ class Loader:
                 if interval is not None:
                     kwargs = texts.setdefault(kwargs, kwargs)  # equal JSON shared
                     sub = Subscriber(task_row, trigger_id, interval, next_method is not None)
-                    at = now if not_before is None or not_before < now else not_before
                     if spread is not None:
                         at = spread.first_at(at, start + i, interval)
                     table.add_loaded(poke_hash, kind.cls, kwargs, shard, sub, at)
@@ -277,46 +277,69 @@ class Loader:
             else:
                 joined = by_hash.get(poke_hash)
                 if joined is not None and not joined.valid:
-                    # A second wait on a check loaded unvalidated: its kwargs are checked
-                    # now, so that a bad row fails alone, not the wait that joins it.
-                    try:
-                        joined.validate()
-                    except TriggerLoadError as exc:
-                        self.unloadable += 1
-                        table.drop(joined)
-                        self._outbox.fail(waits_of(joined), f"cannot load trigger: {exc}")
-            key = (classpath, kwargs)
-            entry = parsed.get(key)
-            model = None
-            if entry is None:
-                res = _parse(classpath, kwargs)
-                if isinstance(res, TriggerLoadError):
-                    entry = parsed[key] = res
-                else:
-                    model, entry = res
-                    parsed[key] = entry
-            if isinstance(entry, TriggerLoadError):
-                self.unloadable += 1
-                self._outbox.fail({task_row: trigger_id}, f"cannot load trigger: {entry}")
-                continue
-            sub = Subscriber(task_row, trigger_id, entry.interval, next_method is not None)
-            # A re-armed start condition is not checked again before its interval passed.
-            at = now if not_before is None or not_before < now else not_before
-            try:  # first_check_at is the trigger's code
-                first_at = None
-                if poke_hash not in by_hash:
-                    model = model or _rebuild(entry)
-                    first_at = model.first_check_at(at)
-                    if spread is not None and first_at == at:  # polled, not a moment
-                        first_at = spread.first_at(at, start + i, entry.interval)
-                table.subscribe(poke_hash, entry.compact, shard, sub, at, first_at=first_at)
-            except Exception as exc:
-                table.unsubscribe(task_row)
-                self._outbox.fail(
-                    {task_row: trigger_id},
-                    f"cannot schedule {(model or _rebuild(entry)).describe()}: {exc!r}",
-                )
+                    self._validate_joined(joined)
+            # Its interval is its trigger's, known once the row is parsed (_subscribe).
+            sub = Subscriber(task_row, trigger_id, 0.0, next_method is not None)
+            self._subscribe(parsed, sub, classpath, kwargs, poke_hash, shard, at, spread, start + i)
         self._settled(len(rows) - chunk_start)
+
+    def _unloadable(self, waits: Waits, why: Exception) -> None:
+        self.unloadable += 1
+        self._outbox.fail(waits, f"cannot load trigger: {why}")
+
+    def _validate_joined(self, joined: Check) -> None:
+        """A second wait on a check loaded unvalidated: its kwargs are checked now, so that
+        a bad row fails alone, not the wait that joins it."""
+        try:
+            joined.validate()
+        except TriggerLoadError as exc:
+            self._table.drop(joined)
+            self._unloadable(waits_of(joined), exc)
+
+    def _subscribe(
+        self,
+        parsed: dict[tuple[str, str], _Parsed | TriggerLoadError],
+        sub: Subscriber,
+        classpath: str,
+        kwargs: str,
+        poke_hash: str,
+        shard: int,
+        at: float,
+        spread: _Spread | None,
+        k: int,
+    ) -> None:
+        """A row validated as it is read (not lazy, or joining a check held): parsed once
+        per (classpath, kwargs) of the query, then subscribed, first due at ``at`` or when
+        its trigger says (``k``: the row's place in the load, for a spread)."""
+        key = (classpath, kwargs)
+        entry = parsed.get(key)
+        model = None
+        if entry is None:
+            res = _parse(classpath, kwargs)
+            if isinstance(res, TriggerLoadError):
+                entry = parsed[key] = res
+            else:
+                model, entry = res
+                parsed[key] = entry
+        if isinstance(entry, TriggerLoadError):
+            self._unloadable({sub.task_row: sub.trigger_id}, entry)
+            return
+        sub.interval = entry.interval
+        table = self._table
+        try:  # first_check_at is the trigger's code
+            first_at = None
+            if poke_hash not in table.by_hash:
+                model = model or _rebuild(entry)
+                first_at = model.first_check_at(at)
+                if spread is not None and first_at == at:  # polled, not a moment
+                    first_at = spread.first_at(at, k, entry.interval)
+            table.subscribe(poke_hash, entry.compact, shard, sub, at, first_at=first_at)
+        except Exception as exc:
+            table.unsubscribe(sub.task_row)
+            self._outbox.fail(
+                {sub.task_row: sub.trigger_id},
+                f"cannot schedule {(model or _rebuild(entry)).describe()}: {exc!r}",
+            )
 
     def _settled(self, taken: int) -> None:
         """A chunk of ``taken`` rows is in the table: its checks may start, and every
