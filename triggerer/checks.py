@@ -109,7 +109,7 @@ class Check:
 
     def model(self) -> BaseTrigger:
         """The trigger object, rebuilt from the validated kwargs and kept until
-        :meth:`release` (the runner calls it once the result is settled)."""
+        :meth:`release` (the settler calls it once the result is settled)."""
         if self._model is None:
             self._model = self._build()
         return self._model

@@ -23,7 +23,6 @@ from triggers.base import BaseTrigger
 from triggers.checking import CheckContext, check_once
 
 from .checks import Check, CheckTable
-from .models import KeptModels
 from .settling import Settled, Settler
 
 # Called after each check call with (trigger classpath, triggers checked, seconds).
@@ -56,7 +55,6 @@ class CheckRunner:
         table: CheckTable,
         ctx: CheckContext,
         settler: Settler,
-        models: KeptModels,
         *,
         wake: asyncio.Event,
         clock: Callable[[], float],
@@ -76,7 +74,7 @@ class CheckRunner:
         self._table = table
         self._ctx = ctx
         self._settler = settler
-        self._models = models
+        self._models = settler.models  # one cache: a check the settler drops leaves it
         self._wake = wake  # set when a call ends: its checks are back on the schedule
         self._clock = clock
         self._max_concurrency = max_concurrency

@@ -28,7 +28,8 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from executor.store import Store
 from executor.store.db import TRIGGERS_CHANNEL
@@ -106,9 +107,8 @@ class Triggerer:
         )
         # A check's way, from the schedule to its result: a call (the runner; early too,
         # when pushed while in flight) or a held run() (the holder), settled by the settler.
-        models = KeptModels()
-        self.settler = Settler(self.table, self.outbox, models, max_backoff=cfg.max_backoff)
-        running: set[Check] = set()  # in flight, read by the watchdog's thread (_blame)
+        self.settler = Settler(self.table, self.outbox, KeptModels(), max_backoff=cfg.max_backoff)
+        running: set[Check] = set()  # in flight; the watchdog blames them (CheckRunner.blame)
         self._call_times = CallTimes()
         # Held triggers (run() open for the whole wait, as Airflow's are): holding.py.
         self.holder = Holder(self.settler, self.ctx, running, wake=self._wake_checker, clock=clock)
@@ -116,7 +116,6 @@ class Triggerer:
             self.table,
             self.ctx,
             self.settler,
-            models,
             wake=self._wake_checker,
             clock=clock,
             max_concurrency=cfg.max_concurrency,
@@ -207,17 +206,18 @@ class Triggerer:
         self._loop = asyncio.get_running_loop()
         # Before anything is written under our id: the others judge it by this lock.
         await self.liveness.hold(self.id)
-        loops = [
-            self.leases.renewing,
-            self.leases.watching_peers,
-            self._loading,
-            self.runner.checking,
-            lambda: self.outbox.flushing(self.config.flush_every),
-            self.sweep.run,
-            self._listening,
-            self.watch.run,
-        ]
-        tasks = [asyncio.create_task(loop(), name=loop.__name__) for loop in loops]
+        # The loops of this module's docstring, named as there (in a stack dump, say).
+        loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "leases": self.leases.renewing,
+            "liveness": self.leases.watching_peers,
+            "loading": self._loading,
+            "checking": self.runner.checking,
+            "writing": lambda: self.outbox.flushing(self.config.flush_every),
+            "timeouts": self.sweep.run,
+            "listening": self._listening,
+            "watching": self.watch.run,
+        }
+        tasks = [asyncio.create_task(loop(), name=name) for name, loop in loops.items()]
         try:
             await self._stopping.wait()
         finally:
@@ -246,11 +246,8 @@ class Triggerer:
 
     # -- leases -------------------------------------------------------------------------
 
-    def fenced(self) -> bool:
-        """Whether our leases may have lapsed: then nothing is checked (leasing.py)."""
-        return self.leases.fenced()
-
     def _shards_moved(self) -> None:
+        """The leases changed the shards we hold: a full reload of them, now."""
         self._reload = True
         self._wake_loader.set()
 

@@ -43,7 +43,7 @@ class Settler:
     ) -> None:
         self._table = table
         self._outbox = outbox
-        self._models = models
+        self.models = models  # the runner's too: a dropped check's kept trigger goes
         self._max_backoff = max_backoff
         # connection key -> poke_hashes backing off on it; the first is the probe.
         self._backing_off: dict[str, dict[str, None]] = {}
@@ -80,7 +80,7 @@ class Settler:
     def drop(self, check: Check) -> None:
         """The check is over (fired, failed): out of the table, its kept trigger too."""
         self._table.drop(check)
-        self._models.forget(check)
+        self.models.forget(check)
 
     def cannot_load(self, check: Check, exc: Exception) -> None:
         """A check loaded unvalidated whose kwargs fail to validate (a TriggerLoadError

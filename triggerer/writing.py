@@ -1,12 +1,12 @@
 """The triggerer's outgoing batch: fired events, failed waits and check logs, and its flush.
 
-Loading and checking only append here; the writing loop commits whatever has gathered,
-in one transaction, every ``flush_every`` seconds, and at once when a fire or a failure
-is added (:attr:`Outbox.urgent`): a pushed wait is not held back by the flush tick, and a
-burst still goes out in few transactions (what arrives while one commits waits for the
-next). A batch that fails to commit is kept
-and goes out with the next one: a fire written twice changes nothing (the row is no
-longer DEFERRED on that trigger), a fire lost would leave its tasks waiting for good.
+Loading and checking only append here; the writing loop (:meth:`Outbox.flushing`)
+commits whatever has gathered, in one transaction, every ``flush_every`` seconds, and at
+once when a fire or a failure is added (:attr:`Outbox.urgent`): a pushed wait is not held
+back by the flush tick, and a burst still goes out in few transactions (what arrives while
+one commits waits for the next). A batch that fails to commit is kept and goes out with
+the next one: a fire written twice changes nothing (the row is no longer DEFERRED on that
+trigger), a fire lost would leave its tasks waiting for good.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class Outbox:
     async def flushing(self, every: float) -> None:
         """The writing loop: a fire is written at once (what comes meanwhile joins the next
         commit); logs wait for the tick."""
-        backoff = Backoff("triggerer: writing events", log)
+        # Reported on the triggerer's logger, as its other loops' failures are.
+        backoff = Backoff("triggerer: writing events", logging.getLogger("slotless.triggerer"))
         while True:
             with contextlib.suppress(TimeoutError):
                 # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from support import backends
-from support.helpers import FakeClock, attempt_of, loaded_waits, ops
+from support.helpers import FakeClock, attempt_of, held_as_loaded, loaded_waits, ops
 
 from executor import DAG
 from executor.outcomes import Deferral, Deferred, Failed, Succeeded
@@ -24,6 +24,7 @@ from executor.store import Store, open_store
 from executor.store.control import ControlError
 from executor.store.runs import NewRun, RunShape, insert_run, scheduled_run_key
 from triggerer.store import Fire, TriggererBatch
+from triggerer.waitref import WaitKind, unpack
 from triggers.temporal import DateTimeTrigger
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
@@ -72,6 +73,18 @@ async def states(store: Store, run_id: str) -> dict[str, str]:
 async def log_of(store: Store, run_id: str, task_id: str, kind: str) -> list[str]:
     rows = await store.task_log(run_id, task_id) or []
     return [r["message"] for r in rows if r["kind"] == kind]
+
+
+async def test_a_run_wait_is_loaded_under_its_key_and_counted_in_its_shards_checksum(
+    store: Store, clock: FakeClock
+) -> None:
+    clock.set(T0)
+    await store.create_run(settlements(deadline="06:00"), DAY)
+    waits = await run_waits(store)
+    assert len(waits) == 2 and {unpack(key)[0] for key in waits} == {WaitKind.RUN}
+    table = await held_as_loaded(store)
+    held = {key: check.subscribers[key].trigger_id for key, check in table.by_row.items()}
+    assert held == waits
 
 
 async def test_deadline_and_expected_by_are_moments_on_the_dags_clock_fired_once(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from support import backends
 from support.catalogued import all_runs, catalogue_file
-from support.helpers import FakeClock, loaded_waits, ops, run_to_end, write_dag
+from support.helpers import FakeClock, held_as_loaded, loaded_waits, ops, run_to_end, write_dag
 
 from executor import DAG
 from executor.catalogue import _declared
@@ -19,6 +19,7 @@ from executor.store import Store
 from executor.store.catalogue import DeclaredDag
 from executor.store.starts import MAX_RUNS_PER_FIRE, RETRY_AFTER
 from triggerer.store import Fire, TriggererBatch
+from triggerer.waitref import WaitKind, unpack
 from triggers.base import BaseTrigger, TriggerEvent
 from triggers.context import TriggerContext
 from triggers.registry import register
@@ -113,6 +114,19 @@ async def test_catchup_creates_every_interval_once_and_queues_over_max_active(
         "2026-11-17T12:00:00+00:00",
         "2026-11-17T13:00:00+00:00",
     ]
+
+
+async def test_a_start_wait_is_loaded_under_its_key_and_counted_in_its_shards_checksum(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    clock.set(T0.timestamp())
+    await catalogue_file(store, write_dag(tmp_path, hourly(T0, catchup=False)))
+    assert len(await store.start_waits()) == 1
+    table = await held_as_loaded(store)
+    held = {key: check.subscribers[key].trigger_id for key, check in table.by_row.items()}
+    assert held == await loaded_waits(store, "start")
+    [key] = held
+    assert unpack(key)[0] is WaitKind.START
 
 
 async def test_without_catchup_only_the_latest_interval_runs(

@@ -223,6 +223,22 @@ def ops(store: Any) -> Any:
     return TriggererStore(store.db, store.clock)
 
 
+async def held_as_loaded(store: Any) -> Any:
+    """A check table loaded by the triggerer's own loader from every shard, after saying
+    that the database's per-shard checksums (``shard_sums``) are the table's."""
+    from triggerer.checks import CheckTable
+    from triggerer.loading import Loader
+    from triggerer.writing import Outbox
+    from triggers.base import SHARDS
+
+    table, store_ops = CheckTable(), ops(store)
+    loader = Loader(store_ops, table, Outbox(store_ops), shards_per_query=4, clock=store.clock)
+    await loader.load(range(SHARDS), full=True)
+    sums = await store_ops.shard_sums(range(SHARDS))
+    assert sums == {s: table.shard_sum(s) for s in range(SHARDS) if table.shard_sum(s)[0]}
+    return table
+
+
 async def loaded_waits(store: Any, kind: str) -> dict[int, int]:
     """The waits of ``kind`` a triggerer would load: wait key -> trigger id."""
     from triggerer.waitref import pack

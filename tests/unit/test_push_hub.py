@@ -171,14 +171,12 @@ async def test_a_check_pushed_while_its_call_is_in_flight_fires_before_that_call
     table = CheckTable()
     wake = asyncio.Event()
     outbox = Outbox(None)  # type: ignore[arg-type]  # never flushed here: read as is
-    models = KeptModels()
-    settler = Settler(table, outbox, models, max_backoff=60.0)
+    settler = Settler(table, outbox, KeptModels(), max_backoff=60.0)
     running: set[Check] = set()
     runner = CheckRunner(
         table,
         None,  # type: ignore[arg-type]
         settler,
-        models,
         wake=wake,
         clock=lambda: now[0],
         max_concurrency=8,

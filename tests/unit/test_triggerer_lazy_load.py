@@ -131,10 +131,9 @@ async def test_a_bad_row_joined_by_a_good_one_fails_alone() -> None:
 async def test_a_bad_row_fails_its_own_task_at_its_first_check() -> None:
     table, outbox = await load([row(1, {"name": "a", "bogus": 1}), row(2, {"name": "b"})])
     assert len(table) == 2 and not outbox.batch
-    models = KeptModels()
-    settler = Settler(table, outbox, models, max_backoff=60)
+    settler = Settler(table, outbox, KeptModels(), max_backoff=60)
     runner = CheckRunner(
-        table, CheckContext(), settler, models, wake=asyncio.Event(), clock=lambda: 2000.0,
+        table, CheckContext(), settler, wake=asyncio.Event(), clock=lambda: 2000.0,
         max_concurrency=4, wave=4, batch_size=10, check_timeout=5,
     )  # fmt: skip
     assert runner.dispatch(2000.0)
