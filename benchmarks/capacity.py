@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 KIB = 1024
 
-# Issue 17's targets at 1,000,000 waits (the largest size run); CPU at W1, the issue's
+# The targets at 1,000,000 waits (the largest size run); CPU at W1, the
 # cheap-poll workload (19,000 waits on 5 s). CPU per check is measured at every size:
 # at 60 s intervals a 70 s window holds each wait's first and second checks, which both
 # write a log line, and the fixed costs (reconcile, leases) spread over fewer checks.
@@ -610,8 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     if top is not small:
         grown = (top["rss_loaded_mib"] - small["rss_loaded_mib"]) * 2**20
         marginal = round(grown / (top["triggers"] - small["triggers"]))
-    w1 = min(runs, key=lambda r: abs(r["triggers"] - 19_000))  # the issue's W1 workload
-    met = {  # issue 17's targets, at the largest size (and W1 for CPU)
+    w1 = min(runs, key=lambda r: abs(r["triggers"] - 19_000))  # the W1 workload
+    met = {  # the targets, at the largest size (and W1 for CPU)
         "bytes_per_trigger": top["bytes_per_trigger"] <= TARGETS["bytes_per_trigger"],
         "load_s": top["load_s"] <= TARGETS["load_s"],
         "loop_lag_p99_ms": top["loop_lag_p99_ms"] < TARGETS["loop_lag_p99_ms"],

@@ -37,7 +37,7 @@ Measured (benchmarks/results/chaos.json, chaos.png):
   from the kill to the retry's claim (the RETRYING -> RUNNING transition);
 - ``makespan_s`` of both runs, and their ratio.
 
-Targets (issue 16): takeover p99 <= 3 s, retry p99 <= 5 s, and 0 lost / duplicated / twice.
+Targets: takeover p99 <= 3 s, retry p99 <= 5 s, and 0 lost / duplicated / twice.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ process, on a fresh SQLite file). Measured:
 - peak_rss_mb: the process's resident memory, sampled every 50 ms (psutil) and checked
   against the kernel's high-water mark (getrusage).
 
-Targets (issue 3): 100,000 children created in under 5 s, the whole run under 60 s.
+Targets: 100,000 children created in under 5 s, the whole run under 60 s.
 Writes benchmarks/results/fanout.json and fanout.png.
 """
 

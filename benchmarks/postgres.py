@@ -24,7 +24,7 @@ figures are the median of ``--repeat`` runs (every run is kept in the JSON).
   two clocks agree to a fraction of a millisecond). Run once with LISTEN/NOTIFY and once
   with it off (``?listen=0``: workers only poll), to show what the wake-ups buy.
 
-- many_hosts (issue 17, item 6): ``--many-workers`` worker processes (3) and
+- many_hosts: ``--many-workers`` worker processes (3) and
   ``--many-triggerers`` triggerers (2) on one run of ``--many-waits`` deferrable file
   sensors (10,000) over ``--many-paths`` distinct paths (6,000, so equal waits share a
   check), polled every ``--many-interval`` s (10), all parents of one ``all_done`` task;
@@ -41,8 +41,8 @@ figures are the median of ``--repeat`` runs (every run is kept in the JSON).
   were. ``--only many_hosts`` runs this phase alone and keeps the other phases' figures
   of the existing JSON.
 
-Target (issue 7): fire_to_start p99 under 100 ms with LISTEN/NOTIFY.
-Targets (issue 17): defers_per_s >= 2,000; burst_10000_all_fired_s <= interval + 1 s.
+Target: fire_to_start p99 under 100 ms with LISTEN/NOTIFY.
+Targets: defers_per_s >= 2,000; burst_10000_all_fired_s <= interval + 1 s.
 Writes benchmarks/results/postgres.json and postgres.png.
 """
 
@@ -489,7 +489,7 @@ async def fire_to_start(
     }
 
 
-# -- many hosts (issue 17, item 6) --------------------------------------------------------
+# -- many hosts --------------------------------------------------------------------------
 
 
 async def many_hosts(

@@ -203,7 +203,7 @@ class StoreCollector(Collector):
 
 
 async def _pools(store: Store) -> list[Metric]:
-    """Issue 14: each pool's size, slots in use and tasks ready; queues nobody serves."""
+    """Each pool's size, slots in use and tasks ready; queues nobody serves."""
     size = GaugeMetricFamily(
         "slotless_pool_slots", "Slots of each pool (the default pool is unlimited: +Inf)",
         labels=["pool"],
@@ -277,7 +277,7 @@ class WorkerMetrics:
 
 
 class _WorkerLiveness(Collector):
-    """Counts the worker keeps itself (liveness, issue 16)."""
+    """Counts the worker keeps itself (its liveness)."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker

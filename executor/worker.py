@@ -61,7 +61,7 @@ class Worker:
     ) -> None:
         self.store = store
         self.slots = slots
-        # Issue 14: only tasks of these queues are claimed (executor/pools.py).
+        # Only tasks of these queues are claimed (executor/pools.py).
         self.queues = tuple(queues)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self._attempts = Attempts(
