@@ -198,7 +198,7 @@ class _ScheduleBatch:
             fired = Interval(
                 _utc(wait["logical_date"]), _utc(wait["interval_end"]), spec.schedule.zone
             )
-            due, after = _due(spec, fired, self.at)
+            due, after = _due(spec.schedule, fired, self.at)
             plan = [(iv, date.fromisoformat(iv.ds), scheduled_run_key(iv)) for iv in due], after
             self._plans[key] = plan
         due_runs, nxt = plan
@@ -239,15 +239,16 @@ class _ScheduleBatch:
         return sum(s.created for s in started)
 
 
-def _due(spec: StartSpec, fired: Interval, at: datetime) -> tuple[list[Interval], Interval | None]:
+def _due(
+    schedule: Schedule, fired: Interval, at: datetime
+) -> tuple[list[Interval], Interval | None]:
     """The intervals to create from ``fired`` on (those ended by ``at``, at most
     :data:`MAX_RUNS_PER_FIRE`), and the interval to arm after them."""
-    assert spec.schedule is not None
     due: list[Interval] = []
-    iv = spec.schedule.skip_missed(fired, at)  # a late fire (an outage, a takeover) included
+    iv = schedule.skip_missed(fired, at)  # a late fire (an outage, a takeover) included
     while iv is not None and iv.end <= at and len(due) < MAX_RUNS_PER_FIRE:
         due.append(iv)
-        iv = spec.schedule.next_run(iv.end, at)
+        iv = schedule.next_run(iv.end, at)
     return due, iv
 
 
