@@ -394,34 +394,27 @@ def _judge(path: str, timeout: float, code: int | None, out: str, err: str, kill
 
 
 def _declared(dag: object, dag_id: str) -> dict[str, object]:
-    """What the catalogue stores of a DAG: when it starts (its schedule's text, zone and
-    dates, the logical date of the first run its schedule would create now, its start
-    condition) and its shape, so that the triggerer creates runs without importing it."""
+    """What the catalogue stores of a DAG: when it starts (its schedule as JSON, the
+    logical date of the first run that schedule would create now, its start condition)
+    and its shape, so that the triggerer creates runs without importing it."""
     assert isinstance(dag, DAG)
     schedule = dag.schedule
     nxt = None
     if schedule is not None:
-        first = schedule.first_interval(datetime.now(UTC), catchup=dag.catchup)
+        first = schedule.first_interval(datetime.now(UTC))
         nxt = None if first is None else first.logical_date.isoformat()
     when = None
     if dag.start_when is not None:
         when = json.dumps(list(dag.start_when.serialize()), sort_keys=True)
     return {
         "dag_id": dag_id,
-        "schedule": None if schedule is None else str(schedule),
+        "schedule": None if schedule is None else schedule.to_json(),
         "timezone": str(dag.timezone),
         "next_logical_date": nxt,
-        "start_date": _iso(None if schedule is None else schedule.start_date),
-        "end_date": _iso(None if schedule is None else schedule.end_date),
-        "catchup": dag.catchup,
         "max_active_runs": dag.max_active_runs,
         "start_when": when,
         "shape": RunShape.of(dag).to_json(),
     }
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 def _child(path: str, timeout: str) -> None:

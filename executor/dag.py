@@ -196,13 +196,12 @@ class DAG:
         except TypeError as exc:
             raise DagError(f"DAG {dag_id!r}: {exc}") from None
         self.params: Params = params
-        # When runs are due (executor/schedules.py, docs/scheduling.md); the triggerer
-        # starts them (executor/store/starts.py).
+        # When runs are due, catchup included (executor/schedules.py, docs/scheduling.md);
+        # the triggerer starts them (executor/store/starts.py).
         self.schedule: Schedule | None = _schedule(
             dag_id, schedule, start_date, end_date, timezone, catchup, max_active_runs
         )
         self.timezone = timezone
-        self.catchup = catchup
         self.max_active_runs = max_active_runs
         # A trigger whose event starts a run (its string fields may use {{ ds }}).
         self.start_when = _start_when(dag_id, start_when)
@@ -230,6 +229,11 @@ class DAG:
         self.callback_retry_delay = seconds(callback_retry_delay) or 0.0
         self.tasks: dict[str, TaskSpec] = {}
         self._consumers: tuple[int, dict[str, list[TaskSpec]]] | None = None
+
+    @property
+    def catchup(self) -> bool:
+        """``catchup=`` as declared: it lives on the schedule (none: nothing to catch up)."""
+        return self.schedule is not None and self.schedule.catchup
 
     def task(
         self,
@@ -443,9 +447,9 @@ def _schedule(
             # No schedule, but the dates and the zone are still checked.
             Schedule.parse("@daily", timezone=timezone, start_date=start_date, end_date=end_date)
             return None
-        if catchup and start_date is None:
-            raise ValueError("start_date: catchup=True catches up from it, and there is none")
-        return Schedule.parse(spec, timezone=timezone, start_date=start_date, end_date=end_date)
+        return Schedule.parse(
+            spec, timezone=timezone, start_date=start_date, end_date=end_date, catchup=catchup
+        )
     except ValueError as exc:
         raise DagError(f"DAG {dag_id!r}: {exc}") from None
 

@@ -587,15 +587,16 @@ SELECT file FROM dag WHERE dag_id = :dag_id;
 
 -- name: upsert_dag
 -- What a file declares; `paused` is the operator's and is kept.
+-- schedule: its JSON (executor.schedules.Schedule.to_json), catchup and dates included.
 INSERT INTO dag (dag_id, file, schedule, timezone, next_logical_date, file_mtime, parsed_at,
-                 parse_error, start_date, end_date, catchup, max_active_runs, start_when, shape)
+                 parse_error, max_active_runs, start_when, shape)
 VALUES (:dag_id, :file, :schedule, :timezone, :next_logical_date, :file_mtime, :now, NULL,
-        :start_date, :end_date, :catchup, :max_active_runs, :start_when, :shape)
+        :max_active_runs, :start_when, :shape)
 ON CONFLICT (dag_id) DO UPDATE
 SET file = :file, schedule = :schedule, timezone = :timezone,
     next_logical_date = :next_logical_date, file_mtime = :file_mtime, parsed_at = :now,
-    parse_error = NULL, start_date = :start_date, end_date = :end_date, catchup = :catchup,
-    max_active_runs = :max_active_runs, start_when = :start_when, shape = :shape;
+    parse_error = NULL, max_active_runs = :max_active_runs, start_when = :start_when,
+    shape = :shape;
 
 -- name: undeclared_dags
 SELECT dag_id FROM dag WHERE file = :file AND NOT (dag_id = ANY(:keep));
@@ -670,8 +671,8 @@ ORDER BY dag_id, moment, created_at, run_id;
 -- executor/store/starts.py: schedules and start conditions held by the triggerer.
 
 -- name: dag_start_specs
-SELECT dag_id, file, schedule, timezone, start_date, end_date, catchup, max_active_runs, shape,
-       start_when, paused, parse_error
+SELECT dag_id, file, schedule, timezone, max_active_runs, shape, start_when, paused,
+       parse_error
 FROM dag WHERE dag_id = ANY(:dag_ids);
 
 -- name: last_interval_end

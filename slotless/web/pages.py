@@ -278,7 +278,7 @@ def dags_page(data: DagsPage, w: Writes | None = None) -> tuple[str, bool]:
         else:
             sched = (
                 f"{escape(shown['schedule_words'] or '')}"
-                f'<div class="mono muted">{escape(d["schedule"])}</div>'
+                f'<div class="mono muted">{escape(shown["schedule"] or "")}</div>'
             )
         if d["waiting_for"] is not None:
             what = escape(d["waiting_for"])

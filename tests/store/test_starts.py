@@ -9,13 +9,15 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from support import backends
 from support.catalogued import all_runs, catalogue_file
-from support.helpers import FakeClock, ops, run_to_end, write_dag
+from support.helpers import FakeClock, ops, raw_sql, run_to_end, write_dag
 
+import schema
 from executor import DAG
 from executor.catalogue import _declared
-from executor.store import Store
+from executor.store import Store, open_store
 from executor.store.catalogue import DeclaredDag
 from executor.store.starts import MAX_RUNS_PER_FIRE, RETRY_AFTER
 from triggerer.store import Fire, TriggererBatch
@@ -267,3 +269,45 @@ async def test_a_condition_that_fails_is_its_dags_error_and_nothing_else(
     assert rows["bad"]["start_error"] == "the bucket is gone"
     assert rows["good"]["start_error"] == "the bucket is gone"  # its schedule wait was fired too
     assert len(await store.start_waits()) == 2
+
+
+async def test_a_schedule_catalogued_in_separate_columns_is_migrated_and_fires_as_before(
+    url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database written before 017 held the schedule in five columns (text, timezone,
+    start_date, end_date, catchup): 017 folds them into the JSON the readers take."""
+    clock.set(T0.timestamp())
+    real = {b: schema.migrations(b) for b in schema.BACKENDS}
+    monkeypatch.setattr(schema, "migrations", lambda b: tuple(m for m in real[b] if m.version < 17))
+    start = T0 - timedelta(hours=3)
+    dag = DAG("hourly", schedule="@hourly", timezone="Europe/Paris", start_date=start,
+              catchup=True)  # fmt: skip
+    dag.task(lambda ctx: None, task_id="work")
+    old = await open_store(url, clock=clock)
+    try:
+        await catalogue_in_process(old, dag)
+    finally:
+        await old.close()
+    # The same declaration as the code before 017 wrote it, never armed yet.
+    await raw_sql(
+        url,
+        "UPDATE dag SET schedule = '@hourly', timezone = 'Europe/Paris', catchup = 1, "
+        f"start_date = '{start.isoformat()}', end_date = NULL",
+    )
+    await raw_sql(url, "DELETE FROM start_wait")
+    monkeypatch.setattr(schema, "migrations", lambda b: real[b])
+
+    store = await open_store(url, clock=clock)
+    try:
+        spec = await store.start_spec("hourly")
+        assert spec.schedule is not None and spec.schedule == dag.schedule
+        assert spec.schedule.catchup
+        await store.set_paused("hourly", False)  # armed from the migrated row
+        await fire_start_waits(store)
+        assert len(await all_runs(store)) == 3  # catchup kept: every interval since 09:00
+        # A parse of the same file finds the same schedule: its wait is not armed again.
+        waits = await store.start_waits()
+        await catalogue_in_process(store, dag)
+        assert await store.start_waits() == waits
+    finally:
+        await store.close()

@@ -23,6 +23,7 @@ from support.pg import create_schema, drop_schema, with_params
 from executor import DAG
 from executor.outcomes import Deferred, Failed, Outcome, Succeeded
 from executor.rows import MovedTask
+from executor.schedules import Schedule
 from executor.sensing import deferral
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store.catalogue import DeclaredDag, UnknownDag
@@ -548,14 +549,27 @@ async def test_a_dead_triggerers_shards_go_to_a_survivor_even_when_a_newcomer_co
 # ------------------------------------------------------------------------- catalogue
 
 
+def stored(spec: str, timezone: str = "UTC") -> str:
+    """A schedule as the catalogue stores it (what a parse of the DAG file would give)."""
+    return Schedule.parse(spec, timezone=timezone).to_json()
+
+
+def text(row: Row) -> str | None:
+    """The schedule a catalogue row holds, as its DAG wrote it."""
+    return None if row["schedule"] is None else Schedule.from_json(row["schedule"]).text
+
+
 async def test_catalogue_records_dags_and_broken_files(store: Store, clock: FakeClock) -> None:
     await store.record_parse(
-        "/dags/etl.py", 100.5, [DeclaredDag("etl"), DeclaredDag("etl_hourly", "@hourly")], None
+        "/dags/etl.py",
+        100.5,
+        [DeclaredDag("etl"), DeclaredDag("etl_hourly", stored("@hourly"))],
+        None,
     )
     await store.record_parse("/dags/broken.py", 7.25, [], "cannot import: SyntaxError (line 1)")
     assert await store.catalogue_files() == {"/dags/broken.py": 7.25, "/dags/etl.py": 100.5}
     dags = await store.catalogue_dags()
-    assert [(d["dag_id"], d["file"], d["schedule"], d["timezone"], d["paused"]) for d in dags] == [
+    assert [(d["dag_id"], d["file"], text(d), d["timezone"], d["paused"]) for d in dags] == [
         ("etl", "/dags/etl.py", None, "UTC", 0),
         ("etl_hourly", "/dags/etl.py", "@hourly", "UTC", 0),
     ]
@@ -586,11 +600,15 @@ async def test_catalogue_reparse_keeps_paused_and_drops_what_a_file_no_longer_de
     await store.record_parse(
         "/dags/a.py",
         3.0,
-        [DeclaredDag("one", "@daily", "Europe/Paris", "2026-05-03T22:00:00+00:00")],
+        [
+            DeclaredDag(
+                "one", stored("@daily", "Europe/Paris"), "Europe/Paris", "2026-05-03T22:00:00+00:00"
+            )
+        ],
         None,
     )
     [one] = await store.catalogue_dags()
-    assert (one["dag_id"], one["paused"], one["schedule"], one["timezone"]) == (
+    assert (one["dag_id"], one["paused"], text(one), one["timezone"]) == (
         "one",
         1,
         "@daily",
@@ -629,7 +647,14 @@ async def test_the_dags_page_reads_each_dags_newest_runs_and_the_broken_files(
     await store.record_parse(
         "/dags/nightly.py",
         1.0,
-        [DeclaredDag("nightly", "0 6 * * *", "Europe/Paris", "2026-05-03T04:00:00+00:00")],
+        [
+            DeclaredDag(
+                "nightly",
+                stored("0 6 * * *", "Europe/Paris"),
+                "Europe/Paris",
+                "2026-05-03T04:00:00+00:00",
+            )
+        ],
         None,
     )
     await store.record_parse("/dags/idle.py", 1.0, [DeclaredDag("idle")], None)
@@ -646,7 +671,7 @@ async def test_the_dags_page_reads_each_dags_newest_runs_and_the_broken_files(
 
     page = await store.dags_page()
     assert [d["dag_id"] for d in page.dags] == ["idle", "nightly"]
-    assert page.dags[1]["schedule"] == "0 6 * * *" and page.dags[1]["last_run_state"] == "RUNNING"
+    assert text(page.dags[1]) == "0 6 * * *" and page.dags[1]["last_run_state"] == "RUNNING"
     assert set(page.runs) == {"nightly"}  # idle never ran; etl is not catalogued
     shown = page.runs["nightly"]
     # The newest 25, oldest first: the two that ended are older than those.

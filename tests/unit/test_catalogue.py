@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -258,12 +258,24 @@ async def test_a_scheduled_dag_is_stored_with_its_schedule_zone_and_next_logical
     await scan(store, folder, timeout=10)
     after = datetime.now(UTC)
     rows = {d["dag_id"]: d for d in await store.catalogue_dags()}
-    assert {k: (r["schedule"], r["timezone"]) for k, r in rows.items()} == {
+    stored = {
+        k: None if r["schedule"] is None else Schedule.from_json(r["schedule"])
+        for k, r in rows.items()
+    }
+    assert {k: (s and s.text, rows[k]["timezone"]) for k, s in stored.items()} == {
         "daily": ("0 6 * * *", "Europe/Paris"),
         "catching_up": ("PT1H", "UTC"),
         "bounded": ("@daily", "UTC"),
         "by_hand": (None, "UTC"),
     }
+    # The whole schedule is stored: its zone, dates and catchup come back as declared.
+    assert stored["daily"] == Schedule.parse("0 6 * * *", timezone="Europe/Paris")
+    assert stored["catching_up"] == Schedule.parse(
+        timedelta(hours=1), start_date=datetime(2026, 1, 1), catchup=True
+    )
+    assert stored["bounded"] == Schedule.parse(
+        "@daily", start_date=datetime(2026, 1, 1), end_date=datetime(2026, 1, 2)
+    )
     # catchup=False: the latest complete interval as of the parse.
     daily = Schedule.parse("0 6 * * *", timezone="Europe/Paris")
     expected = {daily.latest_complete(t).logical_date for t in (before, after)}  # type: ignore[union-attr]
