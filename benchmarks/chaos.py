@@ -349,7 +349,7 @@ async def one_run(
     url = await create_database(cluster, f"chaos_{label}")
     store = await open_store(url)
     try:
-        run_id = await store.create_run(load_dag(dag_file), DAY, dag_file=str(dag_file))
+        run_id = await store.runs.create_run(load_dag(dag_file), DAY, dag_file=str(dag_file))
     finally:
         await store.close()
 

@@ -245,7 +245,7 @@ class Attempts:
         source = spec.expand if row.map_index >= 0 else None
         if not any(p != source for p in spec.parents):
             return {}  # no query: the common case of a root or a mapped instance
-        return await self.store.parent_outputs(row)
+        return await self.store.exchange.parent_outputs(row)
 
     def _judge(
         self, row: MovedTask, owner: str, spec: TaskSpec, ctx: TaskContext, r: Result
@@ -302,7 +302,7 @@ class Attempts:
             ) from None
 
     async def _read_run_info(self, run_id: str) -> _RunInfo:
-        run = await self.store.run_info(run_id)
+        run = await self.store.views.run_info(run_id)
         if run is None:
             info = _RunInfo(None, "?", date.today(), problem=f"run {run_id} not found")
         else:

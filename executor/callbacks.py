@@ -1,6 +1,6 @@
 """Delivering one claimed callback row in a worker slot: its handlers, bounded and retried.
 
-The worker claims callback rows with its free slots (``Store.exchange``) and hands each to
+The worker claims callback rows with its free slots (``Exchange.exchange``) and hands each to
 :meth:`Deliveries.deliver`, which finds the run's DAG the way an attempt does (the DAG
 the worker was given, else the run's file: a run the triggerer started from the catalogue
 carries only a stored shape, so its callables come from importing its file here), picks
@@ -70,7 +70,9 @@ class Deliveries:
         handlers = handlers_for(row.event, spec.hooks if spec else None, dag.hooks)
         tail: list[str] = []
         if row.task_row is not None:
-            tail = await self.store.callback_log_tail(row.task_row, row.created_at, LOG_TAIL)
+            tail = await self.store.callbacks.callback_log_tail(
+                row.task_row, row.created_at, LOG_TAIL
+            )
         ctx = CallbackContext(
             event=row.event,
             dag_id=dag_id,
@@ -106,7 +108,7 @@ class Deliveries:
             if result.ok:
                 done.append(h.key)
                 lines.append(f"{row.event}: {h.describe} done")
-                if not await self.store.callback_delivered(row, owner, done):
+                if not await self.store.callbacks.callback_delivered(row, owner, done):
                     return  # taken back (we were presumed dead): the new owner carries on
             else:
                 msg = result.message
@@ -150,7 +152,7 @@ class Deliveries:
         if row.task_row is None:  # a run's own event: no task log, so the worker's
             for line in lines:
                 log.log(logging.WARNING if errors else logging.INFO, "run %s: %s", row.run_id, line)
-        await self.store.end_callback(
+        await self.store.callbacks.end_callback(
             row, owner, state=state, done=done, error=error, ready_at=ready_at, log_lines=lines
         )
 

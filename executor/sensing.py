@@ -167,14 +167,14 @@ def sense(
 
 
 def _on_loop(store: Any, loop: asyncio.AbstractEventLoop) -> ExternalStates:
-    """``store.external_states``, asked from a check's loop in a slot's thread.
+    """``store.views.external_states``, asked from a check's loop in a slot's thread.
 
     The store belongs to the worker's loop (``loop``): its connection cannot be used from
     another, so the question is run there.
     """
 
     async def ask(questions: Sequence[dict[str, Any]]) -> list[Any]:
-        future = asyncio.run_coroutine_threadsafe(store.external_states(questions), loop)
+        future = asyncio.run_coroutine_threadsafe(store.views.external_states(questions), loop)
         return await asyncio.wrap_future(future)
 
     return ask

@@ -7,11 +7,12 @@ statements in the catalogue section of ``schema/common/queries.sql``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..dag import DagError
-from .db import Database, Row, Tx
+from .db import Row, Tx
+from .part import Part
 from .pools import check_known
 from .runs import RunShape
 from .starts import StartSpec, arm, disarm, start_row
@@ -42,9 +43,8 @@ class DeclaredDag:
                 self.start_when)  # fmt: skip
 
 
-class CatalogueOps:
-    db: Database
-    clock: Callable[[], float]
+class Catalogue(Part):
+    """The DAG files, the DAGs they declare, and how each DAG's runs start."""
 
     async def catalogue_files(self) -> dict[str, float | None]:
         """Every file parsed so far -> its mtime as last parsed (None: parse it again)."""

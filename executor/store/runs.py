@@ -1,7 +1,7 @@
 """Creating a run: a DAG's shape inserted as rows, at most once per run key, queued when
 its DAG already has ``max_active_runs`` runs going.
 
-Every way a run starts ends here: :meth:`Store.start_run` (the Python API, ``slotless
+Every way a run starts ends here: :meth:`Runs.start_run` (the Python API, ``slotless
 run|trigger|backfill``) with a DAG it imported, and the triggerer firing a schedule or a
 start condition with the shape the catalogue stored (:class:`RunShape` as JSON), so that
 no service imports a DAG file to start a run.

@@ -158,11 +158,6 @@ GROUP BY state;
 -- name: list_runs
 SELECT * FROM dag_run ORDER BY created_at DESC LIMIT :n;
 
--- name: run_state_counts
-SELECT run_id, state, count(*) AS n FROM task
-WHERE run_id IN (SELECT run_id FROM dag_run ORDER BY created_at DESC LIMIT :n)
-GROUP BY run_id, state;
-
 -- name: task_row
 SELECT * FROM task WHERE run_id = :run_id AND task_id = :task_id AND map_index = :map_index;
 

@@ -223,10 +223,10 @@ async def test_invalid_dag_writes_nothing(store: Store, db_path) -> None:
     """Validation runs before any row is written: a bad DAG leaves the store empty."""
     dag = dag_of({"a": ["c"], "b": ["a"], "c": ["b"]}, dag_id="bad")
     with pytest.raises(DagError, match="cycle"):
-        await store.create_run(dag, date(2026, 1, 1))
+        await store.runs.create_run(dag, date(2026, 1, 1))
     dag2 = dag_of({"a": ["nope"]}, dag_id="bad2")
     with pytest.raises(DagError, match="unknown parent"):
-        await store.create_run(dag2, date(2026, 1, 1))
+        await store.runs.create_run(dag2, date(2026, 1, 1))
     for table in ("dag_run", "task", "edge", "task_event"):
         assert sql(db_path, f"SELECT count(*) AS n FROM {table}")[0]["n"] == 0
 
@@ -236,14 +236,14 @@ async def test_a_parent_named_twice_is_one_edge(store: Store, db_path) -> None:
     a = dag.task(noop, task_id="a")
     b = dag.task(noop, task_id="b", parents=[a, "a"])
     assert b.parents == ["a"]
-    run_id = await store.create_run(dag, date(2026, 1, 1))
+    run_id = await store.runs.create_run(dag, date(2026, 1, 1))
     (row,) = sql(db_path, "SELECT n_parents FROM task WHERE run_id = ? AND task_id = 'b'", run_id)
     assert row["n_parents"] == 1
 
 
 async def test_create_run_makes_only_roots_claimable(store: Store, db_path) -> None:
     dag = dag_of({"a": [], "b": ["a"], "c": ["a", "b"], "d": []})
-    run_id = await store.create_run(dag, date(2026, 1, 1))
+    run_id = await store.runs.create_run(dag, date(2026, 1, 1))
     rows = {r["task_id"]: r for r in sql(db_path, "SELECT * FROM task WHERE run_id = ?", run_id)}
     assert {t for t, r in rows.items() if r["ready_at"] is not None} == {"a", "d"}
     assert {t: r["n_parents"] for t, r in rows.items()} == {"a": 0, "b": 1, "c": 2, "d": 0}
