@@ -14,6 +14,7 @@ from triggers.registry import TriggerLoadError, is_allowed
 
 from .context import TaskContext
 from .durations import Duration, seconds
+from .errors import DagError as DagError  # authors import it from here too
 from .notifications import (
     ALERT_EVENTS,
     BACKOFF_BASE,
@@ -70,10 +71,6 @@ class SensorSpec:
     @property
     def interval(self) -> float:
         return self.poke_interval or self.trigger.poke_interval
-
-
-class DagError(ValueError):
-    """A DAG that cannot run: unknown parent, duplicate id, cycle, bad option."""
 
 
 def deployment_map_cap() -> int:

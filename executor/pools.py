@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the store imports this module: annotations only
-    from .store.db import Row, Tx
+    from .driver.db import Row, Tx
 
 DEFAULT = "default"  # the default pool (unlimited) and the default queue
 # Names as people type them: a letter or digit first, then letters, digits, _ - . (at most 64).

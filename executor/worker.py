@@ -6,7 +6,7 @@ each in a slot (:mod:`executor.attempt` turns a row into an outcome); sleep unti
 frees, the database signals new work (PostgreSQL LISTEN/NOTIFY) or the poll interval
 passes. Beside it, a housekeeper heartbeats in-flight rows and takes back the rows of
 workers that died: at once when a worker's liveness lock is released (its process is
-gone: executor/store/liveness.py), after ``stale_after`` when it only stopped
+gone: executor/driver/liveness.py), after ``stale_after`` when it only stopped
 heartbeating (hung, cut off). A worker that wakes from a pause heartbeats before anything
 else and stops the attempts it lost (a forked child is killed; a thread cannot be).
 """
@@ -28,13 +28,13 @@ from .attempt import Attempts
 from .callbacks import Deliveries
 from .catalogue import DEFAULT_PARSE_TIMEOUT
 from .dag import DAG
+from .driver.db import TASKS_CHANNEL
+from .driver.faults import Backoff, is_transient, split_apart
 from .outcomes import Deferred, Failed, Outcome, SlotInterval
 from .pools import DEFAULT
 from .rows import MovedTask
 from .store import Store
 from .store.callbacks import CallbackRow
-from .store.db import TASKS_CHANNEL
-from .store.faults import Backoff, is_transient, split_apart
 
 log = logging.getLogger("slotless.worker")
 

@@ -5,7 +5,7 @@ shards held, the outbox):
 
 * leases    - renew this triggerer's shards, take its fair share, give back the excess;
 * liveness  - every ``liveness_every`` s, ask whether each other lease holder still holds
-              its liveness lock (executor/store/liveness.py); free a dead one's shards
+              its liveness lock (executor/driver/liveness.py); free a dead one's shards
               and take them at once, without waiting for the lease TTL;
 * loading   - read new DEFERRED waits of its shards (a full reload when shards change),
               with :class:`~triggerer.loading.Loader`;
@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from executor.driver.db import TRIGGERS_CHANNEL
+from executor.driver.faults import Backoff
 from executor.store import Views
-from executor.store.db import TRIGGERS_CHANNEL
 from executor.store.events import RETENTION
-from executor.store.faults import Backoff
 from triggers.checking import CheckContext
 
 from .checks import CheckTable

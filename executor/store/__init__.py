@@ -11,10 +11,10 @@ import os
 import time
 from urllib.parse import urlparse
 
+from ..driver.db import Database, Row, SchemaTooNew, Tx
 from .callbacks import Callbacks
 from .catalogue import Catalogue
 from .control import Runs
-from .db import Database, Row, SchemaTooNew, Tx
 from .events import Events
 from .exchange import Exchange
 from .inspecting import Views
@@ -82,7 +82,7 @@ async def open_database(url: str | None = None, *, create: bool = True) -> Datab
     url = resolve_url(url)
     parsed = urlparse(url)
     if parsed.scheme in ("", "file", "sqlite"):
-        from .sqlite import SqliteDatabase
+        from ..driver.sqlite import SqliteDatabase
 
         # sqlite:///rel.db is relative, sqlite:////abs.db absolute, sqlite:///:memory: in memory
         if url.startswith("sqlite:///"):
@@ -93,7 +93,7 @@ async def open_database(url: str | None = None, *, create: bool = True) -> Datab
             raise FileNotFoundError(f"no database at {path} (pass --db or set SLOTLESS_DB)")
         return await SqliteDatabase.open(url, path)
     if parsed.scheme in ("postgresql", "postgres"):
-        from .postgres import PostgresDatabase
+        from ..driver.postgres import PostgresDatabase
 
         return await PostgresDatabase.open(url)
     raise UnknownBackend(

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Literal
 
+from ..driver.db import Tx
 from ..schedules import Interval
 from ..states import RunState
-from .db import Tx
 from .runs import NewRun, insert_run, scheduled_run_key
 from .starts import StartSpec
 

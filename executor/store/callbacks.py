@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .db import Row, Tx
+from ..driver.db import Row, Tx
 from .part import Part
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..dag import DagError
-from .db import Row, Tx
+from ..driver.db import Row, Tx
+from ..errors import DagError
 from .part import Part
 from .pools import check_known
 from .runs import RunShape

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..driver.db import Row, Tx
 from ..params import resolve
 from ..rows import MovedTask, TaskRow
 from ..statemachine import (
@@ -48,7 +49,6 @@ from ..statemachine import (
 )
 from ..states import RUN_TERMINAL, TERMINAL, RunState, State
 from .backfills import BATCH, Backfilled, backfill_runs
-from .db import Row, Tx
 from .part import Part
 from .pools import check_known
 from .runs import NewRun, RunShape, StartedRun, insert_run, manual_run_key, new_run_id

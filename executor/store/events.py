@@ -36,9 +36,9 @@ from typing import Any
 
 from triggers.events import EventError, EventWait, check_name, payload_json, payload_key
 
+from ..driver.db import Database, Row, Tx
 from ..statemachine import Carry, transition
 from ..states import State
-from .db import Database, Row, Tx
 from .part import Part
 
 RETENTION = 7 * 86400.0  # seconds an event is kept (``--event-retention``)

@@ -12,13 +12,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..driver.db import Tx
 from ..outcomes import Outcome
 from ..pools import DEFAULT, claim_rounds
 from ..rows import MovedTask
 from ..statemachine import retry_or_fail, transition
 from ..states import State
 from .callbacks import CallbackRow, claim_callbacks, reclaim_callbacks_of
-from .db import Tx
 from .part import Part
 from .recording import record_outcomes
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from triggers.base import clip
 
-from .db import Row
+from ..driver.db import Row
 from .part import Part
 
 # A mapped task's page lists at most this many instances (the counts cover them all).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .db import Database
+from ..driver.db import Database
 
 Clock = Callable[[], float]
 

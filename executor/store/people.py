@@ -33,9 +33,9 @@ from triggers.people import NEEDS_ANSWER, Answer, AnswerError, PersonWait
 from triggers.registry import TriggerLoadError, load_trigger
 
 from .. import notifications
+from ..driver.db import Row, Tx
 from ..statemachine import Carry, transition
 from ..states import State
-from .db import Row, Tx
 from .part import Part
 
 PERSON_KEY = "person:"  # trigger.event_key prefix of a person's wait

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..dag import DagError
+from ..driver.db import Row, Tx
+from ..errors import DagError
 from ..pools import DEFAULT, PoolError, PoolUse, check_name, check_slots, held_back, unknown
-from .db import Row, Tx
 from .part import Part
 
 # Registry rows of workers gone longer than this are deleted by the next worker to start.

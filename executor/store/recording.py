@@ -10,6 +10,7 @@ from collections import defaultdict
 from triggers.people import PersonWait
 from triggers.registry import load_trigger
 
+from ..driver.db import Tx
 from ..outcomes import (
     Deferral,
     Deferred,
@@ -21,7 +22,6 @@ from ..outcomes import (
 )
 from ..statemachine import Carry, Deferring, retry_or_fail, transition
 from ..states import State
-from .db import Tx
 from .events import look_back, register_waits
 from .people import PERSON_KEY, request_made
 

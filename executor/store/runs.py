@@ -22,15 +22,15 @@ from datetime import UTC, date
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
+from ..driver.db import Tx
 from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
 from ..rules import Counts, Decision, decide
 from ..runpolicy import RunPolicy, anchor, late_json, moment
+from ..runwaits import Wait, arm, waits_of
 from ..schedules import Interval
 from ..statemachine import evaluate, transition_run
 from ..states import RunState
-from .db import Tx
-from .runwaits import Wait, arm, waits_of
 
 if TYPE_CHECKING:
     from ..dag import DAG

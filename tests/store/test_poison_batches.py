@@ -15,8 +15,8 @@ from support.helpers import async_wait_until
 from support.triggers import FLAGS, FlagTrigger, serving
 
 from executor import DAG
+from executor.driver.faults import is_transient, split_apart
 from executor.store import Store, open_store
-from executor.store.faults import is_transient, split_apart
 from triggers.registry import register
 
 pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures

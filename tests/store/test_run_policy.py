@@ -18,13 +18,13 @@ from support.helpers import FakeClock, attempt_of, ops
 
 from executor import DAG
 from executor.outcomes import Deferral, Deferred, Failed, Succeeded
+from executor.runwaits import is_run_wait
 from executor.schedules import Schedule
 from executor.statemachine import transition
 from executor.states import State
 from executor.store import Store, open_store
 from executor.store.control import ControlError
 from executor.store.runs import NewRun, RunShape, insert_run, scheduled_run_key
-from executor.store.runwaits import is_run_wait
 from triggerer.store import Fire, TriggererBatch
 from triggers.temporal import DateTimeTrigger
 

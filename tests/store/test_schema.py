@@ -13,8 +13,8 @@ from support.helpers import sql
 
 import schema
 from executor import DAG
+from executor.driver.sqlite import _statements
 from executor.store import SchemaTooNew, open_store
-from executor.store.sqlite import _statements
 
 REAL = schema.migrations("sqlite")
 

@@ -22,12 +22,12 @@ from support.helpers import FakeClock, async_wait_until, attempt_of, ops, raw_sq
 from support.pg import create_schema, drop_schema, with_params
 
 from executor import DAG
+from executor.driver.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
 from executor.outcomes import Deferred, Failed, Outcome, Succeeded
 from executor.rows import MovedTask
 from executor.sensing import deferral
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store.catalogue import DeclaredDag, UnknownDag
-from executor.store.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
 from executor.store.recording import record_outcomes
 from triggerer.store import Fire, TriggererBatch
 from triggers.base import SHARDS

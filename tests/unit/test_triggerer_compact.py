@@ -21,7 +21,7 @@ from support.helpers import async_wait_until
 from support.triggers import FLAGS, FlagTrigger, serving, state_of, task_rows
 
 from executor import DAG
-from executor.store.db import Tx
+from executor.driver.db import Tx
 from triggers.base import BaseTrigger, TriggerEvent
 from triggers.context import TriggerContext
 from triggers.registry import register
