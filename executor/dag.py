@@ -204,7 +204,7 @@ class DAG:
         # A trigger whose event starts a run (its string fields may use {{ ds }}).
         self.start_when = _start_when(dag_id, start_when)
         # When its runs must have ended, how long they may run, what a failed task does
-        # to them (executor/runpolicy.py; held by the triggerer: store/runwaits.py).
+        # to them (executor/runpolicy.py; held by the triggerer: runwaits.py).
         self.policy = _policy(dag_id, deadline, dagrun_timeout, on_task_failure, timezone)
         # Callbacks and notify= URLs: the tasks' defaults and the run's own (docs/dag-patterns.md).
         self.hooks = _hooks(
@@ -405,22 +405,6 @@ class DAG:
         cycle = find_cycle({t.task_id: t.parents for t in self.tasks.values()})
         if cycle:
             raise DagError("cycle: " + " -> ".join(cycle))
-
-    def topological_levels(self) -> list[list[str]]:
-        """Tasks grouped into levels that could run in parallel (after :meth:`validate`)."""
-        waiting = {t.task_id: len(t.parents) for t in self.tasks.values()}
-        level = [tid for tid, n in waiting.items() if n == 0]
-        levels: list[list[str]] = []
-        while level:
-            levels.append(level)
-            nxt = []
-            for tid in level:
-                for child in self.children(tid):
-                    waiting[child] -= 1
-                    if waiting[child] == 0:
-                        nxt.append(child)
-            level = nxt
-        return levels
 
 
 def _schedule(

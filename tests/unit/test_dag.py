@@ -145,16 +145,6 @@ def test_parents_given_as_specs_or_ids() -> None:
     assert c.trigger_rule is TriggerRule.ALL_SUCCESS
 
 
-def test_topological_levels_of_a_diamond() -> None:
-    dag = dag_of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"], "e": []})
-    dag.validate()
-    assert [sorted(level) for level in dag.topological_levels()] == [
-        ["a", "e"],
-        ["b", "c"],
-        ["d"],
-    ]
-
-
 def test_a_long_chain_validates_without_recursion() -> None:
     n = 10_000
     parents = {f"t{i}": ([f"t{i - 1}"] if i else []) for i in range(n)}
@@ -208,15 +198,6 @@ def test_validate_finds_exactly_the_cyclic_graphs(parents: dict[str, list[str]])
         assert len(set(path[:-1])) == len(path) - 1, "a simple cycle visits each task once"
     else:
         dag.validate()
-        levels = dag.topological_levels()
-        flat = [t for level in levels for t in level]
-        assert sorted(flat) == sorted(parents)
-        depth = {t: i for i, level in enumerate(levels) for t in level}
-        for child, ps in parents.items():
-            for p in ps:
-                assert depth[p] < depth[child]
-            # each task sits right after its deepest parent: levels are as early as possible
-            assert depth[child] == (max(depth[p] for p in ps) + 1 if ps else 0)
 
 
 async def test_invalid_dag_writes_nothing(store: Store, db_path) -> None:
