@@ -98,7 +98,7 @@ class TaskSpec:
     branch: bool = False
     sensor: SensorSpec | None = None
     methods: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    # Issue 14 (executor/pools.py): the pool whose slots it holds while RUNNING, and the
+    # The pool (executor/pools.py) whose slots it holds while RUNNING, and the
     # queue of the workers that may run it.
     pool: str = "default"
     pool_slots: int = 1
@@ -204,7 +204,7 @@ class DAG:
         # A trigger whose event starts a run (its string fields may use {{ ds }}).
         self.start_when = _start_when(dag_id, start_when)
         # When its runs must have ended, how long they may run, what a failed task does
-        # to them (executor/runpolicy.py; held by the triggerer: runwaits.py).
+        # to them (executor/runpolicy.py; held by the triggerer: executor/runwaits.py).
         self.policy = _policy(dag_id, deadline, dagrun_timeout, on_task_failure, timezone)
         # Callbacks and notify= URLs: the tasks' defaults and the run's own (docs/dag-patterns.md).
         self.hooks = _hooks(

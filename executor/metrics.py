@@ -278,7 +278,7 @@ class WorkerMetrics:
 
 
 class _WorkerLiveness(Collector):
-    """Counts the worker keeps itself (liveness, issue 16)."""
+    """Counts the worker keeps itself (liveness)."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker

@@ -6,7 +6,7 @@ that have a run are found, not created) and the schedule never creates a second 
 an interval a backfill ran, nor a backfill of one the schedule ran.
 
 A rerun of an interval whose run ended FAILED is a new run keyed ``KEY~rerun-N`` (the
-first N free), because clearing a run's tasks in place does not exist yet (issue 13).
+first N free); the failed run is left as it ended.
 """
 
 from __future__ import annotations

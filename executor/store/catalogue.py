@@ -65,7 +65,7 @@ class Catalogue(Part):
         async with self.db.write() as tx:
             retry = False
             if error is None:
-                # Issue 14: a pool or queue that does not exist (yet) breaks the file, naming
+                # A pool or queue that does not exist (yet) breaks the file, naming
                 # it; the file is parsed again on each scan (mtime NULL) until it exists.
                 error = await _unknown_pools(tx, dags)
                 retry = error is not None

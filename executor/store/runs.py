@@ -55,7 +55,7 @@ class TaskShape:
     expand_from: str | None = None
     map_cap: int | None = None
     max_attempts: int = 1
-    # Issue 14 (executor/pools.py): shapes stored before these fields read as the defaults.
+    # Pools and queues (executor/pools.py): shapes stored before these fields read as the defaults.
     pool: str = "default"
     pool_slots: int = 1
     queue: str = "default"
