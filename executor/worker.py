@@ -61,12 +61,12 @@ class Worker:
     ) -> None:
         self.store = store
         self.slots = slots
-        # Issue 14: only tasks of these queues are claimed (executor/pools.py).
+        # Only tasks of these queues are claimed (executor/pools.py).
         self.queues = tuple(queues)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self._attempts = Attempts(
-            store, slots=slots, isolation=isolation, dags=dict(dags or {}), rand=rand,
-            dag_import_timeout=dag_import_timeout,
+            store.exchange, store.views, slots=slots, isolation=isolation,
+            dags=dict(dags or {}), rand=rand, dag_import_timeout=dag_import_timeout,
         )  # fmt: skip
         self._poll = poll_interval
         self._heartbeat_every = heartbeat_interval
@@ -77,7 +77,7 @@ class Worker:
         self.attempts_lost = 0  # our attempts found taken back (we were paused or cut off)
         self._on_defer = on_defer  # e.g. wake an in-process triggerer at once
         # Callback rows take the slots no task took (executor/callbacks.py).
-        self._deliveries = Deliveries(store, self._attempts)
+        self._deliveries = Deliveries(store.callbacks, self._attempts)
         self._callbacks_in_flight: dict[int, str] = {}  # callback row id -> claim owner
         self._claimed_callbacks: list[CallbackRow] = []
         self._free = list(range(slots - 1, -1, -1))  # slot numbers, popped from the end
