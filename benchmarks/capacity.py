@@ -107,7 +107,7 @@ def insert_waits(
 ) -> list[int]:
     """Write one DEFERRED task and its trigger row per trigger, in bulk; returns task ids.
 
-    The rows are those ``executor.store.jobs._defer`` writes (trigger row, then the task
+    The rows are those ``executor.store.recording._defer`` writes (trigger row, then the task
     with its trigger id, wait start and timeout, state DEFERRED), without a worker
     round-trip per task. Equal triggers are serialized (and hashed) once.
     """
@@ -210,7 +210,7 @@ async def _child(p: dict[str, Any]) -> dict[str, Any]:
     proc = psutil.Process()
     store = await open_store(f"sqlite:///{p['db']}")
     await _warm_up(p["db"])
-    triggerer = Triggerer(store)
+    triggerer = Triggerer(store.views)
     triggerer.watch.lags = __import__("collections").deque()  # keep every sample
     expected = p["n"] + p["probes"]
     if p.get("tracemalloc"):

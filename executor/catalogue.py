@@ -70,7 +70,7 @@ from .store.lines import one_line
 from .store.runs import RunShape
 
 if TYPE_CHECKING:  # the forkserver imports this module, and needs no store
-    from .store.jobs import Store
+    from .store import Store
 
 DEFAULT_PARSE_TIMEOUT = 30.0
 # How often a service with --dags lists its folder for changed files (mtimes only: cheap).
@@ -142,10 +142,10 @@ async def scan(
     that are gone. Never raises for what a DAG file does; raises for a missing folder."""
     folder = Path(folder).resolve()
     found = await asyncio.to_thread(dag_files, folder)
-    known = await store.catalogue_files()
+    known = await store.catalogue.catalogue_files()
     # Only this folder's files: another process may catalogue another folder in this store.
     removed = sorted(p for p in known if Path(p).parent == folder and p not in found)
-    await store.forget_files(removed)
+    await store.catalogue.forget_files(removed)
     # The mtime is read before the import: a file changed during its parse is parsed again.
     changed = sorted(p for p, mtime in found.items() if known.get(p) != mtime)
     limit = asyncio.Semaphore(jobs or os.cpu_count() or 1)
@@ -161,7 +161,7 @@ async def scan(
         await parser.close()
     errors = {}
     for path, parsed in zip(changed, results, strict=True):
-        stored = await store.record_parse(path, found[path], parsed.dags, parsed.error)
+        stored = await store.catalogue.record_parse(path, found[path], parsed.dags, parsed.error)
         if stored is not None:
             errors[path] = stored
     unchanged = sorted(set(found) - set(changed))

@@ -14,6 +14,7 @@ from triggers.registry import TriggerLoadError, is_allowed
 
 from .context import TaskContext
 from .durations import Duration, seconds
+from .errors import DagError as DagError  # authors import it from here too
 from .notifications import (
     ALERT_EVENTS,
     BACKOFF_BASE,
@@ -72,10 +73,6 @@ class SensorSpec:
         return self.poke_interval or self.trigger.poke_interval
 
 
-class DagError(ValueError):
-    """A DAG that cannot run: unknown parent, duplicate id, cycle, bad option."""
-
-
 def deployment_map_cap() -> int:
     return int(os.environ.get("SLOTLESS_MAX_MAP", DEFAULT_MAP_CAP))
 
@@ -101,7 +98,7 @@ class TaskSpec:
     branch: bool = False
     sensor: SensorSpec | None = None
     methods: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    # Issue 14 (executor/pools.py): the pool whose slots it holds while RUNNING, and the
+    # The pool (executor/pools.py) whose slots it holds while RUNNING, and the
     # queue of the workers that may run it.
     pool: str = "default"
     pool_slots: int = 1
@@ -206,7 +203,7 @@ class DAG:
         # A trigger whose event starts a run (its string fields may use {{ ds }}).
         self.start_when = _start_when(dag_id, start_when)
         # When its runs must have ended, how long they may run, what a failed task does
-        # to them (executor/runpolicy.py; held by the triggerer: store/runwaits.py).
+        # to them (executor/runpolicy.py; held by the triggerer: executor/runwaits.py).
         self.policy = _policy(dag_id, deadline, dagrun_timeout, on_task_failure, timezone)
         # Callbacks and notify= URLs: the tasks' defaults and the run's own (docs/dag-patterns.md).
         self.hooks = _hooks(
@@ -412,22 +409,6 @@ class DAG:
         cycle = find_cycle({t.task_id: t.parents for t in self.tasks.values()})
         if cycle:
             raise DagError("cycle: " + " -> ".join(cycle))
-
-    def topological_levels(self) -> list[list[str]]:
-        """Tasks grouped into levels that could run in parallel (after :meth:`validate`)."""
-        waiting = {t.task_id: len(t.parents) for t in self.tasks.values()}
-        level = [tid for tid, n in waiting.items() if n == 0]
-        levels: list[list[str]] = []
-        while level:
-            levels.append(level)
-            nxt = []
-            for tid in level:
-                for child in self.children(tid):
-                    waiting[child] -= 1
-                    if waiting[child] == 0:
-                        nxt.append(child)
-            level = nxt
-        return levels
 
 
 def _schedule(

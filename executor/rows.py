@@ -68,7 +68,7 @@ class MovedTask(_FromRow):
     owner: str | None
     started_at: float | None
     hooks: int  # events with handlers (executor/notifications.py): a callback row each
-    # ctx.inputs when the claim read them in its own transaction (Store.exchange), else
+    # ctx.inputs when the claim read them in its own transaction (Exchange.exchange), else
     # read by the attempt.
     inputs: dict[str, Any] | None = None
 

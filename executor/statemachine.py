@@ -19,14 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import notifications
+from . import notifications, runwaits
+from .driver.db import Row, Tx
 from .notifications import after_run, after_transition
 from .rows import MovedTask, TaskRow
 from .rules import Counts, Decision, aggregate, decide
 from .runpolicy import OnTaskFailure
 from .states import RUN_TERMINAL, TERMINAL, RunState, State, check_transition
-from .store import runwaits
-from .store.db import Row, Tx
 
 Message = str | Mapping[int, str]
 
@@ -166,7 +165,7 @@ async def transition_run(
     """Move a run from ``expected`` to ``new`` (compare-and-set); whether it moved. ``why``
     is kept on the run (``state_reason``: a pause, a fail_fast, a cancel, a timeout).
 
-    The run's time waits follow its state (executor/store/runwaits.py): an ended run's are
+    The run's time waits follow its state (executor/runwaits.py): an ended run's are
     dropped; a run that starts RUNNING arms its dagrun_timeout, and one reopened after it
     ended also its deadline and late waits still ahead."""
     check_transition(expected, new)

@@ -4,7 +4,7 @@ Layout::
 
     schema/common/queries.sql      statements that read the same on SQLite and PostgreSQL
     schema/<backend>/queries.sql   the dialect-specific rest (a name lives in one place only)
-    schema/<backend>/NNN_name.sql  migrations, applied in order by executor.store.migrate
+    schema/<backend>/NNN_name.sql  migrations, applied in order by executor.driver.migrate
 
 Each statement sits under a ``-- name: NAME`` line and takes **named** parameters
 (``:run_id``). A list parameter is written the PostgreSQL way, ``col = ANY(:ids)``; on

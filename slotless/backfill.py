@@ -2,7 +2,7 @@
 
 The DAG comes from the catalogue (``--dags DIR`` parses a folder into it first, as
 ``slotless trigger`` does) and its runs from the shape the catalogue stored, not from an
-import of the file here: :meth:`Store.backfill` keys each interval's run as the schedule
+import of the file here: :meth:`Runs.backfill` keys each interval's run as the schedule
 does, so a backfill run again creates nothing and the schedule never runs an interval a
 backfill ran. The runs are the running workers' to run; this command follows them (the
 store's run states, polled) until they end, and Ctrl-C stops only the following.
@@ -56,12 +56,12 @@ class BadBackfill(ValueError):
 
 async def backfill_command(args: argparse.Namespace) -> int:
     async with catalogued(args) as store:
-        spec = await store.start_spec(args.dag_id)
+        spec = await store.catalogue.start_spec(args.dag_id)
         due, later = plan(spec, args.date_from, args.date_to, store.clock())
         # From here Ctrl-C only ends the following: the runs are created whole (a batch
         # at a time anyway), then their states are read once more for the summary.
         with _ctrl_c() as stop:
-            done = await store.backfill(
+            done = await store.runs.backfill(
                 spec,
                 due,
                 max_active=args.max_active or spec.max_active_runs,
@@ -171,7 +171,7 @@ async def follow(
     with progress:
         bar = progress.add_task("runs", total=len(states), states="")
         while True:
-            states = {**states, **await store.runs_states(list(states))}
+            states = {**states, **await store.views.runs_states(list(states))}
             counts = Counter(states.values())
             progress.update(
                 bar,

@@ -405,12 +405,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
     dag.validate()
     store = await open_store(args.db)
     try:
-        run_id = await store.create_run(
+        run_id = await store.runs.create_run(
             dag, args.logical_date or date.today(), dag_file=str(Path(args.file).resolve())
         )
         from triggerer.service import Triggerer
 
-        triggerer = Triggerer(store)
+        triggerer = Triggerer(store.views)
         worker = Worker(
             store,
             slots=args.slots,
@@ -439,9 +439,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 await view
             triggerer.stop()
             await sidecar
-        info = await store.run_info(run_id)
+        info = await store.views.run_info(run_id)
         assert info is not None
-        tasks = await store.run_tasks(run_id)
+        tasks = await store.views.run_tasks(run_id)
         if args.json:
             print(
                 json.dumps(
@@ -454,7 +454,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 )
             )
         else:
-            _summary(run_id, info, tasks, await store.mapped_counts(run_id))
+            _summary(run_id, info, tasks, await store.views.mapped_counts(run_id))
             if info["state"] == RunState.PAUSED:
                 print(f"{info['state_reason']}\ngo on with: slotless resume {run_id}")
         return 0 if info["state"] == "SUCCESS" else 1
@@ -481,9 +481,9 @@ async def _watch(store: Store, run_id: str, worker: Worker) -> None:
     worker.on_exchange = on_exchange
     while True:
         settled.clear()  # before the read: an exchange that ends the run meanwhile wakes us
-        info = await store.run_info(run_id)
+        info = await store.views.run_info(run_id)
         if info is None or info["state"] in RUN_TERMINAL or info["state"] == RunState.PAUSED:
-            callbacks = await store.run_callbacks(run_id)
+            callbacks = await store.callbacks.run_callbacks(run_id)
             if all(c["state"] in ("DONE", "FAILED") for c in callbacks):
                 worker.stop()
                 return
@@ -515,7 +515,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     queues = parse_queues(args.queues)
     store = await open_store(args.db)
     try:
-        await store.check_queues(queues)
+        await store.pools.check_queues(queues)
     except Exception:
         await store.close()
         raise
@@ -560,7 +560,7 @@ async def cmd_triggerer(args: argparse.Namespace) -> int:
     )
     if args.event_retention is not None:
         config.event_retention = args.event_retention
-    triggerer = Triggerer(store, config=config)
+    triggerer = Triggerer(store.views, config=config)
     _on_signals(triggerer.stop)
     try:
         from triggerer.metrics import triggerer_metrics
@@ -686,8 +686,8 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
     try:
         if folder is not None:
             await scan(store, folder, timeout=args.parse_timeout)
-        dags = await store.catalogue_dags()
-        broken = await store.broken_files()
+        dags = await store.catalogue.catalogue_dags()
+        broken = await store.catalogue.broken_files()
     finally:
         await store.close()
     if args.json:
@@ -747,7 +747,7 @@ _DAG_FIELDS = (
 async def cmd_dags_pause(args: argparse.Namespace) -> int:
     store = await open_store(args.db, create=False)
     try:
-        await store.set_paused(args.dag_id, args.paused)
+        await store.catalogue.set_paused(args.dag_id, args.paused)
     finally:
         await store.close()
     print(f"{args.dag_id}: {'paused' if args.paused else 'unpaused'}")
@@ -761,7 +761,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         map_index = int(idx)
     store = await open_store(args.db, create=False)
     try:
-        events = await store.task_log(args.run_id, task_id, map_index)
+        events = await store.views.task_log(args.run_id, task_id, map_index)
     finally:
         await store.close()
     if events is None:

@@ -71,23 +71,23 @@ async def control_command(args: argparse.Namespace) -> int:
     try:
         done: Done
         if action == "clear":
-            done = await store.clear(
+            done = await store.runs.clear(
                 args.run_id, args.tasks, downstream=args.downstream, upstream=args.upstream,
                 failed_only=args.failed_only, force=args.force, who=who, reason=args.reason,
             )  # fmt: skip
         elif action == "mark":
-            done = await store.mark(
+            done = await store.runs.mark(
                 args.run_id, args.task_id, args.outcome, output=output,
                 downstream=args.downstream, who=who, reason=args.reason,
             )  # fmt: skip
         elif action == "cancel":
-            done = await store.cancel(args.run_id, who=who, reason=args.reason)
+            done = await store.runs.cancel(args.run_id, who=who, reason=args.reason)
         elif action == "resume":
-            done = await store.resume(
+            done = await store.runs.resume(
                 args.run_id, retry_failed=not args.no_retry, who=who, reason=args.reason
             )
         else:
-            done = await store.retry(args.run_id, who=who, reason=args.reason)
+            done = await store.runs.retry(args.run_id, who=who, reason=args.reason)
     finally:
         await store.close()
     if args.json:

@@ -48,8 +48,8 @@ async def send_command(args: argparse.Namespace) -> int:
         raise EventError(f"--payload is not JSON: {exc}", "payload") from None
     store = await open_store(args.db)
     try:
-        sent = await store.send_event(args.name, payload, source=f"cli:{getpass.getuser()}")
-        woke = await store.get_event(sent.id)
+        sent = await store.events.send_event(args.name, payload, source=f"cli:{getpass.getuser()}")
+        woke = await store.events.get_event(sent.id)
     finally:
         await store.close()
     if args.json:
@@ -70,7 +70,7 @@ async def send_command(args: argparse.Namespace) -> int:
 async def list_command(args: argparse.Namespace) -> int:
     store = await open_store(args.db, create=False)
     try:
-        events = await store.list_events(args.name, limit=max(1, args.limit))
+        events = await store.events.list_events(args.name, limit=max(1, args.limit))
     except UnknownEvent as exc:
         print(f"slotless: error: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 
 Tasks by state, a bar per mapped task, what each waiting sensor waits for and since when,
 what each retrying task failed with, the time elapsed. :func:`follow` is a task of its own
-beside the worker and only reads (:meth:`Store.run_progress`: one run's rows, the waits
+beside the worker and only reads (:meth:`Views.run_progress`: one run's rows, the waits
 limited); it waits at least 20 times as long as a read took, so that reading costs the run
 at most ~5% of the store's time (SQLite serves a process's reads and writes in turn).
 :func:`render` builds the view from what was read, and nothing else.
@@ -44,7 +44,7 @@ async def follow(
     ) as live:
         while not done.is_set():
             started = time.perf_counter()
-            progress = await store.run_progress(run_id)
+            progress = await store.views.run_progress(run_id)
             if progress is None:
                 return
             live.update(render(progress), refresh=True)

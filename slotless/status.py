@@ -60,23 +60,23 @@ async def status_command(args: argparse.Namespace) -> int:
 async def collect(store: Store, limit: int = 20, now: float | None = None) -> dict[str, Any]:
     """Everything ``slotless status`` shows, as plain JSON-able data."""
     now = store.clock() if now is None else now
-    runs = await store.recent_runs(limit)
-    summary = await store.waiting_summary(now)
+    runs = await store.views.recent_runs(limit)
+    summary = await store.views.waiting_summary(now)
     waiting: dict[str, Any] = {}
     for state in WAITING:
         s = summary.get(state)
         count = s["n"] if s else 0
-        rows = await store.waiting_tasks(state, limit) if count else []
+        rows = await store.views.waiting_tasks(state, limit) if count else []
         tasks = [waiting_task(r, now) for r in rows]
         oldest = max((t["for_seconds"] for t in tasks), default=None)
         waiting[state] = {"count": count, "oldest_seconds": oldest, "tasks": tasks}
-    leases = await store.shard_leases()
+    leases = await store.views.shard_leases()
     held: dict[str, list[int]] = {}
     for lease in leases:
         if lease["owner"] is not None and (lease["expires_at"] or 0) >= now:
             held.setdefault(lease["owner"], []).append(lease["shard"])
     triggerers = []
-    for r in await store.list_triggerers():
+    for r in await store.views.list_triggerers():
         shards = sorted(held.get(r["id"], []))
         age = max(0.0, now - r["seen_at"])
         triggerers.append(
@@ -93,12 +93,12 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> di
             }
         )
     owned = sum(len(v) for v in held.values())
-    pools = await store.pools()
-    queues = await store.queues()
-    held_back = await store.held_back_tasks(limit)
+    pools = await store.pools.pools()
+    queues = await store.pools.queues()
+    held_back = await store.pools.held_back_tasks(limit)
     return {
         "now": now,
-        "runs_by_state": await store.run_states(),
+        "runs_by_state": await store.views.run_states(),
         "runs": [
             {
                 "run_id": r["run_id"],
@@ -112,8 +112,8 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> di
             }
             for r, counts in runs
         ],
-        "attention": [attention(r) for r in await store.runs_needing_attention(limit)],
-        "tasks_by_state": await store.live_task_states(),
+        "attention": [attention(r) for r in await store.views.runs_needing_attention(limit)],
+        "tasks_by_state": await store.views.live_task_states(),
         "waiting": waiting,
         "triggerers": triggerers,
         "shards": {"total": len(leases) or SHARDS, "unowned": (len(leases) or SHARDS) - owned},

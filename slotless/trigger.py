@@ -11,7 +11,7 @@ catalogue has just imported the file in a child: a DAG whose file last failed to
 refused before any import here.
 
 The conf is checked against the DAG's params before the run is inserted; the insert is
-:meth:`Store.start_run`, idempotent per (dag_id, run key). The command then exits: a
+:meth:`Runs.start_run`, idempotent per (dag_id, run key). The command then exits: a
 running ``slotless worker`` imports the DAG from the run's ``dag_file`` and runs it.
 """
 
@@ -92,7 +92,7 @@ async def trigger_run(
     (:class:`DagImportError`), a paused DAG unless ``force`` (:class:`DagPaused`), a conf the
     DAG's params refuse (:class:`executor.params.BadConf`, checked by ``start_run``).
     """
-    entry = await store.catalogue_dag(dag_id)
+    entry = await store.catalogue.catalogue_dag(dag_id)
     if entry["parse_error"]:
         raise DagImportError(
             f"DAG {dag_id!r} cannot be triggered: its file is broken: {entry['parse_error']}"
@@ -103,7 +103,7 @@ async def trigger_run(
             "first, or trigger it anyway with --force"
         )
     dag = await import_dag(entry["file"], dag_id, parse_timeout)
-    return await store.start_run(
+    return await store.runs.start_run(
         dag,
         logical_date or date.today(),
         run_key=run_key,

@@ -5,7 +5,7 @@ shards held, the outbox):
 
 * leases    - renew this triggerer's shards, take its fair share, give back the excess;
 * liveness  - every ``liveness_every`` s, ask whether each other lease holder still holds
-              its liveness lock (executor/store/liveness.py); free a dead one's shards
+              its liveness lock (executor/driver/liveness.py); free a dead one's shards
               and take them at once, without waiting for the lease TTL;
 * loading   - read new DEFERRED waits of its shards (a full reload when shards change),
               with :class:`~triggerer.loading.Loader`;
@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from executor.store import Store
-from executor.store.db import TRIGGERS_CHANNEL
+from executor.driver.db import TRIGGERS_CHANNEL
+from executor.driver.faults import Backoff
+from executor.store import Views
 from executor.store.events import RETENTION
-from executor.store.faults import Backoff
 from triggers.checking import CheckContext
 
 from .checks import CheckTable
@@ -77,23 +77,25 @@ class TriggererConfig:
 class Triggerer:
     def __init__(
         self,
-        store: Store,
+        views: Views,
         *,
         triggerer_id: str | None = None,
         config: TriggererConfig | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
-        self.ops = TriggererStore(store.db, store.clock)
+        # The read-only views answer cross-DAG questions; the triggerer's own writes go
+        # through its TriggererStore, over the same driver.
+        self.views = views
+        self.ops = TriggererStore(views.db, views.clock)
         self.id = triggerer_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.config = cfg = config or TriggererConfig()
         self.clock = clock
         self.table = CheckTable()
         self.shards: set[int] = set()
-        self.ctx = CheckContext(store.external_states, clock=clock, subscribe=store.db.subscribe)
+        self.ctx = CheckContext(views.external_states, clock=clock, subscribe=views.db.subscribe)
         self.watch = LoopWatch(on_block=self._on_block, blame=self._blame)
         self.outbox = Outbox(self.ops, self.id)
-        self.liveness = store.db.liveness()
+        self.liveness = views.db.liveness()
         # Monotonic time until which the last renewal covers our shards: past it (we were
         # paused, or renewals fail) we check nothing and write no fire until renewed.
         self._valid_until = 0.0
@@ -339,7 +341,7 @@ class Triggerer:
         backoff = Backoff("triggerer: waiting for notifications (polling meanwhile)", log)
         while True:
             try:
-                if await self.store.db.wait(TRIGGERS_CHANNEL, 60.0):
+                if await self.views.db.wait(TRIGGERS_CHANNEL, 60.0):
                     self._wake_loader.set()
                 backoff.succeeded()
             except Exception as exc:

@@ -14,13 +14,13 @@ import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from executor.runwaits import is_run_wait, run_wait_id
 from executor.statemachine import Carry, retry_or_fail, transition
 from executor.states import State
 from executor.store import Database, Row, Tx
 from executor.store.deadlines import fire_run_waits
 from executor.store.events import prune_events
 from executor.store.people import answer_by_default
-from executor.store.runwaits import is_run_wait, run_wait_id
 from executor.store.starts import fail_starts, fire_starts
 from triggers.base import SHARDS
 
@@ -30,7 +30,7 @@ log = logging.getLogger("slotless.triggerer")
 # and deferred again since waits on another trigger, and a late event must not wake it.
 # A start wait (a schedule or start condition: executor/store/starts.py) is keyed by the
 # negative of its id, a run wait (a deadline, a dagrun_timeout, an expected_by:
-# executor/store/runwaits.py) by the negative of 2^40 plus its id, so that every kind
+# executor/runwaits.py) by the negative of 2^40 plus its id, so that every kind
 # shares one compact subscriber table.
 Waits = dict[int, int]
 

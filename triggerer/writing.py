@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 
-from executor.store.faults import is_transient, split_apart
+from executor.driver.faults import is_transient, split_apart
 
 from .store import Fire, TriggererBatch, TriggererStore, Waits
 

@@ -7,12 +7,13 @@ statements in the catalogue section of ``schema/common/queries.sql``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..dag import DagError
+from ..driver.db import Row, Tx
+from ..errors import DagError
 from ..schedules import Schedule
-from .db import Database, Row, Tx
+from .part import Part
 from .pools import check_known
 from .runs import RunShape
 from .starts import StartSpec, arm, disarm, start_row
@@ -39,9 +40,8 @@ class DeclaredDag:
         return _starts(self.schedule, self.timezone, self.start_when)
 
 
-class CatalogueOps:
-    db: Database
-    clock: Callable[[], float]
+class Catalogue(Part):
+    """The DAG files, the DAGs they declare, and how each DAG's runs start."""
 
     async def catalogue_files(self) -> dict[str, float | None]:
         """Every file parsed so far -> its mtime as last parsed (None: parse it again)."""
@@ -62,7 +62,7 @@ class CatalogueOps:
         async with self.db.write() as tx:
             retry = False
             if error is None:
-                # Issue 14: a pool or queue that does not exist (yet) breaks the file, naming
+                # A pool or queue that does not exist (yet) breaks the file, naming
                 # it; the file is parsed again on each scan (mtime NULL) until it exists.
                 error = await _unknown_pools(tx, dags)
                 retry = error is not None

@@ -1,18 +1,21 @@
 """Read-only views of the store for people: `slotless status` and `run`, the metrics, the web page.
 
-Mixed into :class:`executor.store.Store`. Nothing here writes; every statement is a named
+The :class:`Views` part of the store. Nothing here writes; every statement is a named
 query in ``schema/<backend>/queries.sql`` (the ``ops_*`` and ``progress_*`` sections).
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from triggers.base import clip
 
-from .db import Database, Row
+from ..driver.db import Row
+from .part import Part
 
 # A mapped task's page lists at most this many instances (the counts cover them all).
 INSTANCES_SHOWN = 500
@@ -60,9 +63,8 @@ class RunProgress:
     retrying: list[Row]  # RETRYING tasks with their last failure (at most n)
 
 
-class InspectOps:
-    db: Database
-    clock: Callable[[], float]
+class Views(Part):
+    """What people and the triggerer read: nothing here writes."""
 
     async def run_states(self) -> dict[str, int]:
         """Every run by state."""
@@ -191,3 +193,43 @@ class InspectOps:
                     if r["task_id"] == task_id:
                         detail.instance_counts[r["state"]] = r["n"]
         return detail
+
+    async def runs_states(self, run_ids: Sequence[str]) -> dict[str, str]:
+        """run_id -> state, for the runs that exist."""
+        async with self.db.read() as tx:
+            rows = await tx.fetch("runs_states", run_ids=list(run_ids))
+        return {r["run_id"]: r["state"] for r in rows}
+
+    async def run_info(self, run_id: str) -> Row | None:
+        async with self.db.read() as tx:
+            return await tx.fetchone("run_info", run_id=run_id)
+
+    async def run_tasks(self, run_id: str) -> list[Row]:
+        """A run's task rows as stored (a mapped task's template row), for people."""
+        async with self.db.read() as tx:
+            return await tx.fetch("run_tasks", run_id=run_id)
+
+    async def mapped_counts(self, run_id: str) -> dict[str, dict[str, int]]:
+        """For each mapped task of a run, its instances by state."""
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        async with self.db.read() as tx:
+            for row in await tx.fetch("mapped_counts", run_id=run_id):
+                out[row["task_id"]][row["state"]] = row["n"]
+        return dict(out)
+
+    async def task_log(self, run_id: str, task_id: str, map_index: int = -1) -> list[Row] | None:
+        async with self.db.read() as tx:
+            row = await tx.fetchone("task_row", run_id=run_id, task_id=task_id, map_index=map_index)
+            if row is None:
+                return None
+            return await tx.fetch("task_events", task_row=row["id"])
+
+    async def external_states(self, questions: Sequence[dict[str, Any]]) -> list[Row]:
+        """Answer many cross-DAG questions in one query.
+
+        Each question is ``{"dag_id", "logical_date", "task_id" (or None)}``; the answer rows
+        carry ``q`` (the question's index), ``state`` (None if no such run) and ``run_id``.
+        """
+        payload = json.dumps([{**q, "q": i} for i, q in enumerate(questions)])
+        async with self.db.read() as tx:
+            return await tx.fetch("external_states", questions=payload)

@@ -4,7 +4,7 @@ A wait for a person (``triggers/people.py``: Approval, Choice, Form, BranchChoic
 DEFERRED task on a trigger row keyed ``person:<task row>``: no triggerer loads it, no event
 matches it, nothing polls it, and it holds no worker slot. Whoever writes the answer
 (``slotless respond``, ``POST /api/v1/runs/{run}/tasks/{task}/response``, the web page's
-form: all three call :meth:`PeopleOps.respond`) does, in one transaction:
+form: all three call :meth:`Answers.respond`) does, in one transaction:
 
 1. reads the task and its request; checks the respondent may answer and the answer fits
    the request (:class:`~triggers.people.AnswerError` naming the field: nothing written);
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,9 +33,10 @@ from triggers.people import NEEDS_ANSWER, Answer, AnswerError, PersonWait
 from triggers.registry import TriggerLoadError, load_trigger
 
 from .. import notifications
+from ..driver.db import Row, Tx
 from ..statemachine import Carry, transition
 from ..states import State
-from .db import Database, Row, Tx
+from .part import Part
 
 PERSON_KEY = "person:"  # trigger.event_key prefix of a person's wait
 UI_URL_ENV = "SLOTLESS_UI_URL"  # the page's address, for the link in a notification
@@ -123,11 +123,8 @@ def _answered(row: Row) -> str | None:
     return None
 
 
-class PeopleOps:
-    """The store's people-in-the-loop operations (a mixin of the Store)."""
-
-    db: Database
-    clock: Callable[[], float]
+class Answers(Part):
+    """People in the loop: their answers to waits, and what waits for them."""
 
     async def respond(
         self, run_id: str, task_id: str, answer: Any, *, who: str, map_index: int = -1
@@ -136,7 +133,7 @@ class PeopleOps:
         answer wins. Raises :class:`RespondError` (UnknownTask, NotAllowed, NotWaiting:
         "already answered by NAME at TIME") or :class:`AnswerError`; nothing is written then.
 
-        >>> await store.respond(run, "sign_off", {"approve": True}, who="alice")  # doctest: +SKIP
+        >>> await answers.respond(run, "sign_off", {"approve": True}, who="alice")  # doctest: +SKIP
         """
         now = self.clock()
         async with self.db.write() as tx:
@@ -321,9 +318,9 @@ async def request_made(tx: Tx, run_id: str, task_row: int, wait: PersonWait, now
 
 __all__ = [
     "PERSON_KEY",
+    "Answers",
     "NotAllowed",
     "NotWaiting",
-    "PeopleOps",
     "Request",
     "RespondError",
     "Responded",

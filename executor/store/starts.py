@@ -37,8 +37,9 @@ from triggers.base import BaseTrigger
 from triggers.registry import load_trigger
 from triggers.temporal import DateTimeTrigger
 
+from ..driver.db import Row, Tx
+from ..runwaits import insert_trigger as _insert_trigger
 from ..schedules import Interval, Schedule
-from .db import Row, Tx
 from .lines import one_line
 from .runs import (
     NewRun,
@@ -47,7 +48,6 @@ from .runs import (
     interval_text,
     scheduled_run_key,
 )
-from .runwaits import insert_trigger as _insert_trigger
 
 SCHEDULE = "schedule"
 CONDITION = "condition"

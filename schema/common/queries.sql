@@ -94,7 +94,7 @@ RETURNING tasks_unfinished, leaves_failed, dag_id, state, on_task_failure;
 
 -- name: cas_run
 -- A run's compare-and-set (executor.statemachine.transition_run), with what arming its
--- time waits needs (executor/store/runwaits.py).
+-- time waits needs (executor/runwaits.py).
 UPDATE dag_run SET state = :new, ended_at = :ended_at
 WHERE run_id = :run_id AND state = :expected
 RETURNING run_id, hooks, deadline_at, timeout_s, late_at, deadline_missed_at;
@@ -157,11 +157,6 @@ GROUP BY state;
 
 -- name: list_runs
 SELECT * FROM dag_run ORDER BY created_at DESC LIMIT :n;
-
--- name: run_state_counts
-SELECT run_id, state, count(*) AS n FROM task
-WHERE run_id IN (SELECT run_id FROM dag_run ORDER BY created_at DESC LIMIT :n)
-GROUP BY run_id, state;
 
 -- name: task_row
 SELECT * FROM task WHERE run_id = :run_id AND task_id = :task_id AND map_index = :map_index;
@@ -348,7 +343,7 @@ SELECT r.*, (SELECT count(*) FROM shard_lease s WHERE s.owner = r.id) AS shards
 FROM triggerer r ORDER BY r.id;
 
 -- ---------------------------------------------------------------- migrations
--- executor/store/migrate.py; each backend's `migrate_lock` makes migrators take turns.
+-- executor/driver/migrate.py; each backend's `migrate_lock` makes migrators take turns.
 
 -- name: schema_version_create
 CREATE TABLE IF NOT EXISTS schema_version
@@ -902,7 +897,7 @@ SELECT COALESCE(max(id), 0) AS id FROM wait_release;
 DELETE FROM wait_release WHERE released_at < :before;
 
 -- ---------------------------------------------------------------- run policy
--- Deadlines, dagrun_timeout, a sensor's expected_by (executor/store/runwaits.py, armed by
+-- Deadlines, dagrun_timeout, a sensor's expected_by (executor/runwaits.py, armed by
 -- the state machine; fired by executor/store/deadlines.py in the triggerer's outbox) and
 -- the failure policy (fail_fast, pause: executor/statemachine.py; resume: control.py).
 

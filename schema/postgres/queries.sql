@@ -291,7 +291,7 @@ SELECT pg_advisory_xact_lock(hashtext('slotless.migrate:' || current_schema()));
 -- name: database_name
 SELECT current_database() || '.' || current_schema() AS name;
 
--- Liveness (issue 16): locks that die with a process (executor/store/liveness.py) -------
+-- Liveness (issue 16): locks that die with a process (executor/driver/liveness.py) -------
 
 -- name: liveness_lock
 -- A session lock, on a connection kept for the process's life: the server drops it when

@@ -232,7 +232,7 @@ SELECT 1;
 -- name: database_name
 SELECT file AS name FROM pragma_database_list WHERE name = 'main';
 
--- Liveness (issue 16): locks that die with a process (executor/store/liveness.py) -------
+-- Liveness (issue 16): locks that die with a process (executor/driver/liveness.py) -------
 
 -- name: liveness_lock
 -- Never run: on SQLite the lock is a file's (fcntl), held by the process, not by SQL.

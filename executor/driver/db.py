@@ -72,7 +72,7 @@ class Database(Protocol):
         ...
 
     def liveness(self) -> Liveness:
-        """This process's lock that dies with it (executor/store/liveness.py)."""
+        """This process's lock that dies with it (executor/driver/liveness.py)."""
         ...
 
     async def subscribe(
