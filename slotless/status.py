@@ -22,6 +22,8 @@ from rich.text import Text
 from executor.store import Row, Store, open_store
 from triggers.base import SHARDS, clip
 
+from .options import db_opt
+
 WAITING = ("DEFERRED", "SENSING", "RETRYING")
 # A triggerer whose heartbeat is older than this is shown as stale (two default lease TTLs).
 STALE_AFTER = 30.0
@@ -42,6 +44,16 @@ STATE_STYLE = {
 }
 
 _CHECKED = re.compile(r"^checked (.*): not yet; next in .*$", re.DOTALL)
+
+
+def add_commands(sub: Any) -> None:
+    status = sub.add_parser(
+        "status", help="runs by state; waiting tasks (what for, how long); triggerers"
+    )
+    db_opt(status)
+    status.add_argument("--limit", type=int, default=20, help="runs, and tasks per waiting state")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=status_command)
 
 
 async def status_command(args: argparse.Namespace) -> int:
