@@ -13,6 +13,18 @@ from dataclasses import dataclass, field
 from triggers.base import clip
 
 from .db import Database, Row
+from .viewrows import (
+    AttentionRow,
+    DeferredRow,
+    MappedRow,
+    RetryingRow,
+    RunRow,
+    SensingRow,
+    ShardLease,
+    TriggererRow,
+    WaitingCount,
+    WaitingRow,
+)
 
 # A mapped task's page lists at most this many instances (the counts cover them all).
 INSTANCES_SHOWN = 500
@@ -52,12 +64,19 @@ class DagsPage:
 class RunProgress:
     """One run as `slotless run`'s live view shows it, read in one go."""
 
-    run: Row
+    run: RunRow
     now: float  # the store's clock when it was read
     counts: dict[str, int]  # task instances by state (a mapped task counts as its instances)
-    mapped: list[Row]  # mapped tasks' templates: map_total (None: not expanded), n_done
-    waits: list[Row]  # DEFERRED and SENSING tasks, the longest wait first (at most n)
-    retrying: list[Row]  # RETRYING tasks with their last failure (at most n)
+    mapped: list[MappedRow]  # mapped tasks' templates
+    waits: list[DeferredRow | SensingRow]  # the longest wait first (at most n)
+    retrying: list[RetryingRow]  # RETRYING tasks with their last failure (at most n)
+
+
+_WAITING: dict[str, tuple[str, type[DeferredRow] | type[SensingRow] | type[RetryingRow]]] = {
+    "DEFERRED": ("ops_deferred", DeferredRow),
+    "SENSING": ("ops_sensing", SensingRow),
+    "RETRYING": ("ops_retrying", RetryingRow),
+}
 
 
 class InspectOps:
@@ -74,10 +93,11 @@ class InspectOps:
         async with self.db.read() as tx:
             return {r["state"]: r["n"] for r in await tx.fetch("ops_live_task_states")}
 
-    async def waiting_summary(self, now: float) -> dict[str, Row]:
+    async def waiting_summary(self, now: float) -> dict[str, WaitingCount]:
         """DEFERRED / SENSING / RETRYING: count, oldest start, largest timeout share used."""
         async with self.db.read() as tx:
-            return {r["state"]: r for r in await tx.fetch("ops_waiting_summary", now=now)}
+            rows = WaitingCount.all(await tx.fetch("ops_waiting_summary", now=now))
+        return {r.state: r for r in rows}
 
     async def retrying_since(self) -> float | None:
         """When the longest retry episode still going began (None: nothing retries)."""
@@ -85,34 +105,34 @@ class InspectOps:
             row = await tx.fetchone("ops_retrying_since")
         return None if row is None else row["since"]
 
-    async def waiting_tasks(self, state: str, limit: int) -> list[Row]:
+    async def waiting_tasks(self, state: str, limit: int) -> list[WaitingRow]:
         """Tasks in one waiting state, the longest wait first (with what they wait for)."""
-        query = {"DEFERRED": "ops_deferred", "SENSING": "ops_sensing", "RETRYING": "ops_retrying"}
+        query, typed = _WAITING[state]
         async with self.db.read() as tx:
-            return await tx.fetch(query[state], n=limit)
+            return list(typed.all(await tx.fetch(query, n=limit)))
 
-    async def list_triggerers(self) -> list[Row]:
+    async def list_triggerers(self) -> list[TriggererRow]:
         """Live and recently seen triggerers, each with the number of shards it holds."""
         async with self.db.read() as tx:
-            return await tx.fetch("list_triggerers")
+            return TriggererRow.all(await tx.fetch("list_triggerers"))
 
-    async def shard_leases(self) -> list[Row]:
+    async def shard_leases(self) -> list[ShardLease]:
         async with self.db.read() as tx:
-            return await tx.fetch("ops_shard_leases")
+            return ShardLease.all(await tx.fetch("ops_shard_leases"))
 
-    async def recent_runs(self, limit: int) -> list[tuple[Row, dict[str, int]]]:
+    async def recent_runs(self, limit: int) -> list[tuple[RunRow, dict[str, int]]]:
         """The newest runs, each with its task instances by state."""
         async with self.db.read() as tx:
             runs = await tx.fetch("list_runs", n=limit)
             counts: dict[str, dict[str, int]] = defaultdict(dict)
             for r in await tx.fetch("ops_run_counts", n=limit):
                 counts[r["run_id"]][r["state"]] = r["n"]
-        return [(run, counts[run["run_id"]]) for run in runs]
+        return [(run, counts[run.run_id]) for run in RunRow.all(runs)]
 
-    async def runs_needing_attention(self, limit: int = 100) -> list[Row]:
+    async def runs_needing_attention(self, limit: int = 100) -> list[AttentionRow]:
         """Runs PAUSED by their failure policy, or going on past their deadline."""
         async with self.db.read() as tx:
-            return await tx.fetch("ops_runs_needing_attention", n=limit)
+            return AttentionRow.all(await tx.fetch("ops_runs_needing_attention", n=limit))
 
     async def dags_page(self, runs_per_dag: int = RUNS_PER_DAG) -> DagsPage:
         """Every catalogued DAG with its newest runs, and the files whose parse failed."""
@@ -153,18 +173,22 @@ class InspectOps:
                 return None
             for r in await tx.fetch("run_counts", run_id=run_id):
                 counts[r["state"]] += r["n"]
-            mapped = await tx.fetch("progress_mapped", run_id=run_id)
+            mapped = MappedRow.all(await tx.fetch("progress_mapped", run_id=run_id))
             waits = (
                 await tx.fetch("progress_waits", run_id=run_id, n=n)
                 if (counts.get("DEFERRED") or counts.get("SENSING"))
                 else []
             )
             retrying = (
-                await tx.fetch("progress_retrying", run_id=run_id, n=n)
+                RetryingRow.all(await tx.fetch("progress_retrying", run_id=run_id, n=n))
                 if counts.get("RETRYING")
                 else []
             )
-        return RunProgress(run, self.clock(), dict(counts), mapped, waits, retrying)
+        # progress_waits reads both kinds' columns in one query; each row keeps its own.
+        typed: list[DeferredRow | SensingRow] = [
+            DeferredRow.of(w) if w["state"] == "DEFERRED" else SensingRow.of(w) for w in waits
+        ]
+        return RunProgress(RunRow.of(run), self.clock(), dict(counts), mapped, typed, retrying)
 
     async def task_detail(
         self, run_id: str, task_id: str, map_index: int = -1

@@ -181,7 +181,7 @@ async def needs_you(request: web.Request) -> web.Response:
 
 
 async def api_status(request: web.Request) -> web.Response:
-    return web.json_response(await collect(request.app[STORE], 50))
+    return web.json_response((await collect(request.app[STORE], 50)).to_json())
 
 
 # -- writes ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from triggers.base import clip
 
 from ..schedule_shown import schedule_shown
 from ..status import failure_cause, human_seconds, shard_ranges
+from ..views import WAITING, RetryingTask, StatusView, TriggererShown, Waiting, task_name
 from . import graph
 from .assets import JS
 from .auth import Writes
@@ -39,10 +40,6 @@ def run_href(run_id: str) -> str:
 def task_href(run_id: str, task_id: str, map_index: int = -1) -> str:
     base = f"{run_href(run_id)}/tasks/{quote(task_id, safe='')}"
     return base if map_index < 0 else f"{base}/{map_index}"
-
-
-def task_name(task_id: str, map_index: int) -> str:
-    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
 
 
 def when(ts: float | None) -> str:
@@ -378,39 +375,36 @@ def square(state: str, run: Row | None = None) -> str:
 # -- the run list ----------------------------------------------------------------------
 
 
-def index(data: dict[str, Any]) -> tuple[str, bool]:
-    now = data["now"]
-    runs = data["runs"]
-    waiting = data["waiting"]
-    live = any(r["state"] not in RUN_TERMINAL for r in runs)
-    newest = runs[0]["run_id"] if runs else ""
+def index(data: StatusView) -> tuple[str, bool]:
+    now = data.now
+    runs = data.runs
+    waiting = data.waiting
+    newest = runs[0].run_id if runs else ""
     parts = [
         f'<h1>Runs <span data-k="newest" hidden>{escape(newest)}</span></h1>',
         '<div class="meta">',
     ]
-    by_state = data["runs_by_state"]
     parts.append(
         "<span><b>runs</b>"
-        + (" ".join(f"{badge(s)} {n}" for s, n in sorted(by_state.items())) or "none")
+        + (" ".join(f"{badge(s)} {n}" for s, n in sorted(data.runs_by_state.items())) or "none")
         + "</span>"
     )
     parts.append(
-        "<span><b>waiting</b>"
-        + " ".join(f"{badge(s)} {waiting[s]['count']}" for s in ("DEFERRED", "SENSING", "RETRYING"))
+        "<span><b>waiting</b>" + " ".join(f"{badge(s)} {waiting[s].count}" for s in WAITING)
         + "</span>"
-    )
-    live_trig = [t for t in data["triggerers"] if not t["stale"]]
+    )  # fmt: skip
+    live_trig = [t for t in data.triggerers if not t.stale]
     parts.append(f"<span><b>triggerers</b>{len(live_trig)} live</span></div>")
-    if data["shards"]["unowned"] and waiting["DEFERRED"]["count"]:
+    if data.shards.unowned and data.deferred:
         parts.append(
-            f'<p class="warn">{data["shards"]["unowned"]} of {data["shards"]["total"]} shards '
+            f'<p class="warn">{data.shards.unowned} of {data.shards.total} shards '
             "have no live triggerer: DEFERRED waits in them are not being checked.</p>"
         )
-    if data.get("attention"):
+    if data.attention:
         rows = [
-            [f'<a class="run" href="{run_href(a["run_id"])}">{escape(a["run_id"])}</a>',
-             badge(a["state"]), escape(a["why"]), escape(a["todo"])]
-            for a in data["attention"]
+            [f'<a class="run" href="{run_href(a.run_id)}">{escape(a.run_id)}</a>',
+             badge(a.state), escape(a.why), escape(a.todo)]
+            for a in data.attention
         ]  # fmt: skip
         parts.append('<h2 class="attention">Needs attention</h2>')
         parts.append(table(["run", "state", "why", "what to do"], rows, "attention-runs"))
@@ -419,18 +413,16 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
     else:
         rows = []
         for r in runs:
-            end = r["ended_at"] or now
-            rid = r["run_id"]
+            rid = r.run_id
             rows.append(
                 [
                     f'<a class="run" href="{run_href(rid)}">{escape(rid)}</a>',
-                    escape(r["dag_id"]),
-                    escape(r["logical_date"]),
-                    badge(r["state"], f"run:{rid}"),
-                    when(r["created_at"]),
-                    f'<span data-k="dur:{escape(rid)}">'
-                    f"{human_seconds(end - r['created_at'])}</span>",
-                    state_bar(r["tasks"], rid),
+                    escape(r.dag_id),
+                    escape(r.logical_date),
+                    badge(r.state, f"run:{rid}"),
+                    when(r.created_at),
+                    f'<span data-k="dur:{escape(rid)}">{human_seconds(r.took(now))}</span>',
+                    state_bar(r.tasks, rid),
                 ]
             )
         parts.append(
@@ -442,83 +434,77 @@ def index(data: dict[str, Any]) -> tuple[str, bool]:
         )
     parts.append(_waiting_section(waiting, now))
     parts.append(_pools_section(data))
-    parts.append(_triggerers_section(data["triggerers"]))
-    return "".join(parts), live or any(waiting[s]["count"] for s in waiting) or _held(data)
+    parts.append(_triggerers_section(data.triggerers))
+    return "".join(parts), data.live
 
 
-def live_index(data: dict[str, Any]) -> dict[str, Any]:
+def live_index(data: StatusView) -> dict[str, Any]:
     """The run list's changes: each run's state, duration and tasks; a newer run than the
     page shows asks for a reload."""
-    now = data["now"]
-    runs = data["runs"]
     els: dict[str, Any] = {}
     lists: dict[str, Any] = {}
-    if runs:
-        els["newest"] = {"text": runs[0]["run_id"], "stale": "newer runs started:"}
-    for r in runs:
-        rid = r["run_id"]
-        els[f"run:{rid}"] = live_badge(r["state"])
-        els[f"dur:{rid}"] = {"text": human_seconds((r["ended_at"] or now) - r["created_at"])}
-        bar = live_bar(rid, r["tasks"])
+    if data.runs:
+        els["newest"] = {"text": data.runs[0].run_id, "stale": "newer runs started:"}
+    for r in data.runs:
+        rid = r.run_id
+        els[f"run:{rid}"] = live_badge(r.state)
+        els[f"dur:{rid}"] = {"text": human_seconds(r.took(data.now))}
+        bar = live_bar(rid, r.tasks)
         els |= bar["els"]
         lists |= bar["lists"]
-    for pool in data["pools"]:
-        els[f"pool:{pool['name']}"] = {"text": _pool_used(pool)}
-        els[f"pool-ready:{pool['name']}"] = {"text": str(pool["ready"])}
-    waiting = data["waiting"]
-    live = any(r["state"] not in RUN_TERMINAL for r in runs)
-    live = live or any(waiting[s]["count"] for s in waiting) or _held(data)
-    return {"live": live, "els": els, "lists": lists}
+    for pool in data.pools:
+        els[f"pool:{pool.name}"] = {"text": pool.used_text}
+        els[f"pool-ready:{pool.name}"] = {"text": str(pool.ready)}
+    return {"live": data.live, "els": els, "lists": lists}
 
 
-def _held(data: dict[str, Any]) -> bool:
-    return bool(data["held_back"])
-
-
-def _pool_used(pool: dict[str, Any]) -> str:
-    return f"{pool['used']}/{'unlimited' if pool['slots'] is None else pool['slots']}"
-
-
-def _pools_section(data: dict[str, Any]) -> str:
-    """Pools in use, queues nobody serves, and the ready tasks they hold back (issue 14)."""
+def _pools_section(data: StatusView) -> str:
+    """Pools in use, queues nobody serves, and the ready tasks they hold back."""
     parts = ["<h2>Pools and queues</h2>"]
     rows = []
-    for pool in data["pools"]:
-        name = escape(pool["name"])
+    for pool in data.pools:
+        name = escape(pool.name)
         rows.append(
             [
                 f'<span class="mono">{name}</span>',
-                f'<span data-k="pool:{name}">{escape(_pool_used(pool))}</span>',
-                f'<span data-k="pool-ready:{name}">{pool["ready"]}</span>',
+                f'<span data-k="pool:{name}">{escape(pool.used_text)}</span>',
+                f'<span data-k="pool-ready:{name}">{pool.ready}</span>',
             ]
         )
     parts.append(table(["pool", "slots used", "tasks ready"], rows, "pools"))
-    for q in data["queues"]:
-        if q["ready"] and not q["served"]:
+    for q in data.queues:
+        if q.stranded:
             parts.append(
-                f'<p class="warn">queue {escape(q["name"])}: {q["ready"]} task(s) ready, '
+                f'<p class="warn">queue {escape(q.name)}: {q.ready} task(s) ready, '
                 "no live worker serves it.</p>"
             )
-    held = data["held_back"]
+    held = data.held_back
     if held:
         parts.append(f"<p>{len(held)} ready task(s) held back by a pool or a queue</p>")
         held_rows = [
             [
-                f'<a href="{task_href(t["run_id"], t["task_id"], t["map_index"])}">'
-                f"{escape(task_name(t['task_id'], t['map_index']))}</a>"
-                f'<div class="muted">{escape(t["run_id"])}</div>',
-                human_seconds(t["for_seconds"]),
-                f'<span class="mono">{escape(t["waits_for"])}</span>',
+                _task_link(h.run_id, h.task_id, h.map_index),
+                human_seconds(h.for_seconds),
+                f'<span class="mono">{escape(h.waits_for)}</span>',
             ]
-            for t in held
+            for h in held
         ]
         parts.append(table(["task", "ready for", "waits for"], held_rows, "waiting held-back"))
     return "".join(parts)
 
 
-def _waiting_section(waiting: dict[str, Any], now: float) -> str:
+def _task_link(run_id: str, task_id: str, map_index: int) -> str:
+    """A task's name linking to its page, over its run's id."""
+    return (
+        f'<a href="{task_href(run_id, task_id, map_index)}">'
+        f"{escape(task_name(task_id, map_index))}</a>"
+        f'<div class="muted">{escape(run_id)}</div>'
+    )
+
+
+def _waiting_section(waiting: dict[str, Waiting], now: float) -> str:
     parts = ["<h2>Waiting tasks</h2>"]
-    if not any(waiting[s]["count"] for s in waiting):
+    if not any(w.count for w in waiting.values()):
         return parts[0] + '<p class="empty">Nothing waits.</p>'
     for state, what in (
         ("DEFERRED", "in the triggerer: healthy while within its timeout"),
@@ -526,36 +512,32 @@ def _waiting_section(waiting: dict[str, Any], now: float) -> str:
         ("RETRYING", "an attempt failed; sick if it lasts"),
     ):
         w = waiting[state]
-        if not w["count"]:
+        if not w.count:
             continue
-        parts.append(f"<p>{badge(state)} {w['count']} &mdash; {escape(what)}</p>")
+        parts.append(f"<p>{badge(state)} {w.count} &mdash; {escape(what)}</p>")
         rows = []
-        for t in w["tasks"]:
-            link = (
-                f'<a href="{task_href(t["run_id"], t["task_id"], t["map_index"])}">'
-                f"{escape(task_name(t['task_id'], t['map_index']))}</a>"
-                f'<div class="muted">{escape(t["run_id"])}</div>'
-            )
-            if state == "RETRYING":
-                due = t["next_attempt_at"] or now
+        for t in w.tasks:
+            link = _task_link(t.run_id, t.task_id, t.map_index)
+            if isinstance(t, RetryingTask):
+                due = t.next_attempt_at or now
                 rows.append(
                     [
                         link,
-                        human_seconds(t["for_seconds"]),
-                        f"{escape(t['waits_for'])} in {human_seconds(due - now)}",
-                        f'<span class="mono">{escape(failure_cause(t["last_error"]))}</span>',
+                        human_seconds(t.for_seconds),
+                        f"{escape(t.waits_for)} in {human_seconds(due - now)}",
+                        f'<span class="mono">{escape(failure_cause(t.last_error))}</span>',
                     ]
                 )
             else:
-                used = t["timeout_used"]
+                used = t.timeout_used
                 used_html = "-" if used is None else f"{used:.0%}"
                 if used is not None and used >= 0.8:
                     used_html = f'<span class="warn">{used_html}</span>'
                 rows.append(
                     [
                         link,
-                        human_seconds(t["for_seconds"]),
-                        f'<span class="mono">{escape(t["waits_for"])}</span>',
+                        human_seconds(t.for_seconds),
+                        f'<span class="mono">{escape(t.waits_for)}</span>',
                         used_html,
                     ]
                 )
@@ -568,21 +550,21 @@ def _waiting_section(waiting: dict[str, Any], now: float) -> str:
     return "".join(parts)
 
 
-def _triggerers_section(triggerers: list[dict[str, Any]]) -> str:
+def _triggerers_section(triggerers: list[TriggererShown]) -> str:
     if not triggerers:
         return '<h2>Triggerers</h2><p class="empty">No triggerer has registered.</p>'
     rows = []
     for t in triggerers:
-        age = human_seconds(t["heartbeat_age_seconds"])
-        if t["stale"]:
+        age = human_seconds(t.heartbeat_age_seconds)
+        if t.stale:
             age = f'<span class="warn">{age} (stale)</span>'
-        lag = t["loop_lag_ms"]
+        lag = t.loop_lag_ms
         rows.append(
             [
-                f'<span class="mono">{escape(t["id"])}</span>',
-                f"{t['shard_count']} <span class='muted'>({shard_ranges(t['shards'])})</span>",
+                f'<span class="mono">{escape(t.id)}</span>',
+                f"{t.shard_count} <span class='muted'>({shard_ranges(t.shards)})</span>",
                 age,
-                str(t["triggers"]),
+                str(t.triggers),
                 "-" if lag is None else f"{lag:.1f} ms",
             ]
         )

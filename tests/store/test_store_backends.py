@@ -28,6 +28,7 @@ from executor.store import SchemaTooNew, Store, open_store
 from executor.store.catalogue import DeclaredDag, UnknownDag
 from executor.store.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
 from executor.store.jobs import _record
+from executor.store.viewrows import DeferredRow
 from triggerer.store import Fire, TriggererBatch
 from triggers.base import SHARDS
 from triggers.files import FileTrigger
@@ -253,9 +254,7 @@ async def test_run_progress_reads_one_runs_counts_mapped_tasks_waits_and_retries
     other = await store.create_run(dag, DAY, run_id="other")
     p = await store.run_progress(run_id)
     assert p is not None and p.counts == {"PENDING": 4}
-    assert [(m["task_id"], m["expand_from"], m["map_total"]) for m in p.mapped] == [
-        ("each", "source", None)
-    ]
+    assert [(m.task_id, m.expand_from, m.map_total) for m in p.mapped] == [("each", "source", None)]
     rows = {(r.run_id, r.task_id): r for r in await store.claim("w", 10)}
     flag = str(tmp_path / "ready.flag")
     await store.complete([deferred(rows["other", "wait"], flag, clock.now)])
@@ -275,28 +274,28 @@ async def test_run_progress_reads_one_runs_counts_mapped_tasks_waits_and_retries
     )
 
     p = await store.run_progress(run_id)
-    assert p is not None and p.run["run_id"] == run_id and p.now == clock.now
+    assert p is not None and p.run.run_id == run_id and p.now == clock.now
     assert p.counts == {"SUCCESS": 2, "DEFERRED": 1, "RETRYING": 1, "RUNNING": 1, "PENDING": 1}
     [each] = p.mapped
-    assert (each["task_id"], each["map_total"], each["n_done"], each["n_failed"]) == (
+    assert (each.task_id, each.map_total, each.n_done, each.n_failed) == (
         "each",
         3,
         1,
         0,
     )
     [wait] = p.waits  # not the other run's
-    assert (wait["task_id"], wait["state"], wait["wait_started_at"]) == (
+    assert (wait.task_id, wait.state, wait.wait_started_at) == (
         "wait",
         "DEFERRED",
         started,
     )
-    assert wait["description"] == FileTrigger(path=flag).describe()
-    assert wait["last_message"] is None
+    assert isinstance(wait, DeferredRow)  # a DEFERRED wait has no last check
+    assert wait.description == FileTrigger(path=flag).describe()
     [retrying] = p.retrying
-    assert (retrying["task_id"], retrying["map_index"], retrying["attempt"]) == ("each", 1, 2)
-    assert retrying["retrying_since"] == clock.now
-    assert retrying["ready_at"] == pytest.approx(clock.now + 30.0)
-    assert retrying["last_error"] == "attempt 1 of 2 failed: boom\nsecond line; retrying in 30.0 s"
+    assert (retrying.task_id, retrying.map_index, retrying.attempt) == ("each", 1, 2)
+    assert retrying.retrying_since == clock.now
+    assert retrying.ready_at == pytest.approx(clock.now + 30.0)
+    assert retrying.last_error == "attempt 1 of 2 failed: boom\nsecond line; retrying in 30.0 s"
     assert (await store.run_progress(run_id, n=0)).waits == []  # type: ignore[union-attr]
     assert await store.run_progress("nope") is None
     assert other != run_id
@@ -515,13 +514,13 @@ async def test_lease_shards_share_fairly_and_take_over_a_dead_triggerer(
     assert len(t1) == SHARDS // 2
     t2 = await ops(store).lease_shards("t2", 10, 10)
     assert len(t2) == SHARDS // 2 and not t1 & t2
-    assert {r["id"]: r["shards"] for r in await store.list_triggerers()} == {"t1": 32, "t2": 32}
+    assert {r.id: r.shards for r in await store.list_triggerers()} == {"t1": 32, "t2": 32}
     clock.advance(5)
     assert await ops(store).lease_shards("t2", 10, 10) == t2  # renewed, t1 still live
     clock.advance(6)  # t1 silent for 11 s: its leases (10 s) expired
     assert len(await ops(store).lease_shards("t2", 10, 10)) == SHARDS
     await ops(store).triggerer_leave("t2")
-    assert [r["id"] for r in await store.list_triggerers()] == ["t1"]
+    assert [r.id for r in await store.list_triggerers()] == ["t1"]
     assert len(await ops(store).lease_shards("t3", 10, 10)) == SHARDS  # t2 gave them back
 
 
