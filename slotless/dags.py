@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from executor.catalogue import dags_folder, scan
 from executor.store import open_store
+from executor.store.viewrows import BrokenFile, DagRow
 
 from .options import db_opt, parse_timeout_opt
 from .schedule_shown import schedule_shown
@@ -47,8 +49,8 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
     try:
         if folder is not None:
             await scan(store, folder, timeout=args.parse_timeout)
-        dags = await store.catalogue_dags()
-        broken = await store.broken_files()
+        dags = DagRow.all(await store.catalogue_dags())
+        broken = BrokenFile.all(await store.broken_files())
     finally:
         await store.close()
     if args.json:
@@ -56,13 +58,11 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "dags": [
-                        {k: d[k] for k in _DAG_FIELDS}
-                        | {"paused": bool(d["paused"]), **schedule_shown(d)}
+                        {k: getattr(d, k) for k in _DAG_FIELDS}
+                        | {"paused": bool(d.paused), **asdict(schedule_shown(d))}
                         for d in dags
                     ],
-                    "broken_files": [
-                        {"file": b["path"], "error": b["parse_error"]} for b in broken
-                    ],
+                    "broken_files": [{"file": b.path, "error": b.parse_error} for b in broken],
                 }
             )
         )
@@ -71,21 +71,21 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
     for col in ("dag", "file", "paused", "schedule", "next run", "last run"):
         table.add_column(col, overflow="fold")
     for d in dags:
-        last = d["last_run_state"] or "-"
-        if d["parse_error"]:
+        last = d.last_run_state or "-"
+        if d.parse_error:
             last += " (file broken, see below)"
-        if d["start_error"]:
-            last += f"; cannot start: {d['start_error']}"
+        if d.start_error:
+            last += f"; cannot start: {d.start_error}"
         shown = schedule_shown(d)
-        starts = shown["schedule_words"] or "-"
-        if d["waiting_for"]:
-            starts += f"; when {d['waiting_for']}"
+        starts = shown.schedule_words or "-"
+        if d.waiting_for:
+            starts += f"; when {d.waiting_for}"
         table.add_row(
-            d["dag_id"],
-            d["file"],
-            "yes" if d["paused"] else "no",
+            d.dag_id,
+            d.file,
+            "yes" if d.paused else "no",
             starts,
-            shown["next_run"] or "-",
+            shown.next_run or "-",
             last,
         )
     out.print(table)
@@ -94,7 +94,7 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
         errors.add_column("file")
         errors.add_column("error", overflow="fold")
         for b in broken:
-            errors.add_row(b["path"], b["parse_error"])
+            errors.add_row(b.path, b.parse_error)
         out.print(errors)
     return 0
 

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from executor.store import Store, open_store
-from executor.store.viewrows import AttentionRow, DeferredRow, RetryingRow, WaitingRow
+from executor.store.viewrows import AttentionRow, DeferredRow, HeldRow, RetryingRow, WaitingRow
 from triggers.base import SHARDS, clip
 
 from .options import db_opt
@@ -147,20 +147,21 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> St
             QueueShown(q.name, q.declared, q.workers, q.slots, q.ready, q.workers > 0)
             for q in await store.queues()
         ],
-        held_back=[
-            # Rows of Store.held_back_tasks (executor/store/pools.py), not yet typed there.
-            HeldBack(
-                run_id=r["run_id"],
-                task_id=r["task_id"],
-                map_index=r["map_index"],
-                state=r["state"],
-                pool=r["pool"],
-                queue=r["queue"],
-                waits_for=why,
-                for_seconds=round(max(0.0, now - (r["ready_at"] or now)), 3),
-            )
-            for r, why in await store.held_back_tasks(limit)
-        ],
+        held_back=[_held(HeldRow.of(r), why, now) for r, why in await store.held_back_tasks(limit)],
+    )
+
+
+def _held(r: HeldRow, why: str, now: float) -> HeldBack:
+    # Store.held_back_tasks (executor/store/pools.py) returns driver rows: typed here.
+    return HeldBack(
+        run_id=r.run_id,
+        task_id=r.task_id,
+        map_index=r.map_index,
+        state=r.state,
+        pool=r.pool,
+        queue=r.queue,
+        waits_for=why,
+        for_seconds=round(max(0.0, now - (r.ready_at or now)), 3),
     )
 
 

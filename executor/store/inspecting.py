@@ -10,18 +10,26 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from executor.rows import TaskRow
+from executor.states import TERMINAL
 from triggers.base import clip
 
-from .db import Database, Row
+from .db import Database
 from .viewrows import (
     AttentionRow,
+    BrokenFile,
+    DagRow,
     DeferredRow,
+    EventRow,
+    InstanceRow,
     MappedRow,
     RetryingRow,
     RunRow,
+    RunSquare,
     SensingRow,
     ShardLease,
     TriggererRow,
+    TriggerRow,
     WaitingCount,
     WaitingRow,
 )
@@ -34,30 +42,47 @@ RUNS_PER_DAG = 25
 PROGRESS_ROWS = 8
 
 
+# A page and its live JSON twin (slotless/web/pages.py) render one of these each, and
+# whether the page goes on refreshing (``live``) is decided here once for both.
+
+
 @dataclass(slots=True)
 class RunGraph:
-    run: Row
-    tasks: list[Row]  # one row per task (a mapped task's template row)
+    run: RunRow
+    tasks: list[TaskRow]  # one row per task (a mapped task's template row)
     mapped: dict[str, dict[str, int]]  # mapped task -> its instances by state
     edges: list[tuple[str, str]]  # (parent, child)
     waits: dict[str, str] = field(default_factory=dict)  # DEFERRED task -> what it waits for
 
+    @property
+    def live(self) -> bool:
+        return not self.run.finished
+
 
 @dataclass(slots=True)
 class TaskDetail:
-    row: Row
-    events: list[Row]
-    trigger: Row | None = None  # while DEFERRED
+    row: TaskRow
+    events: list[EventRow]
+    trigger: TriggerRow | None = None  # while DEFERRED
     waiters: int = 0  # tasks waiting on the same check, this one included
-    instances: list[Row] = field(default_factory=list)  # a mapped task's instances
+    instances: list[InstanceRow] = field(default_factory=list)  # a mapped task's instances
     instance_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return self.row.state not in TERMINAL
 
 
 @dataclass(slots=True)
 class DagsPage:
-    dags: list[Row]  # the catalogue's rows, by dag_id, as `catalogue_dags` reads them
-    runs: dict[str, list[Row]]  # dag_id -> its newest runs, oldest first
-    broken_files: list[Row]  # files whose last parse failed, with their error
+    dags: list[DagRow]  # by dag_id
+    runs: dict[str, list[RunSquare]]  # dag_id -> its newest runs, oldest first
+    broken_files: list[BrokenFile]  # files whose last parse failed, with their error
+
+    @property
+    def live(self) -> bool:
+        """A run of a catalogued DAG has not finished."""
+        return any(not r.finished for runs in self.runs.values() for r in runs)
 
 
 @dataclass(slots=True)
@@ -137,11 +162,11 @@ class InspectOps:
     async def dags_page(self, runs_per_dag: int = RUNS_PER_DAG) -> DagsPage:
         """Every catalogued DAG with its newest runs, and the files whose parse failed."""
         async with self.db.read() as tx:
-            dags = await tx.fetch("catalogue_dags")
-            runs: dict[str, list[Row]] = defaultdict(list)
-            for r in await tx.fetch("dags_page_runs", n=runs_per_dag):
-                runs[r["dag_id"]].append(r)
-            broken = await tx.fetch("catalogue_broken_files")
+            dags = DagRow.all(await tx.fetch("catalogue_dags"))
+            runs: dict[str, list[RunSquare]] = defaultdict(list)
+            for r in RunSquare.all(await tx.fetch("dags_page_runs", n=runs_per_dag)):
+                runs[r.dag_id].append(r)
+            broken = BrokenFile.all(await tx.fetch("catalogue_broken_files"))
         return DagsPage(dags, dict(runs), broken)
 
     async def run_graph(self, run_id: str) -> RunGraph | None:
@@ -149,7 +174,7 @@ class InspectOps:
             run = await tx.fetchone("run_info", run_id=run_id)
             if run is None:
                 return None
-            tasks = await tx.fetch("run_tasks", run_id=run_id)
+            tasks = TaskRow.all(await tx.fetch("run_tasks", run_id=run_id))
             mapped: dict[str, dict[str, int]] = defaultdict(dict)
             for r in await tx.fetch("mapped_counts", run_id=run_id):
                 mapped[r["task_id"]][r["state"]] = r["n"]
@@ -162,7 +187,7 @@ class InspectOps:
                 )
                 for r in await tx.fetch("ops_run_waits", run_id=run_id)
             }
-        return RunGraph(run, tasks, dict(mapped), edges, waits)
+        return RunGraph(RunRow.of(run), tasks, dict(mapped), edges, waits)
 
     async def run_progress(self, run_id: str, n: int = PROGRESS_ROWS) -> RunProgress | None:
         """What `slotless run` shows while the run goes: reads of this run's rows only."""
@@ -194,22 +219,28 @@ class InspectOps:
         self, run_id: str, task_id: str, map_index: int = -1
     ) -> TaskDetail | None:
         async with self.db.read() as tx:
-            row = await tx.fetchone("task_row", run_id=run_id, task_id=task_id, map_index=map_index)
-            if row is None:
+            found = await tx.fetchone(
+                "task_row", run_id=run_id, task_id=task_id, map_index=map_index
+            )
+            if found is None:
                 return None
-            detail = TaskDetail(row, await tx.fetch("task_events", task_row=row["id"]))
-            if row["state"] == "DEFERRED" and row["trigger_id"] is not None:
-                detail.trigger = await tx.fetchone("ops_trigger", id=row["trigger_id"])
-                if detail.trigger is not None:
+            row = TaskRow.of(found)
+            detail = TaskDetail(row, EventRow.all(await tx.fetch("task_events", task_row=row.id)))
+            if row.state == "DEFERRED" and row.trigger_id is not None:
+                trigger = await tx.fetchone("ops_trigger", id=row.trigger_id)
+                if trigger is not None:
+                    detail.trigger = TriggerRow.of(trigger)
                     waiters = await tx.fetchone(
                         "ops_check_waiters",
-                        poke_hash=detail.trigger["poke_hash"],
-                        shard=detail.trigger["shard"],
+                        poke_hash=detail.trigger.poke_hash,
+                        shard=detail.trigger.shard,
                     )
                     detail.waiters = waiters["n"] if waiters else 0
-            if map_index < 0 and row["map_total"] is not None:
-                detail.instances = await tx.fetch(
-                    "ops_task_instances", run_id=run_id, task_id=task_id, n=INSTANCES_SHOWN
+            if map_index < 0 and row.map_total is not None:
+                detail.instances = InstanceRow.all(
+                    await tx.fetch(
+                        "ops_task_instances", run_id=run_id, task_id=task_id, n=INSTANCES_SHOWN
+                    )
                 )
                 for r in await tx.fetch("mapped_counts", run_id=run_id):
                     if r["task_id"] == task_id:

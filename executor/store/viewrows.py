@@ -153,3 +153,109 @@ class MappedRow(_FromRow):
     map_total: int | None  # None: not expanded yet
     n_done: int
     n_failed: int
+
+
+@_typed
+@dataclass(frozen=True, slots=True)
+class EventRow(_FromRow):
+    """``task_events``: one entry of a task's log (``task_event``)."""
+
+    id: int
+    ts: float
+    kind: str  # transition, log, check, error
+    from_state: str | None
+    to_state: str | None
+    attempt: int | None
+    message: str
+
+
+@_typed
+@dataclass(frozen=True, slots=True)
+class TriggerRow(_FromRow):
+    """``ops_trigger``: a DEFERRED task's trigger, with the lease of its shard."""
+
+    id: int
+    classpath: str
+    kwargs: str  # JSON
+    poke_hash: str
+    shard: int
+    created_at: float
+    description: str | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+
+    def checked(self, now: float) -> bool:
+        """A live triggerer holds its shard's lease."""
+        return self.lease_owner is not None and (self.lease_expires_at or 0) >= now
+
+
+@_typed
+@dataclass(frozen=True, slots=True)
+class InstanceRow(_FromRow):
+    """``ops_task_instances``: one instance of a mapped task."""
+
+    id: int
+    map_index: int
+    state: str
+    attempt: int
+    updated_at: float
+
+
+@_typed
+@dataclass(frozen=True, slots=True)
+class DagRow(_FromRow):
+    """``catalogue_dags``: a catalogued DAG with its newest run's state and its start
+    waits (``armed_*``: the schedule's wait the triggerer holds; ``waiting_for``: the
+    start condition's)."""
+
+    dag_id: str
+    file: str
+    schedule: str | None
+    timezone: str
+    paused: int
+    next_logical_date: str | None
+    parse_error: str | None
+    start_error: str | None
+    last_run_state: str | None  # None: it never ran
+    armed_logical_date: str | None
+    armed_due: str | None
+    waiting_for: str | None
+
+
+@_typed
+@dataclass(frozen=True, slots=True)
+class RunSquare(_FromRow):
+    """``dags_page_runs``: one of a DAG's newest runs, a square on the DAGs page."""
+
+    dag_id: str
+    run_id: str
+    logical_date: str
+    state: str
+    created_at: float
+
+    @property
+    def finished(self) -> bool:
+        return self.state in RUN_TERMINAL
+
+
+@_typed
+@dataclass(frozen=True, slots=True)
+class BrokenFile(_FromRow):
+    """``catalogue_broken_files``: a DAG file whose last parse failed."""
+
+    path: str
+    parse_error: str
+
+
+@_typed
+@dataclass(frozen=True, slots=True)
+class HeldRow(_FromRow):
+    """``ops_held_back``: a ready task in a limited pool or a queue other than default."""
+
+    run_id: str
+    task_id: str
+    map_index: int
+    state: str
+    ready_at: float | None
+    pool: str
+    queue: str

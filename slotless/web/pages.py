@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from executor.states import RUN_TERMINAL, TERMINAL
-from executor.store import Row
+from executor.rows import TaskRow
+from executor.states import RUN_TERMINAL
 from executor.store.inspecting import INSTANCES_SHOWN, RUNS_PER_DAG, DagsPage, RunGraph, TaskDetail
+from executor.store.viewrows import EventRow, RunRow, RunSquare
 from triggers.base import clip
 
 from ..schedule_shown import schedule_shown
@@ -122,14 +124,15 @@ def bar_text(counts: dict[str, int]) -> str:
     return text or "no tasks"
 
 
-def live_bar(key: str, counts: dict[str, int]) -> dict[str, Any]:
+def live_bar(key: str, counts: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A state bar's changes: (its ``els``, its ``lists``)."""
     total = sum(counts.values()) or 1
     segs = [
         {"cls": f"st-{s}", "width": f"{100 * counts[s] / total:.2f}%", "title": f"{counts[s]} {s}"}
         for s in ALL_STATES
         if counts.get(s)
     ]
-    return {"lists": {f"bar:{key}": segs}, "els": {f"bartext:{key}": {"text": bar_text(counts)}}}
+    return {f"bartext:{key}": {"text": bar_text(counts)}}, {f"bar:{key}": segs}
 
 
 def legend() -> str:
@@ -237,8 +240,8 @@ def dags_page(data: DagsPage, w: Writes | None = None) -> tuple[str, bool]:
     if data.broken_files:
         n = len(data.broken_files)
         items = "".join(
-            f'<li><span class="mono">{escape(b["path"])}</span>'
-            f'<div class="mono err">{escape(b["parse_error"])}</div></li>'
+            f'<li><span class="mono">{escape(b.path)}</span>'
+            f'<div class="mono err">{escape(b.parse_error)}</div></li>'
             for b in data.broken_files
         )
         parts.append(
@@ -257,54 +260,52 @@ def dags_page(data: DagsPage, w: Writes | None = None) -> tuple[str, bool]:
         + "</div>"
     )
     rows = []
-    live = False
     for d in data.dags:
-        runs = data.runs.get(d["dag_id"], [])
-        live = live or any(r["state"] not in RUN_TERMINAL for r in runs)
+        runs = data.runs.get(d.dag_id, [])
         shown = schedule_shown(d)
         dag = (
-            f'<span class="dag-id">{escape(d["dag_id"])}</span>'
-            f'<div class="muted mono">{escape(d["file"])}</div>'
+            f'<span class="dag-id">{escape(d.dag_id)}</span>'
+            f'<div class="muted mono">{escape(d.file)}</div>'
         )
-        if d["parse_error"]:
-            dag += f'<div class="mono err">file broken: {escape(d["parse_error"])}</div>'
-        if d["schedule"] is None and d["waiting_for"] is None:
+        if d.parse_error:
+            dag += f'<div class="mono err">file broken: {escape(d.parse_error)}</div>'
+        if d.schedule is None and d.waiting_for is None:
             sched = '<span class="muted">none: started by hand</span>'
-        elif d["schedule"] is None:
+        elif d.schedule is None:
             sched = ""
         else:
             sched = (
-                f"{escape(shown['schedule_words'] or '')}"
-                f'<div class="mono muted">{escape(d["schedule"])}</div>'
+                f"{escape(shown.schedule_words or '')}"
+                f'<div class="mono muted">{escape(d.schedule)}</div>'
             )
-        if d["waiting_for"] is not None:
-            what = escape(d["waiting_for"])
+        if d.waiting_for is not None:
+            what = escape(d.waiting_for)
             sched += f'<div class="when">when <span class="mono">{what}</span></div>'
-        if d["start_error"]:
-            sched += f'<div class="mono err">cannot start: {escape(d["start_error"])}</div>'
-        dag_id = d["dag_id"]
+        if d.start_error:
+            sched += f'<div class="mono err">cannot start: {escape(d.start_error)}</div>'
+        dag_id = d.dag_id
         k = escape(dag_id)
         paused = (
             f'<span class="paused" data-k="paused:{k}">paused</span>'
-            if d["paused"]
+            if d.paused
             else f'<span class="active" data-k="paused:{k}">active</span>'
         )
         paused += action_form(
-            w, "unpause" if d["paused"] else "pause", {"dag_id": dag_id},
-            "unpause" if d["paused"] else "pause",
+            w, "unpause" if d.paused else "pause", {"dag_id": dag_id},
+            "unpause" if d.paused else "pause",
         )  # fmt: skip
         grid = (
             f'<div class="grid" data-k="runs:{k}">'
             + (
-                "".join(square(r["state"], r) for r in runs)
+                "".join(square(r.state, r) for r in runs)
                 or '<span class="empty">no runs yet</span>'
             )
             + "</div>"
         )
-        broken = ' class="broken"' if d["parse_error"] else ""
+        broken = ' class="broken"' if d.parse_error else ""
         rows.append(
             f'<tr data-dag="{k}"{broken}>'
-            f"<td>{dag}</td><td>{sched}</td><td>{escape(shown['next_run'] or '-')}</td>"
+            f"<td>{dag}</td><td>{sched}</td><td>{escape(shown.next_run or '-')}</td>"
             f"<td>{paused}</td><td>{grid}</td>{_trigger_cell(w, dag_id)}</tr>"
         )
     titles = ["DAG", "schedule", "next run", "state", f"last {RUNS_PER_DAG} runs, oldest first"]
@@ -314,7 +315,7 @@ def dags_page(data: DagsPage, w: Writes | None = None) -> tuple[str, bool]:
     parts.append(
         f'<table class="dags"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
     )
-    return "".join(parts), live
+    return "".join(parts), data.live
 
 
 def _trigger_cell(w: Writes | None, dag_id: str) -> str:
@@ -340,34 +341,32 @@ def live_dags(data: DagsPage) -> dict[str, Any]:
     """The DAGs page's changes: each DAG's paused state and its squares."""
     els: dict[str, Any] = {}
     lists: dict[str, Any] = {}
-    live = False
     for d in data.dags:
-        runs = data.runs.get(d["dag_id"], [])
-        live = live or any(r["state"] not in RUN_TERMINAL for r in runs)
-        word = "paused" if d["paused"] else "active"
-        els[f"paused:{d['dag_id']}"] = {"cls": word, "text": word}
-        lists[f"runs:{d['dag_id']}"] = [
+        runs = data.runs.get(d.dag_id, [])
+        word = "paused" if d.paused else "active"
+        els[f"paused:{d.dag_id}"] = {"cls": word, "text": word}
+        lists[f"runs:{d.dag_id}"] = [
             {
-                "cls": f"sq st-{r['state']}",
-                "state": r["state"],
-                "text": RUN_MARK.get(r["state"], "?"),
-                "title": f"{r['logical_date']} \u00b7 {r['state']}",
-                "href": run_href(r["run_id"]),
+                "cls": f"sq st-{r.state}",
+                "state": r.state,
+                "text": RUN_MARK.get(r.state, "?"),
+                "title": f"{r.logical_date} \u00b7 {r.state}",
+                "href": run_href(r.run_id),
             }
             for r in runs
         ]
-    return {"live": live, "els": els, "lists": lists}
+    return {"live": data.live, "els": els, "lists": lists}
 
 
-def square(state: str, run: Row | None = None) -> str:
+def square(state: str, run: RunSquare | None = None) -> str:
     """A run as a square coloured by its state, linking to the run; without a run, the
     legend's square."""
     mark = RUN_MARK.get(state, "?")
     if run is None:
         return f'<span class="sq st-{escape(state)}">{mark}</span>'
-    title = f"{run['logical_date']} \u00b7 {state}"
+    title = f"{run.logical_date} \u00b7 {state}"
     return (
-        f'<a class="sq st-{escape(state)}" href="{run_href(run["run_id"])}" '
+        f'<a class="sq st-{escape(state)}" href="{run_href(run.run_id)}" '
         f'title="{escape(title)}" data-state="{escape(state)}">{mark}</a>'
     )
 
@@ -449,9 +448,9 @@ def live_index(data: StatusView) -> dict[str, Any]:
         rid = r.run_id
         els[f"run:{rid}"] = live_badge(r.state)
         els[f"dur:{rid}"] = {"text": human_seconds(r.took(data.now))}
-        bar = live_bar(rid, r.tasks)
-        els |= bar["els"]
-        lists |= bar["lists"]
+        bar_els, bar_lists = live_bar(rid, r.tasks)
+        els |= bar_els
+        lists |= bar_lists
     for pool in data.pools:
         els[f"pool:{pool.name}"] = {"text": pool.used_text}
         els[f"pool-ready:{pool.name}"] = {"text": str(pool.ready)}
@@ -576,16 +575,16 @@ def _triggerers_section(triggerers: list[TriggererShown]) -> str:
 # -- a run -----------------------------------------------------------------------------
 
 
-def attention_note(run: Any) -> str:
+def attention_note(run: RunRow) -> str:
     """What a person must know about a run: paused (and why), or past its deadline."""
     notes = []
-    if run["state"] == "PAUSED":
-        why = run["state_reason"] or "paused"
+    if run.state == "PAUSED":
+        why = run.state_reason or "paused"
         notes.append(f"needs attention: {escape(why)}")
-    if run["deadline_missed_at"] and run["state"] not in RUN_TERMINAL:
-        notes.append(f"missed its deadline ({when(run['deadline_at'])})")
-    elif run["state_reason"] and run["state"] in ("FAILED", "CANCELLED"):
-        notes.append(escape(run["state_reason"]))
+    if run.deadline_missed_at and run.state not in RUN_TERMINAL:
+        notes.append(f"missed its deadline ({when(run.deadline_at)})")
+    elif run.state_reason and run.state in ("FAILED", "CANCELLED"):
+        notes.append(escape(run.state_reason))
     if not notes:
         return ""
     return f'<div class="attention" role="alert">{"; ".join(notes)}</div>'
@@ -593,26 +592,26 @@ def attention_note(run: Any) -> str:
 
 def run_page(g: RunGraph, now: float, w: Writes | None = None) -> tuple[str, bool]:
     run = g.run
-    run_id = run["run_id"]
-    end = run["ended_at"] or now
+    run_id = run.run_id
+    end = run.ended_at or now
     actions = ""
-    if run["state"] not in RUN_TERMINAL:
+    if run.state not in RUN_TERMINAL:
         actions += action_form(w, "cancel", {"run_id": run_id}, "cancel run")
-    if run["state"] == "FAILED":
+    if run.state == "FAILED":
         actions += action_form(w, "retry", {"run_id": run_id}, "retry failed tasks")
-    if run["state"] == "PAUSED":
+    if run.state == "PAUSED":
         actions += action_form(w, "resume", {"run_id": run_id}, "resume (rerun failed tasks)")
     parts = [
         '<div class="crumbs"><a href="/">runs</a> &rsaquo;</div>',
-        f"<h1>{escape(run_id)} {badge(run['state'], 'runstate')}</h1>",
+        f"<h1>{escape(run_id)} {badge(run.state, 'runstate')}</h1>",
         attention_note(run),
         f'<div class="actions">{actions}</div>' if actions else "",
         '<div class="meta">',
-        f"<span><b>DAG</b>{escape(run['dag_id'])}</span>",
-        f"<span><b>logical date</b>{escape(run['logical_date'])}</span>",
-        f"<span><b>started</b>{when(run['created_at'])}</span>",
-        f"<span><b>{'ran' if run['ended_at'] else 'running for'}</b>"
-        f"{human_seconds(end - run['created_at'])}</span>",
+        f"<span><b>DAG</b>{escape(run.dag_id)}</span>",
+        f"<span><b>logical date</b>{escape(run.logical_date)}</span>",
+        f"<span><b>started</b>{when(run.created_at)}</span>",
+        f"<span><b>{'ran' if run.ended_at else 'running for'}</b>"
+        f"{human_seconds(end - run.created_at)}</span>",
         "</div>",
         legend(),
         '<div class="graph">',
@@ -628,20 +627,20 @@ def run_page(g: RunGraph, now: float, w: Writes | None = None) -> tuple[str, boo
     ]
     rows = []
     for t in g.tasks:
-        tid = t["task_id"]
+        tid = t.task_id
         counts = g.mapped.get(tid)
         detail = ""
-        if counts is not None or t["map_total"] is not None:
+        if counts is not None or t.map_total is not None:
             detail = state_bar(counts or {}, f"task:{tid}")
         elif tid in g.waits:
             detail = f'waits for <span class="mono">{escape(g.waits[tid])}</span>'
-        started, took = t["started_at"], _took(t, now)
+        started, took = t.started_at, _took(t, now)
         k = escape(tid)
         rows.append(
             [
                 f'<a href="{task_href(run_id, tid)}">{k}</a>',
-                badge(t["state"], f"tstate:{tid}"),
-                f'<span data-k="tatt:{k}">{t["attempt"]} / {t["max_attempts"]}</span>',
+                badge(t.state, f"tstate:{tid}"),
+                f'<span data-k="tatt:{k}">{t.attempt} / {t.max_attempts}</span>',
                 f'<span data-k="tstart:{k}">{when(started)}</span>',
                 f'<span data-k="ttook:{k}">{took}</span>',
                 detail,
@@ -650,12 +649,12 @@ def run_page(g: RunGraph, now: float, w: Writes | None = None) -> tuple[str, boo
     parts.append(
         table(["task", "state", "attempt", "started", "duration", "detail"], rows, "tasks")
     )
-    return "".join(parts), run["state"] not in RUN_TERMINAL
+    return "".join(parts), g.live
 
 
-def _took(t: Row, now: float) -> str:
-    waiting_since = t["wait_started_at"] if t["state"] in ("DEFERRED", "SENSING") else None
-    started, ended = t["started_at"], t["ended_at"]
+def _took(t: TaskRow, now: float) -> str:
+    waiting_since = t.wait_started_at if t.state in ("DEFERRED", "SENSING") else None
+    started, ended = t.started_at, t.ended_at
     if waiting_since:
         return f"waiting {human_seconds(now - waiting_since)}"
     return human_seconds((ended or now) - started) if started else "-"
@@ -663,57 +662,72 @@ def _took(t: Row, now: float) -> str:
 
 def live_run(g: RunGraph, now: float) -> dict[str, Any]:
     """A run's changes: its state, and each task's box, state, attempt and duration."""
-    els: dict[str, Any] = {"runstate": live_badge(g.run["state"])}
+    els: dict[str, Any] = {"runstate": live_badge(g.run.state)}
     lists: dict[str, Any] = {}
     for t in g.tasks:
-        tid, state = t["task_id"], t["state"]
+        tid, state = t.task_id, t.state
         els[f"box:{tid}"] = {"state": state}
         els[f"tstate:{tid}"] = live_badge(state)
-        els[f"tatt:{tid}"] = {"text": f"{t['attempt']} / {t['max_attempts']}"}
-        els[f"tstart:{tid}"] = {"text": when(t["started_at"])}
+        els[f"tatt:{tid}"] = {"text": f"{t.attempt} / {t.max_attempts}"}
+        els[f"tstart:{tid}"] = {"text": when(t.started_at)}
         els[f"ttook:{tid}"] = {"text": _took(t, now)}
         counts = g.mapped.get(tid)
-        if counts is not None or t["map_total"] is not None:
-            bar = live_bar(f"task:{tid}", counts or {})
-            els |= bar["els"]
-            lists |= bar["lists"]
+        if counts is not None or t.map_total is not None:
+            bar_els, bar_lists = live_bar(f"task:{tid}", counts or {})
+            els |= bar_els
+            lists |= bar_lists
         else:
             els[f"sub:{tid}"] = {"text": graph.box_sub(t)}
-    return {"live": g.run["state"] not in RUN_TERMINAL, "els": els, "lists": lists}
+    return {"live": g.live, "els": els, "lists": lists}
 
 
 # -- a task ----------------------------------------------------------------------------
 
 
-def turns(events: Iterable[Row]) -> list[dict[str, Any]]:
+@dataclass(slots=True)
+class Stay:
+    """A stretch of a task's attempt in a slot (RUNNING) or in the triggerer (DEFERRED):
+    open (``ended`` None) until the transition out of it is read."""
+
+    what: str
+    state: str
+    attempt: int | None
+    started: float
+    ended: float | None = None
+    outcome: str | None = None  # the state it left for
+    message: str = ""
+
+    def took(self, now: float) -> float:
+        return (self.ended or now) - self.started
+
+
+def turns(events: Iterable[EventRow]) -> list[Stay]:
     """Stays in a slot (RUNNING) and in the triggerer (DEFERRED), from the transitions."""
-    out: list[dict[str, Any]] = []
-    open_: dict[str, dict[str, Any]] = {}
+    out: list[Stay] = []
+    open_: dict[str, Stay] = {}
     for e in events:
-        if e["kind"] != "transition":
+        if e.kind != "transition":
             continue
-        if e["from_state"] in open_:
-            stay = open_.pop(e["from_state"])
-            stay.update(ended=e["ts"], outcome=e["to_state"], message=e["message"])
-        if e["to_state"] in ("RUNNING", "DEFERRED"):
-            stay = {
-                "what": "in a slot" if e["to_state"] == "RUNNING" else "waiting (deferred)",
-                "state": e["to_state"],
-                "attempt": e["attempt"],
-                "started": e["ts"],
-                "ended": None,
-                "outcome": None,
-                "message": e["message"] if e["to_state"] == "DEFERRED" else "",
-            }
-            open_[e["to_state"]] = stay
+        if e.from_state is not None and e.from_state in open_:
+            stay = open_.pop(e.from_state)
+            stay.ended, stay.outcome, stay.message = e.ts, e.to_state, e.message
+        if e.to_state in ("RUNNING", "DEFERRED"):
+            stay = Stay(
+                what="in a slot" if e.to_state == "RUNNING" else "waiting (deferred)",
+                state=e.to_state,
+                attempt=e.attempt,
+                started=e.ts,
+                message=e.message if e.to_state == "DEFERRED" else "",
+            )
+            open_[e.to_state] = stay
             out.append(stay)
     return out
 
 
 def task_page(d: TaskDetail, now: float, w: Writes | None = None) -> tuple[str, bool]:
     row = d.row
-    run_id, task_id, idx = row["run_id"], row["task_id"], row["map_index"]
-    state = row["state"]
+    run_id, task_id, idx = row.run_id, row.task_id, row.map_index
+    state = row.state
     actions = ""
     if idx < 0:  # a mapped task's instances are cleared with their task
         ids = {"run_id": run_id, "task_id": task_id}
@@ -737,29 +751,28 @@ def task_page(d: TaskDetail, now: float, w: Writes | None = None) -> tuple[str, 
         f"<h1>{escape(task_name(task_id, idx))} {badge(state, 'state')}</h1>",
         f'<div class="actions">{actions}</div>' if actions else "",
         '<div class="meta">',
-        f'<span><b>attempt</b><span data-k="attempt">{row["attempt"]} of {row["max_attempts"]}'
+        f'<span><b>attempt</b><span data-k="attempt">{row.attempt} of {row.max_attempts}'
         "</span></span>",
-        f"<span><b>trigger rule</b>{escape(row['trigger_rule'])}</span>",
-        f"<span><b>started</b>{when(row['started_at'])}</span>",
-        f'<span><b>ended</b><span data-k="ended">{when(row["ended_at"])}</span></span>',
-        f"<span><b>last change</b>{when(row['updated_at'])}</span>",
+        f"<span><b>trigger rule</b>{escape(row.trigger_rule)}</span>",
+        f"<span><b>started</b>{when(row.started_at)}</span>",
+        f'<span><b>ended</b><span data-k="ended">{when(row.ended_at)}</span></span>',
+        f"<span><b>last change</b>{when(row.updated_at)}</span>",
         "</div>",
     ]
     parts.append(_waiting_panel(d, now))
-    if d.instance_counts or row["map_total"] is not None:
+    if d.instance_counts or row.map_total is not None:
         parts.append(_instances(d))
     stays = turns(d.events)
     parts.append("<h2>Attempts</h2>")
     if stays:
         rows = [
             [
-                str(s["attempt"]),
-                escape(s["what"]),
-                when(s["started"]),
-                human_seconds((s["ended"] or now) - s["started"])
-                + ("" if s["ended"] else " so far"),
-                badge(s["outcome"]) if s["outcome"] else '<span class="muted">now</span>',
-                f'<span class="mono">{escape(s["message"])}</span>',
+                str(s.attempt),
+                escape(s.what),
+                when(s.started),
+                human_seconds(s.took(now)) + ("" if s.ended else " so far"),
+                badge(s.outcome) if s.outcome else '<span class="muted">now</span>',
+                f'<span class="mono">{escape(s.message)}</span>',
             ]
             for s in stays
         ]
@@ -775,13 +788,13 @@ def task_page(d: TaskDetail, now: float, w: Writes | None = None) -> tuple[str, 
         f'<pre class="mono output" data-k="output"{hidden}>{escape(text or "")}</pre>'
     )
     parts.append(_log(d.events))
-    return "".join(parts), state not in TERMINAL
+    return "".join(parts), d.live
 
 
 def _output(d: TaskDetail) -> str | None:
     """What a succeeded task returned, as stored (JSON text), cut at 4,000 characters."""
-    text = d.row["output"]
-    if text is None or d.row["state"] != "SUCCESS":
+    text = d.row.output
+    if text is None or d.row.state != "SUCCESS":
         return None
     return text if len(text) <= 4000 else text[:4000] + " \u2026"
 
@@ -790,49 +803,49 @@ def live_task(d: TaskDetail) -> dict[str, Any]:
     """A task's changes: its state, attempt, end, output; new log entries ask for a reload."""
     row = d.row
     els: dict[str, Any] = {
-        "state": live_badge(row["state"]),
-        "attempt": {"text": f"{row['attempt']} of {row['max_attempts']}"},
-        "ended": {"text": when(row["ended_at"])},
+        "state": live_badge(row.state),
+        "attempt": {"text": f"{row.attempt} of {row.max_attempts}"},
+        "ended": {"text": when(row.ended_at)},
         "logn": {"text": _log_title(d.events), "stale": "new log entries:"},
     }
     text = _output(d)
     if text is not None:
         els["output"] = {"text": text, "hidden": False}
         els["output-h"] = {"hidden": False}
-    return {"live": row["state"] not in TERMINAL, "els": els}
+    return {"live": d.live, "els": els}
 
 
 def _waiting_panel(d: TaskDetail, now: float) -> str:
     row = d.row
-    state = row["state"]
+    state = row.state
     if state not in ("DEFERRED", "SENSING", "RETRYING"):
         return ""
     items: list[tuple[str, str]] = []
     if state == "RETRYING":
         last = next(
-            (e for e in reversed(d.events) if e["to_state"] == "RETRYING"),
+            (e for e in reversed(d.events) if e.to_state == "RETRYING"),
             None,
         )
-        first = next((e for e in d.events if e["to_state"] == "RETRYING"), None)
+        first = next((e for e in d.events if e.to_state == "RETRYING"), None)
         title = "Retrying"
-        items.append(("next attempt", f"{row['attempt']} of {row['max_attempts']}"))
-        items.append(("due in", human_seconds((row["ready_at"] or now) - now)))
+        items.append(("next attempt", f"{row.attempt} of {row.max_attempts}"))
+        items.append(("due in", human_seconds((row.ready_at or now) - now)))
         if first is not None:
-            items.append(("retrying for", human_seconds(now - first["ts"])))
+            items.append(("retrying for", human_seconds(now - first.ts)))
         if last is not None:
-            items.append(("last failure", f'<span class="mono">{escape(last["message"])}</span>'))
+            items.append(("last failure", f'<span class="mono">{escape(last.message)}</span>'))
     else:
-        since = row["wait_started_at"] or row["updated_at"]
+        since = row.wait_started_at or row.updated_at
         title = "Waiting in the triggerer" if state == "DEFERRED" else "Sensing (reschedule mode)"
         items.append(("waiting for", human_seconds(now - since)))
-        if row["wait_timeout_at"]:
-            span = row["wait_timeout_at"] - since
+        if row.wait_timeout_at:
+            span = row.wait_timeout_at - since
             used = (now - since) / span if span > 0 else 1.0
             used_html = f"{used:.0%}"
             if used >= 0.8:
                 used_html = f'<span class="warn">{used_html}</span>'
             items.append(
-                ("gives up at", f"{when(row['wait_timeout_at'])} ({used_html} of its timeout used)")
+                ("gives up at", f"{when(row.wait_timeout_at)} ({used_html} of its timeout used)")
             )
         if state == "DEFERRED":
             g = d.trigger
@@ -842,15 +855,15 @@ def _waiting_panel(d: TaskDetail, now: float) -> str:
                 items.append(
                     (
                         "waits for",
-                        f'<span class="mono">{escape(clip(g["description"] or ""))}</span>',
+                        f'<span class="mono">{escape(clip(g.description or ""))}</span>',
                     )
                 )
-                items.append(("trigger", f'<span class="mono">{escape(g["classpath"])}</span>'))
-                kwargs = g["kwargs"]
+                items.append(("trigger", f'<span class="mono">{escape(g.classpath)}</span>'))
+                kwargs = g.kwargs
                 with contextlib.suppress(ValueError):
                     kwargs = json.dumps(json.loads(kwargs), indent=1, sort_keys=True)
                 items.append(("kwargs", f'<pre class="mono">{escape(kwargs)}</pre>'))
-                items.append(("poke hash", f'<span class="mono">{escape(g["poke_hash"])}</span>'))
+                items.append(("poke hash", f'<span class="mono">{escape(g.poke_hash)}</span>'))
                 others = max(0, d.waiters - 1)
                 items.append(
                     (
@@ -859,29 +872,28 @@ def _waiting_panel(d: TaskDetail, now: float) -> str:
                         f"{'' if others != 1 else 's'} on the same check",
                     )
                 )
-                live = g["lease_owner"] is not None and (g["lease_expires_at"] or 0) >= now
                 owner = (
-                    f'<span class="mono">{escape(g["lease_owner"])}</span>'
-                    if live
+                    f'<span class="mono">{escape(g.lease_owner or "")}</span>'
+                    if g.checked(now)
                     else '<span class="warn">no live triggerer holds this shard</span>'
                 )
-                items.append(("shard", f"{g['shard']}, checked by {owner}"))
+                items.append(("shard", f"{g.shard}, checked by {owner}"))
             items.append(
                 (
                     "when it fires",
-                    f"resumes at <span class='mono'>{escape(row['next_method'])}</span>"
-                    if row["next_method"]
+                    f"resumes at <span class='mono'>{escape(row.next_method)}</span>"
+                    if row.next_method
                     else "the sensor succeeds (no worker needed)",
                 )
             )
         else:
             last = next(
-                (e for e in reversed(d.events) if e["to_state"] == "SENSING"),
+                (e for e in reversed(d.events) if e.to_state == "SENSING"),
                 None,
             )
             if last is not None:
-                items.append(("last check", f'<span class="mono">{escape(last["message"])}</span>'))
-            items.append(("next check in", human_seconds((row["ready_at"] or now) - now)))
+                items.append(("last check", f'<span class="mono">{escape(last.message)}</span>'))
+            items.append(("next check in", human_seconds((row.ready_at or now) - now)))
     body = "".join(f"<dt>{escape(k)}</dt><dd>{v}</dd>" for k, v in items)
     return f'<div class="panel st-{state}"><h2>{badge(state)} {title}</h2><dl>{body}</dl></div>'
 
@@ -892,11 +904,11 @@ def _instances(d: TaskDetail) -> str:
     parts = [f"<h2>Mapped instances ({total})</h2>", state_bar(d.instance_counts)]
     rows = [
         [
-            f'<a href="{task_href(row["run_id"], row["task_id"], i["map_index"])}">'
-            f"{escape(task_name(row['task_id'], i['map_index']))}</a>",
-            badge(i["state"]),
-            str(i["attempt"]),
-            when(i["updated_at"]),
+            f'<a href="{task_href(row.run_id, row.task_id, i.map_index)}">'
+            f"{escape(task_name(row.task_id, i.map_index))}</a>",
+            badge(i.state),
+            str(i.attempt),
+            when(i.updated_at),
         ]
         for i in d.instances
     ]
@@ -907,29 +919,29 @@ def _instances(d: TaskDetail) -> str:
     return "".join(parts)
 
 
-def _log_title(events: list[Row]) -> str:
+def _log_title(events: list[EventRow]) -> str:
     return f"Log ({len(events)} entries)" if events else "Log"
 
 
-def _log(events: list[Row]) -> str:
+def _log(events: list[EventRow]) -> str:
     if not events:
         return '<h2 data-k="logn">Log</h2><p class="empty">No entries.</p>'
     rows = []
     for e in events:
-        kind = e["kind"]
+        kind = e.kind
         if kind == "transition":
             msg = (
-                f"{badge(e['from_state'] or '?')} &rarr; {badge(e['to_state'] or '?')} "
-                f"{escape(e['message'])}"
+                f"{badge(e.from_state or '?')} &rarr; {badge(e.to_state or '?')} "
+                f"{escape(e.message)}"
             )
         elif kind == "error":
-            msg = f'<pre class="tb">{escape(e["message"])}</pre>'
+            msg = f'<pre class="tb">{escape(e.message)}</pre>'
         else:
-            msg = escape(e["message"])
+            msg = escape(e.message)
         rows.append(
-            f'<tr class="k-{escape(kind)}"><td class="mono">{when(e["ts"])}'
-            f'.{int((e["ts"] % 1) * 1000):03d}</td><td class="num">'
-            f"{'' if e['attempt'] is None else e['attempt']}</td>"
+            f'<tr class="k-{escape(kind)}"><td class="mono">{when(e.ts)}'
+            f'.{int((e.ts % 1) * 1000):03d}</td><td class="num">'
+            f"{'' if e.attempt is None else e.attempt}</td>"
             f'<td>{escape(kind)}</td><td class="msg">{msg}</td></tr>'
         )
     return (

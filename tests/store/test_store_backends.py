@@ -644,31 +644,31 @@ async def test_the_dags_page_reads_each_dags_newest_runs_and_the_broken_files(
     await store.create_run(etl_dag(), DAY, run_id="etl-1")
 
     page = await store.dags_page()
-    assert [d["dag_id"] for d in page.dags] == ["idle", "nightly"]
-    assert page.dags[1]["schedule"] == "0 6 * * *" and page.dags[1]["last_run_state"] == "RUNNING"
+    assert [d.dag_id for d in page.dags] == ["idle", "nightly"]
+    assert page.dags[1].schedule == "0 6 * * *" and page.dags[1].last_run_state == "RUNNING"
     assert set(page.runs) == {"nightly"}  # idle never ran; etl is not catalogued
     shown = page.runs["nightly"]
     # The newest 25, oldest first: the two that ended are older than those.
-    assert [r["run_id"] for r in shown] == [f"nightly-{d:02d}" for d in range(2, 27)]
-    assert {r["state"] for r in shown} == {"RUNNING"}
-    assert shown[-1]["logical_date"] == (DAY + timedelta(days=26)).isoformat()
+    assert [r.run_id for r in shown] == [f"nightly-{d:02d}" for d in range(2, 27)]
+    assert {r.state for r in shown} == {"RUNNING"}
+    assert shown[-1].logical_date == (DAY + timedelta(days=26)).isoformat()
     every = await store.dags_page(runs_per_dag=27)
-    assert [r["state"] for r in every.runs["nightly"][:3]] == ["SUCCESS", "FAILED", "RUNNING"]
+    assert [r.state for r in every.runs["nightly"][:3]] == ["SUCCESS", "FAILED", "RUNNING"]
     [broken] = page.broken_files
-    assert (broken["path"], broken["parse_error"]) == (
+    assert (broken.path, broken.parse_error) == (
         "/dags/broken.py",
         "cannot import: SyntaxError (line 1)",
     )
 
     # Squares go by logical date: a run of an old date (a backfill) lands on the left.
     await store.create_run(nightly, DAY - timedelta(days=1), run_id="backfilled")
-    assert (await store.dags_page(runs_per_dag=28)).runs["nightly"][0]["run_id"] == "backfilled"
+    assert (await store.dags_page(runs_per_dag=28)).runs["nightly"][0].run_id == "backfilled"
     # Runs of one date created in the same instant are ordered by run_id, on both backends.
     clock.advance(1)
     for run_id in ("same-b", "same-a"):
         await store.create_run(nightly, DAY + timedelta(days=26), run_id=run_id)
     tail = (await store.dags_page(runs_per_dag=3)).runs["nightly"]
-    assert [r["run_id"] for r in tail] == ["nightly-26", "same-a", "same-b"]
+    assert [r.run_id for r in tail] == ["nightly-26", "same-a", "same-b"]
 
 
 # ------------------------------------------------------------------------------ misc
