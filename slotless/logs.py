@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from executor.store import open_store
+from executor.store.viewrows import EventRow
 
 from .options import db_opt
 
@@ -33,11 +34,11 @@ async def cmd_logs(args: argparse.Namespace) -> int:
     if events is None:
         print(f"slotless: error: no task {args.task_id!r} in run {args.run_id!r}", file=sys.stderr)
         return 2
-    for e in events:
-        ts = datetime.fromtimestamp(e["ts"]).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-        if e["kind"] == "transition":
-            line = f"{e['from_state']} -> {e['to_state']}: {e['message']}"
+    for e in EventRow.all(events):
+        ts = datetime.fromtimestamp(e.ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        if e.kind == "transition":
+            line = f"{e.from_state} -> {e.to_state}: {e.message}"
         else:
-            line = e["message"]
-        print(f"{ts} [attempt {e['attempt']}] {e['kind']:<10} {line}")
+            line = e.message
+        print(f"{ts} [attempt {e.attempt}] {e.kind:<10} {line}")
     return 0

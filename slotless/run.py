@@ -19,8 +19,10 @@ from rich.table import Table
 
 from executor.loader import load_dag
 from executor.pools import DEFAULT as DEFAULT_QUEUE
+from executor.rows import TaskRow
 from executor.states import RUN_TERMINAL, RunState
 from executor.store import Store, open_store
+from executor.store.viewrows import RunRow
 from executor.worker import Worker
 
 from .options import db_opt, logical_date, slots
@@ -82,25 +84,26 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 await view
             triggerer.stop()
             await sidecar
-        info = await store.run_info(run_id)
-        assert info is not None
-        tasks = await store.run_tasks(run_id)
+        found = await store.run_info(run_id)
+        assert found is not None
+        info = RunRow.of(found)
+        tasks = TaskRow.all(await store.run_tasks(run_id))
         if args.json:
             print(
                 json.dumps(
                     {
                         "dag_id": dag.dag_id,
                         "run_id": run_id,
-                        "state": info["state"],
-                        "tasks": {t["task_id"]: t["state"] for t in tasks},
+                        "state": info.state,
+                        "tasks": {t.task_id: t.state for t in tasks},
                     }
                 )
             )
         else:
             _summary(run_id, info, tasks, await store.mapped_counts(run_id))
-            if info["state"] == RunState.PAUSED:
-                print(f"{info['state_reason']}\ngo on with: slotless resume {run_id}")
-        return 0 if info["state"] == "SUCCESS" else 1
+            if info.state == RunState.PAUSED:
+                print(f"{info.state_reason}\ngo on with: slotless resume {run_id}")
+        return 0 if info.state == "SUCCESS" else 1
     finally:
         await store.close()
 
@@ -135,20 +138,22 @@ async def _watch(store: Store, run_id: str, worker: Worker) -> None:
                 await settled.wait()
 
 
-def _summary(run_id: str, info: Any, tasks: list[Any], mapped: dict[str, dict[str, int]]) -> None:
-    table = Table(title=f"{run_id}: {info['state']}")
+def _summary(
+    run_id: str, info: RunRow, tasks: list[TaskRow], mapped: dict[str, dict[str, int]]
+) -> None:
+    table = Table(title=f"{run_id}: {info.state}")
     for col in ("task", "state", "attempts", "duration"):
         table.add_column(col)
     for t in tasks:
-        state = t["state"]
-        if t["task_id"] in mapped:
+        state = t.state
+        if t.task_id in mapped:
             state += (
                 " ("
-                + ", ".join(f"{n} {s.lower()}" for s, n in sorted(mapped[t["task_id"]].items()))
+                + ", ".join(f"{n} {s.lower()}" for s, n in sorted(mapped[t.task_id].items()))
                 + ")"
             )
         dur = ""
-        if t["started_at"] and t["ended_at"]:
-            dur = f"{t['ended_at'] - t['started_at']:.2f} s"
-        table.add_row(t["task_id"], state, str(t["attempt"]), dur)
+        if t.started_at and t.ended_at:
+            dur = f"{t.ended_at - t.started_at:.2f} s"
+        table.add_row(t.task_id, state, str(t.attempt), dur)
     out.print(table)
