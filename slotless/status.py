@@ -3,8 +3,9 @@
 Waiting is healthy and failing is not, so the three waiting states are shown apart:
 DEFERRED (the triggerer checks), SENSING (a reschedule-mode sensor between checks) and
 RETRYING (an attempt failed; the next one is due later). Each waiting task comes with how
-long it has been waiting and what it waits for. :func:`collect` builds the JSON
-(``--json``); :func:`render` prints the same data for people.
+long it has been waiting and what it waits for. :func:`collect` reads it all into one
+typed :class:`~slotless.views.StatusView`: ``--json`` prints its JSON, :func:`render` the
+same view for people, and the web page's run list and ``/api/status`` use it too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""The HTML of each page, rendered on the server from store rows (escaped everywhere)."""
+"""The HTML of each page, rendered on the server (escaped everywhere), and its live twin.
+
+Each page reads one typed view: the run list a :class:`~slotless.views.StatusView`, the
+DAGs a ``DagsPage``, a run a ``RunGraph``, a task a ``TaskDetail``
+(:mod:`executor.store.inspecting`). The HTML renderer and the JSON its live poll answers
+(``live_*``) take the same view, and whether the page goes on refreshing is the view's
+``live``, so the two cannot disagree on it.
+"""
 
 from __future__ import annotations
 
