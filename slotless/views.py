@@ -15,10 +15,12 @@ order being key order; pydantic's ``TypeAdapter`` reads these classes as they ar
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from executor.states import RUN_TERMINAL
+from executor.store.viewrows import EventRow
 
 WAITING = ("DEFERRED", "SENSING", "RETRYING")
 
@@ -231,3 +233,47 @@ class StatusView:
     def to_json(self) -> dict[str, Any]:
         """The JSON of ``slotless status --json`` and ``/api/status``."""
         return asdict(self)
+
+
+# -- a task's attempts, from its log ----------------------------------------------------
+
+
+@dataclass(slots=True)
+class Stay:
+    """A stretch of a task's attempt in a slot (RUNNING) or in the triggerer (DEFERRED),
+    as the task page's attempts table (and a Gantt bar) shows it. Not frozen: it is open
+    (``ended`` None) until :func:`turns` reads the transition out of it and closes it."""
+
+    what: str
+    state: str
+    attempt: int | None
+    started: float
+    ended: float | None = None
+    outcome: str | None = None  # the state it left for
+    message: str = ""
+
+    def took(self, now: float) -> float:
+        return (self.ended or now) - self.started
+
+
+def turns(events: Iterable[EventRow]) -> list[Stay]:
+    """Stays in a slot (RUNNING) and in the triggerer (DEFERRED), from the transitions."""
+    out: list[Stay] = []
+    open_: dict[str, Stay] = {}
+    for e in events:
+        if e.kind != "transition":
+            continue
+        if e.from_state is not None and e.from_state in open_:
+            stay = open_.pop(e.from_state)
+            stay.ended, stay.outcome, stay.message = e.ts, e.to_state, e.message
+        if e.to_state in ("RUNNING", "DEFERRED"):
+            stay = Stay(
+                what="in a slot" if e.to_state == "RUNNING" else "waiting (deferred)",
+                state=e.to_state,
+                attempt=e.attempt,
+                started=e.ts,
+                message=e.message if e.to_state == "DEFERRED" else "",
+            )
+            open_[e.to_state] = stay
+            out.append(stay)
+    return out

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 from typing import Any
@@ -26,7 +25,15 @@ from triggers.base import clip
 
 from ..schedule_shown import schedule_shown
 from ..status import failure_cause, human_seconds, shard_ranges
-from ..views import WAITING, RetryingTask, StatusView, TriggererShown, Waiting, task_name
+from ..views import (
+    WAITING,
+    RetryingTask,
+    StatusView,
+    TriggererShown,
+    Waiting,
+    task_name,
+    turns,
+)
 from . import graph
 from .assets import JS
 from .auth import Writes
@@ -689,46 +696,6 @@ def live_run(g: RunGraph, now: float) -> dict[str, Any]:
 
 
 # -- a task ----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Stay:
-    """A stretch of a task's attempt in a slot (RUNNING) or in the triggerer (DEFERRED):
-    open (``ended`` None) until the transition out of it is read."""
-
-    what: str
-    state: str
-    attempt: int | None
-    started: float
-    ended: float | None = None
-    outcome: str | None = None  # the state it left for
-    message: str = ""
-
-    def took(self, now: float) -> float:
-        return (self.ended or now) - self.started
-
-
-def turns(events: Iterable[EventRow]) -> list[Stay]:
-    """Stays in a slot (RUNNING) and in the triggerer (DEFERRED), from the transitions."""
-    out: list[Stay] = []
-    open_: dict[str, Stay] = {}
-    for e in events:
-        if e.kind != "transition":
-            continue
-        if e.from_state is not None and e.from_state in open_:
-            stay = open_.pop(e.from_state)
-            stay.ended, stay.outcome, stay.message = e.ts, e.to_state, e.message
-        if e.to_state in ("RUNNING", "DEFERRED"):
-            stay = Stay(
-                what="in a slot" if e.to_state == "RUNNING" else "waiting (deferred)",
-                state=e.to_state,
-                attempt=e.attempt,
-                started=e.ts,
-                message=e.message if e.to_state == "DEFERRED" else "",
-            )
-            open_[e.to_state] = stay
-            out.append(stay)
-    return out
 
 
 def task_page(d: TaskDetail, now: float, w: Writes | None = None) -> tuple[str, bool]:
