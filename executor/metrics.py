@@ -35,7 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .states import State
-from .store import Pools, Row, Views
+from .store import Pools, Views
 
 if TYPE_CHECKING:
     from .outcomes import Outcome
@@ -178,14 +178,14 @@ class StoreCollector(Collector):
         )
         summary = await views.waiting_summary(now)
         for state in ("DEFERRED", "SENSING"):
-            s: Row | None = summary.get(state)
-            started = s["oldest"] if s else None
+            s = summary.get(state)
+            started = s.oldest if s else None
             oldest.add_metric([state], 0.0 if started is None else max(0.0, now - started))
-            ratio.add_metric([state], (s["timeout_ratio"] if s else None) or 0.0)
+            ratio.add_metric([state], (s.timeout_ratio if s else None) or 0.0)
         since = await views.retrying_since()
         oldest.add_metric(["RETRYING"], 0.0 if since is None else max(0.0, now - since))
         leases = await views.shard_leases()
-        live = [r for r in leases if r["owner"] is not None and (r["expires_at"] or 0) >= now]
+        live = [r for r in leases if r.owner is not None and (r.expires_at or 0) >= now]
         unowned = GaugeMetricFamily(
             "slotless_shards_unowned",
             "Trigger shards no live triggerer holds: DEFERRED waits in them are not checked",
@@ -195,9 +195,7 @@ class StoreCollector(Collector):
             "slotless_triggerers_live",
             f"Triggerers whose heartbeat is under {TRIGGERER_LIVE_AFTER:g} s old",
             sum(
-                1
-                for r in await views.list_triggerers()
-                if now - r["seen_at"] <= TRIGGERER_LIVE_AFTER
+                1 for r in await views.list_triggerers() if now - r.seen_at <= TRIGGERER_LIVE_AFTER
             ),
         )
         return [runs, tasks, oldest, ratio, unowned, triggerers, *await _pools(self.pools)]

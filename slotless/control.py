@@ -18,8 +18,10 @@ from typing import Any
 from executor.store import open_store
 from executor.store.control import ControlError, Done
 
+from .options import db_opt
 
-def add_commands(sub: Any, db_opt: Any) -> None:
+
+def add_commands(sub: Any) -> None:
     """The four commands, on the ``slotless`` parser's subparsers."""
     clear = sub.add_parser("clear", help="run tasks of a run again (back to PENDING)")
     clear.add_argument("run_id", metavar="RUN")

@@ -20,10 +20,12 @@ from executor.store import open_store
 from executor.store.events import StoredEvent, UnknownEvent
 from triggers.events import EventError
 
+from .options import db_opt
+
 PAYLOAD_SHOWN = 120  # characters of a payload shown per line by `list`
 
 
-def add_commands(sub: Any, db_opt: Any) -> None:
+def add_commands(sub: Any) -> None:
     """``events send`` and ``events list``, on the ``slotless`` parser's subparsers."""
     events = sub.add_parser("events", help="send an event (it wakes the waits it matches); list")
     actions = events.add_subparsers(required=True, metavar="ACTION")

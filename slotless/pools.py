@@ -13,8 +13,10 @@ from typing import Any
 
 from executor.store import open_store
 
+from .options import db_opt
 
-def add_commands(sub: Any, db_opt: Any) -> None:
+
+def add_commands(sub: Any) -> None:
     """The two commands, on the ``slotless`` parser's subparsers."""
     pools = sub.add_parser("pools", help="pools: how many tasks of a kind run at once")
     pools_sub = pools.add_subparsers(required=True, metavar="ACTION")

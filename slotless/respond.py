@@ -22,8 +22,10 @@ from executor.store import open_store
 from executor.store.people import RespondError
 from triggers.people import AnswerError
 
+from .options import db_opt
 
-def add_commands(sub: Any, db_opt: Any) -> None:
+
+def add_commands(sub: Any) -> None:
     """``respond``, on the ``slotless`` parser's subparsers."""
     p = sub.add_parser("respond", help="answer a task waiting for a person (approve, choose, form)")
     p.add_argument("run_id", metavar="RUN")

@@ -34,9 +34,34 @@ from executor.params import parse_conf
 from executor.store import Store, open_store
 from executor.store.runs import StartedRun
 
+from .options import db_opt, logical_date, parse_timeout_opt
+
 
 class DagPaused(ValueError):
     """The DAG is paused and the trigger was not forced."""
+
+
+def add_commands(sub: Any) -> None:
+    trig_run = sub.add_parser(
+        "trigger",
+        help="start a run of a catalogued DAG for the running worker; once per --run-key",
+    )
+    trig_run.add_argument("dag_id", metavar="DAG")
+    trig_run.add_argument("--logical-date", type=logical_date, help="YYYY-MM-DD (default today)")
+    trig_run.add_argument("--conf", metavar="JSON", help="a JSON object, checked against params")
+    trig_run.add_argument(
+        "--run-key",
+        metavar="KEY",
+        help="at most one run per DAG and key (default: the date and a random part)",
+    )
+    trig_run.add_argument("--force", action="store_true", help="trigger a paused DAG anyway")
+    db_opt(trig_run)
+    trig_run.add_argument(
+        "--dags", metavar="DIR", help="parse this folder's changed DAG files first"
+    )
+    parse_timeout_opt(trig_run, "the DAG's file")
+    trig_run.add_argument("--json", action="store_true", help="print one JSON object")
+    trig_run.set_defaults(func=trigger_command)
 
 
 async def trigger_command(args: argparse.Namespace) -> int:

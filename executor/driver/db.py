@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
+from executor.rows import Row  # a driver row, defined once, where the typed rows are
 from schema import Query
 
 from .liveness import Liveness
 
-Row = Mapping[str, Any]
 T = TypeVar("T")
 
 

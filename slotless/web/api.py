@@ -50,10 +50,12 @@ from pydantic.json_schema import models_json_schema
 
 from executor.loader import DagImportError
 from executor.params import BadConf
+from executor.rows import TaskRow
 from executor.store import Store
 from executor.store.catalogue import UnknownDag
 from executor.store.events import MAX_BATCH, StoredEvent, UnknownEvent
 from executor.store.people import RespondError
+from executor.store.viewrows import RunRow
 from triggers.events import NAME_RULE, EventError, check_name
 from triggers.limits import MAX_SERIALIZED_BYTES
 from triggers.people import MAX_COMMENT, AnswerError
@@ -348,16 +350,17 @@ async def get_run(call: Call) -> tuple[int, BaseModel]:
     info = await call.store.views.run_info(run_id)
     if info is None:
         raise ApiError(404, f"there is no run {run_id!r}", "run_id")
-    tasks = [TaskOut(task_id=t["task_id"], map_index=t["map_index"], state=t["state"])
-             for t in await call.store.views.run_tasks(run_id)]  # fmt: skip
-    return 200, RunStatusOut(run_id=run_id, dag_id=info["dag_id"], state=info["state"],
-                             logical_date=str(info["logical_date"]), tasks=tasks)  # fmt: skip
+    run = RunRow.of(info)
+    tasks = [TaskOut(task_id=t.task_id, map_index=t.map_index, state=t.state)
+             for t in TaskRow.all(await call.store.views.run_tasks(run_id))]  # fmt: skip
+    return 200, RunStatusOut(run_id=run_id, dag_id=run.dag_id, state=run.state,
+                             logical_date=str(run.logical_date), tasks=tasks)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ serving
 
 
-# ---------------------------------------------------------- people in the loop (issue 19)
+# -------------------------------------------------------------------- people in the loop
 
 
 class ResponseIn(_Model):

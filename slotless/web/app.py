@@ -26,8 +26,10 @@ from html import escape
 from aiohttp import web
 
 from executor.store import Store
+from executor.store.viewrows import HeldRow
 
 from ..status import collect
+from ..views import task_name
 from . import pages
 from . import people as people_page
 from .actions import ACTIONS, Act, Refused
@@ -144,10 +146,12 @@ async def run(request: web.Request) -> web.Response:
         return _not_found(request, f"There is no run {run_id!r}.")
     if _polled(request):
         return _json(pages.live_run(g, store.clock()))
-    # Ready tasks a pool or a queue holds back say so in their box (issue 14).
+    # Ready tasks a pool or a queue holds back say so in their box.
     for r, why in await store.pools.held_back_tasks(0, run_id):
-        name = r["task_id"] if r["map_index"] < 0 else f"{r['task_id']}[{r['map_index']}]"
-        g.waits.setdefault(name, why.removeprefix("waiting for "))
+        held = HeldRow.of(r)
+        g.waits.setdefault(
+            task_name(held.task_id, held.map_index), why.removeprefix("waiting for ")
+        )
     main, live = pages.run_page(g, store.clock(), request.app[AUTH].writes(request))
     return _html(request, run_id, main, live)
 
@@ -161,12 +165,12 @@ async def task(request: web.Request) -> web.Response:
     if d is None:
         if await store.views.run_info(run_id) is None:
             return _not_found(request, f"There is no run {run_id!r}.")
-        name = pages.task_name(task_id, index)
+        name = task_name(task_id, index)
         return _not_found(request, f"Run {run_id!r} has no task {name!r}.")
     if _polled(request):
         return _json(pages.live_task(d))
     main, live = pages.task_page(d, store.clock(), request.app[AUTH].writes(request))
-    return _html(request, f"{pages.task_name(task_id, index)} - {run_id}", main, live)
+    return _html(request, f"{task_name(task_id, index)} - {run_id}", main, live)
 
 
 async def needs_you(request: web.Request) -> web.Response:
@@ -181,7 +185,7 @@ async def needs_you(request: web.Request) -> web.Response:
 
 
 async def api_status(request: web.Request) -> web.Response:
-    return web.json_response(await collect(request.app[STORE], 50))
+    return web.json_response((await collect(request.app[STORE], 50)).to_json())
 
 
 # -- writes ------------------------------------------------------------------------------

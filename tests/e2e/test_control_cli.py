@@ -232,7 +232,7 @@ async def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None
 async def held(store: Store, n: int) -> bool:
     """Whether the (one) triggerer says it holds ``n`` waits, as of its last heartbeat."""
     rows = await store.views.list_triggerers()
-    return len(rows) == 1 and rows[0]["triggers"] == n
+    return len(rows) == 1 and rows[0].triggers == n
 
 
 async def states_of(store: Store, run_id: str) -> dict[str, str]:

@@ -226,7 +226,7 @@ async def test_one_event_per_pair_wakes_exactly_its_hundred_waits_without_a_trig
         services.start("triggerer2", "triggerer", "--lease-ttl", "3")
 
         async def taken_over() -> bool:
-            return any(t["shards"] == 64 for t in await store.views.list_triggerers())
+            return any(t.shards == 64 for t in await store.views.list_triggerers())
 
         await async_wait_until(taken_over, timeout=60, what="the new triggerer holding 64 shards")
         assert set((await transitions_to(store, run_id, "SUCCESS")).values()) == {1}

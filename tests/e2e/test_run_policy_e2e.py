@@ -156,7 +156,7 @@ async def run_row(store: Store, run_id: str) -> dict:
 
 async def held(store: Store, n: int) -> bool:
     rows = await store.views.list_triggerers()
-    return len(rows) == 1 and rows[0]["triggers"] == n
+    return len(rows) == 1 and rows[0].triggers == n
 
 
 def services(url: str, tmp_path: Path, *worker_args: str) -> list:

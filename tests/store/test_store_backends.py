@@ -30,6 +30,7 @@ from executor.sensing import deferral
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store.catalogue import DeclaredDag, UnknownDag
 from executor.store.recording import record_outcomes
+from executor.store.viewrows import DeferredRow
 from triggerer.store import Fire, TriggererBatch
 from triggers.base import SHARDS
 from triggers.files import FileTrigger
@@ -139,7 +140,7 @@ async def test_exchange_records_success_and_claims_the_children(store: Store) ->
         ("RUNNING", "SUCCESS"),
     ]
     [(run, counts)] = await store.views.recent_runs(20)
-    assert run["run_id"] == run_id and counts == {"SUCCESS": 4}
+    assert run.run_id == run_id and counts == {"SUCCESS": 4}
 
 
 async def test_a_failure_retries_after_its_delay_then_fails_the_run(
@@ -257,9 +258,7 @@ async def test_run_progress_reads_one_runs_counts_mapped_tasks_waits_and_retries
     other = await store.runs.create_run(dag, DAY, run_id="other")
     p = await store.views.run_progress(run_id)
     assert p is not None and p.counts == {"PENDING": 4}
-    assert [(m["task_id"], m["expand_from"], m["map_total"]) for m in p.mapped] == [
-        ("each", "source", None)
-    ]
+    assert [(m.task_id, m.expand_from, m.map_total) for m in p.mapped] == [("each", "source", None)]
     rows = {(r.run_id, r.task_id): r for r in await claim(store, "w", 10)}
     flag = str(tmp_path / "ready.flag")
     await complete(store, [deferred(rows["other", "wait"], flag, clock.now)])
@@ -279,28 +278,28 @@ async def test_run_progress_reads_one_runs_counts_mapped_tasks_waits_and_retries
     )
 
     p = await store.views.run_progress(run_id)
-    assert p is not None and p.run["run_id"] == run_id and p.now == clock.now
+    assert p is not None and p.run.run_id == run_id and p.now == clock.now
     assert p.counts == {"SUCCESS": 2, "DEFERRED": 1, "RETRYING": 1, "RUNNING": 1, "PENDING": 1}
     [each] = p.mapped
-    assert (each["task_id"], each["map_total"], each["n_done"], each["n_failed"]) == (
+    assert (each.task_id, each.map_total, each.n_done, each.n_failed) == (
         "each",
         3,
         1,
         0,
     )
     [wait] = p.waits  # not the other run's
-    assert (wait["task_id"], wait["state"], wait["wait_started_at"]) == (
+    assert (wait.task_id, wait.state, wait.wait_started_at) == (
         "wait",
         "DEFERRED",
         started,
     )
-    assert wait["description"] == FileTrigger(path=flag).describe()
-    assert wait["last_message"] is None
+    assert isinstance(wait, DeferredRow)  # a DEFERRED wait has no last check
+    assert wait.description == FileTrigger(path=flag).describe()
     [retrying] = p.retrying
-    assert (retrying["task_id"], retrying["map_index"], retrying["attempt"]) == ("each", 1, 2)
-    assert retrying["retrying_since"] == clock.now
-    assert retrying["ready_at"] == pytest.approx(clock.now + 30.0)
-    assert retrying["last_error"] == "attempt 1 of 2 failed: boom\nsecond line; retrying in 30.0 s"
+    assert (retrying.task_id, retrying.map_index, retrying.attempt) == ("each", 1, 2)
+    assert retrying.retrying_since == clock.now
+    assert retrying.ready_at == pytest.approx(clock.now + 30.0)
+    assert retrying.last_error == "attempt 1 of 2 failed: boom\nsecond line; retrying in 30.0 s"
     assert (await store.views.run_progress(run_id, n=0)).waits == []  # type: ignore[union-attr]
     assert await store.views.run_progress("nope") is None
     assert other != run_id
@@ -523,16 +522,13 @@ async def test_lease_shards_share_fairly_and_take_over_a_dead_triggerer(
     assert len(t1) == SHARDS // 2
     t2 = await ops(store).lease_shards("t2", 10, 10)
     assert len(t2) == SHARDS // 2 and not t1 & t2
-    assert {r["id"]: r["shards"] for r in await store.views.list_triggerers()} == {
-        "t1": 32,
-        "t2": 32,
-    }
+    assert {r.id: r.shards for r in await store.views.list_triggerers()} == {"t1": 32, "t2": 32}
     clock.advance(5)
     assert await ops(store).lease_shards("t2", 10, 10) == t2  # renewed, t1 still live
     clock.advance(6)  # t1 silent for 11 s: its leases (10 s) expired
     assert len(await ops(store).lease_shards("t2", 10, 10)) == SHARDS
     await ops(store).triggerer_leave("t2")
-    assert [r["id"] for r in await store.views.list_triggerers()] == ["t1"]
+    assert [r.id for r in await store.views.list_triggerers()] == ["t1"]
     assert len(await ops(store).lease_shards("t3", 10, 10)) == SHARDS  # t2 gave them back
 
 
@@ -694,33 +690,31 @@ async def test_the_dags_page_reads_each_dags_newest_runs_and_the_broken_files(
     await store.runs.create_run(etl_dag(), DAY, run_id="etl-1")
 
     page = await store.views.dags_page()
-    assert [d["dag_id"] for d in page.dags] == ["idle", "nightly"]
-    assert text(page.dags[1]) == "0 6 * * *" and page.dags[1]["last_run_state"] == "RUNNING"
+    assert [d.dag_id for d in page.dags] == ["idle", "nightly"]
+    assert page.dags[1].schedule == "0 6 * * *" and page.dags[1].last_run_state == "RUNNING"
     assert set(page.runs) == {"nightly"}  # idle never ran; etl is not catalogued
     shown = page.runs["nightly"]
     # The newest 25, oldest first: the two that ended are older than those.
-    assert [r["run_id"] for r in shown] == [f"nightly-{d:02d}" for d in range(2, 27)]
-    assert {r["state"] for r in shown} == {"RUNNING"}
-    assert shown[-1]["logical_date"] == (DAY + timedelta(days=26)).isoformat()
+    assert [r.run_id for r in shown] == [f"nightly-{d:02d}" for d in range(2, 27)]
+    assert {r.state for r in shown} == {"RUNNING"}
+    assert shown[-1].logical_date == (DAY + timedelta(days=26)).isoformat()
     every = await store.views.dags_page(runs_per_dag=27)
-    assert [r["state"] for r in every.runs["nightly"][:3]] == ["SUCCESS", "FAILED", "RUNNING"]
+    assert [r.state for r in every.runs["nightly"][:3]] == ["SUCCESS", "FAILED", "RUNNING"]
     [broken] = page.broken_files
-    assert (broken["path"], broken["parse_error"]) == (
+    assert (broken.path, broken.parse_error) == (
         "/dags/broken.py",
         "cannot import: SyntaxError (line 1)",
     )
 
     # Squares go by logical date: a run of an old date (a backfill) lands on the left.
     await store.runs.create_run(nightly, DAY - timedelta(days=1), run_id="backfilled")
-    assert (await store.views.dags_page(runs_per_dag=28)).runs["nightly"][0][
-        "run_id"
-    ] == "backfilled"
+    assert (await store.views.dags_page(runs_per_dag=28)).runs["nightly"][0].run_id == "backfilled"
     # Runs of one date created in the same instant are ordered by run_id, on both backends.
     clock.advance(1)
     for run_id in ("same-b", "same-a"):
         await store.runs.create_run(nightly, DAY + timedelta(days=26), run_id=run_id)
     tail = (await store.views.dags_page(runs_per_dag=3)).runs["nightly"]
-    assert [r["run_id"] for r in tail] == ["nightly-26", "same-a", "same-b"]
+    assert [r.run_id for r in tail] == ["nightly-26", "same-a", "same-b"]
 
 
 # ------------------------------------------------------------------------------ misc

@@ -105,7 +105,7 @@ async def test_the_view_shows_states_bars_waits_and_retries(store: Store, tmp_pa
     run_id, inbox = await settled_run(store, tmp_path)
     read = await store.views.run_progress(run_id)
     assert read is not None
-    start = read.run["created_at"]
+    start = read.run.created_at
     progress = dataclasses.replace(read, now=start + 30)
     lines = text_of(progress)
 
@@ -115,15 +115,16 @@ async def test_the_view_shows_states_bars_waits_and_retries(store: Store, tmp_pa
     ), lines[1]
     assert re.fullmatch(r"shard +[━╺╸]+ 2/4", lines[2]), lines[2]  # 2 of 4 instances ended
 
-    waits = {r["task_id"]: r for r in read.waits}
+    waits = {r.task_id: r for r in read.waits}
     assert lines[3] == "waiting (2)"
     for line, task, waits_for in (
         (lines[4], "wait_for_file", f"file://{inbox}/ready.flag"),
         (lines[5], "poll_marker", f"file://{inbox}/marker"),
     ):
-        since = waits[task]["wait_started_at"]
+        since = waits[task].wait_started_at
+        assert since is not None
         clock = datetime.fromtimestamp(since).strftime("%H:%M:%S")
-        state = waits[task]["state"]
+        state = waits[task].state
         assert re.fullmatch(
             rf"{task} +{state} +{re.escape(waits_for)} +since {clock} \(\d\d s\)", line
         ), line
@@ -157,7 +158,7 @@ async def test_a_mapped_task_not_expanded_and_a_long_list_cut(store: Store, tmp_
     fresh = await store.runs.create_run(dag, datetime(2026, 4, 26).date())
     before = await store.views.run_progress(fresh)
     assert before is not None
-    lines = text_of(dataclasses.replace(before, now=before.run["created_at"] + 2.5))
+    lines = text_of(dataclasses.replace(before, now=before.run.created_at + 2.5))
     assert lines[0] == f"{fresh} RUNNING  elapsed 2.5 s"
     assert re.fullmatch(r"tasks +[━╺╸]+ 0/5 pending=5", lines[1]), lines[1]
     assert lines[2] == "shard maps over extract"
