@@ -560,9 +560,9 @@ def stored(spec: str, timezone: str = "UTC") -> str:
     return Schedule.parse(spec, timezone=timezone).to_json()
 
 
-def text(row: Row) -> str | None:
+def text(stored: str | None) -> str | None:
     """The schedule a catalogue row holds, as its DAG wrote it."""
-    return None if row["schedule"] is None else Schedule.from_json(row["schedule"]).text
+    return None if stored is None else Schedule.from_json(stored).text
 
 
 async def test_catalogue_records_dags_and_broken_files(store: Store, clock: FakeClock) -> None:
@@ -580,7 +580,9 @@ async def test_catalogue_records_dags_and_broken_files(store: Store, clock: Fake
         "/dags/etl.py": 100.5,
     }
     dags = await store.catalogue.catalogue_dags()
-    assert [(d["dag_id"], d["file"], text(d), d["timezone"], d["paused"]) for d in dags] == [
+    assert [
+        (d["dag_id"], d["file"], text(d["schedule"]), d["timezone"], d["paused"]) for d in dags
+    ] == [
         ("etl", "/dags/etl.py", None, "UTC", 0),
         ("etl_hourly", "/dags/etl.py", "@hourly", "UTC", 0),
     ]
@@ -621,7 +623,7 @@ async def test_catalogue_reparse_keeps_paused_and_drops_what_a_file_no_longer_de
         None,
     )
     [one] = await store.catalogue.catalogue_dags()
-    assert (one["dag_id"], one["paused"], text(one), one["timezone"]) == (
+    assert (one["dag_id"], one["paused"], text(one["schedule"]), one["timezone"]) == (
         "one",
         1,
         "@daily",
@@ -691,7 +693,7 @@ async def test_the_dags_page_reads_each_dags_newest_runs_and_the_broken_files(
 
     page = await store.views.dags_page()
     assert [d.dag_id for d in page.dags] == ["idle", "nightly"]
-    assert page.dags[1].schedule == "0 6 * * *" and page.dags[1].last_run_state == "RUNNING"
+    assert text(page.dags[1].schedule) == "0 6 * * *" and page.dags[1].last_run_state == "RUNNING"
     assert set(page.runs) == {"nightly"}  # idle never ran; etl is not catalogued
     shown = page.runs["nightly"]
     # The newest 25, oldest first: the two that ended are older than those.
