@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..carried import Output
 from ..rows import MovedTask, TaskRow
 from ..statemachine import (
-    Carry,
     evaluate,
     release_waits,
     resume_run,
@@ -136,7 +136,7 @@ class ControlOps:
                     await _clear(tx, graph, [t], force=False, why=why, now=now)
                     row = (await _Graph.read(tx, run_id)).tasks[t]
                 await _drop_instances(tx, run_id, [t])
-                carry = Carry(output=output_json) if output_json and t == task_id else Carry()
+                carry = Output(output_json) if output_json and t == task_id else None
                 moved = await transition(
                     tx, [row.id], State(row.state), new, now=now, message=why, carry=carry
                 )

@@ -36,7 +36,8 @@ from typing import Any
 
 from triggers.events import EventError, EventWait, check_name, payload_json, payload_key
 
-from ..statemachine import Carry, transition
+from ..carried import Output, Resume
+from ..statemachine import transition
 from ..states import State
 from .db import Database, Row, Tx
 
@@ -226,11 +227,11 @@ async def settle(
     resumable = [r["id"] for r in rows if r["next_method"] is not None]
     moved = await transition(
         tx, sensors, State.DEFERRED, State.SUCCESS, now=now, message=why,
-        carry=Carry(output=payload_text),
+        carry=Output(payload_text),
     )  # fmt: skip
     moved += await transition(
         tx, resumable, State.DEFERRED, State.PENDING, now=now, message=why, ready_at=now,
-        carry=Carry(event=payload_text),
+        carry=Resume(payload_text),
     )  # fmt: skip
     ids = [m.id for m in moved]
     if ids:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from triggers.people import PersonWait
 from triggers.registry import load_trigger
 
+from ..carried import Defer, Defers, Outputs, Wait
 from ..outcomes import (
     Deferral,
     Deferred,
@@ -29,7 +30,7 @@ from ..params import resolve
 from ..pools import DEFAULT, claim_rounds
 from ..rows import MovedTask
 from ..schedules import Interval
-from ..statemachine import Carry, Deferring, retry_or_fail, transition
+from ..statemachine import retry_or_fail, transition
 from ..states import State
 from .backfills import BATCH, Backfilled, backfill_runs
 from .callbacks import CallbackOps, CallbackRow, claim_callbacks, reclaim_callbacks_of
@@ -395,7 +396,7 @@ async def _record(tx: Tx, outcomes: list[Outcome], now: float) -> None:
             now=now,
             message="succeeded",
             expect_owner=owner,
-            carry=Carry(outputs={o.row_id: o.output_json for o in group}),
+            carry=Outputs({o.row_id: o.output_json for o in group}),
         )
         recorded = {row.id for row in moved}
         for o in group:
@@ -420,7 +421,7 @@ async def _record(tx: Tx, outcomes: list[Outcome], now: float) -> None:
                 message=o.message,
                 ready_at=o.ready_at,
                 expect_owner=o.owner,
-                carry=Carry(wait_started_at=o.wait_started_at, wait_timeout_at=o.timeout_at),
+                carry=Wait(o.wait_started_at, o.timeout_at),
             )
         elif isinstance(o, SensorTimedOut):
             new = State.SKIPPED if o.soft_fail else State.FAILED
@@ -460,6 +461,7 @@ async def _defer_many(tx: Tx, group: list[Deferred], now: float) -> None:
         by_owner[o.owner][o.row_id] = o
     kept: set[int] = set()
     for owner, reports in by_owner.items():
+        deferrals = {i: Defer.of(o.deferral, trigger_of[(owner, i)]) for i, o in reports.items()}
         moved = await transition(
             tx,
             list(reports),
@@ -468,19 +470,7 @@ async def _defer_many(tx: Tx, group: list[Deferred], now: float) -> None:
             now=now,
             message={i: _defer_message(o.deferral) for i, o in reports.items()},
             expect_owner=owner,
-            carry=Carry(
-                deferrals={
-                    i: Deferring(
-                        trigger_id=trigger_of[(owner, i)],
-                        next_method=o.deferral.method,
-                        next_kwargs=o.deferral.method_kwargs_json,
-                        soft_fail=o.deferral.soft_fail,
-                        wait_started_at=o.deferral.wait_started_at,
-                        wait_timeout_at=o.deferral.timeout_at,
-                    )
-                    for i, o in reports.items()
-                }
-            ),
+            carry=Defers(deferrals),
         )
         kept |= {trigger_of[(owner, m.id)] for m in moved}
     # Stale reports (the attempt is no longer ours) and a report repeated: their rows go.
@@ -514,15 +504,7 @@ async def _defer(tx: Tx, o: Deferred, now: float) -> None:
         now=now,
         message=_defer_message(d),
         expect_owner=o.owner,
-        carry=Carry(
-            defer=True,
-            trigger_id=row["id"],
-            next_method=d.method,
-            next_kwargs=d.method_kwargs_json,
-            soft_fail=d.soft_fail,
-            wait_started_at=d.wait_started_at,
-            wait_timeout_at=d.timeout_at,
-        ),
+        carry=Defers({o.row_id: Defer.of(d, row["id"])}),
     )
     if not moved:  # a stale report: the attempt is no longer ours, nor is the trigger
         await tx.execute("delete_trigger", id=row["id"])

@@ -2,7 +2,8 @@
 -- (:run_id); a list is written `col = ANY(:ids)` (on SQLite: json_each over a JSON array,
 -- see schema/__init__.py). Times are epoch seconds from the store's clock (on PostgreSQL
 -- the server's: leases are judged on the database's timeline). The dialect-specific
--- statements (claims, the compare-and-set, the triggerer's load) are in the backends' files.
+-- statements (bump_children, the triggerer's load, ...) are in the backends' files, and
+-- schema/__init__.py says what it rewrites for each (casts, row locks, planner hints).
 
 -- name: insert_event
 INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
@@ -91,6 +92,64 @@ UPDATE dag_run
 SET tasks_unfinished = tasks_unfinished - :done, leaves_failed = leaves_failed + :leaves_failed
 WHERE run_id = :run_id
 RETURNING tasks_unfinished, leaves_failed, dag_id, state, on_task_failure;
+
+-- name: cas
+-- The one compare-and-set through which every task state change passes, with what the
+-- transition carries (executor/carried.py turns a payload into these modes), so a state
+-- and its payload change in one statement. Each carried column is kept, set from one
+-- value for every row moved, set from the row's entry in :per_row (a JSON object of row
+-- id -> {column: value}), or cleared:
+-- * :output_mode keep | one (:output) | each;
+-- * :resume_mode keep | one (:event) | each (event) | defer (next_method, next_kwargs,
+--   trigger_id, soft_fail; the event cleared) | restart (a retry forgets the resume point
+--   and the event);
+-- * :wait_mode keep | one (:wait_started_at, kept if a wait already started, and
+--   :wait_timeout_at) | each | clear.
+-- On PostgreSQL, under READ COMMITTED, a row another transaction holds is waited for, then
+-- re-checked against the expected state: a racing process changes nothing the second time.
+{{log_moved_begin}}
+UPDATE task
+SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
+    attempt = attempt + :attempt_delta, updated_at = :now,
+    started_at = CASE WHEN :new = 'RUNNING' AND started_at IS NULL THEN :now ELSE started_at END,
+    ended_at = CASE WHEN :terminal = 1 THEN :now ELSE ended_at END,
+    output = CASE :output_mode::text WHEN 'one' THEN :output::text
+                                     WHEN 'each' THEN json_at(:per_row, id, 'output')
+                                     ELSE output END,
+    event = CASE :resume_mode::text WHEN 'one' THEN :event::text
+                                    WHEN 'each' THEN json_at(:per_row, id, 'event')
+                                    WHEN 'keep' THEN event ELSE NULL END,
+    next_method = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'next_method')
+                                    WHEN 'restart' THEN NULL ELSE next_method END,
+    next_kwargs = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'next_kwargs')
+                                    WHEN 'restart' THEN NULL ELSE next_kwargs END,
+    trigger_id = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'trigger_id')::bigint
+                                   ELSE trigger_id END,
+    soft_fail = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'soft_fail')::integer
+                                  ELSE soft_fail END,
+    wait_started_at = CASE :wait_mode::text
+                      WHEN 'one' THEN COALESCE(wait_started_at, :wait_started_at::float8)
+                      WHEN 'each' THEN COALESCE(wait_started_at,
+                          json_at(:per_row, id, 'wait_started_at')::float8)
+                      WHEN 'clear' THEN NULL ELSE wait_started_at END,
+    wait_timeout_at = CASE :wait_mode WHEN 'one' THEN :wait_timeout_at::float8
+                      WHEN 'each' THEN json_at(:per_row, id, 'wait_timeout_at')::float8
+                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
+-- `(state || '') = :expected`: the rows are found by id, and the expression keeps the
+-- state out of the plan. On PostgreSQL the planner would otherwise scan a partial index
+-- over every DEFERRED row (O(waits) per statement). On SQLite a parameter compared with a
+-- column that a partial index's condition names (state = 'RUNNING', ...) makes the
+-- statement compiled again at every new binding: 80-100 us per transition.
+WHERE id = ANY(:ids::bigint[]) AND (state || '') = :expected
+  AND (:expect_owner::text IS NULL OR owner = :expect_owner::text)
+-- What callers read (executor/rows.py, MovedTask, by column name): settling a transition,
+-- running a claim. Each moved row's message (:messages' entry, else :message) is for its
+-- task_event row.
+RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
+          n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
+          wait_started_at, owner, started_at, hooks,
+          COALESCE(json_at(:messages, id), :message::text) AS message
+{{log_moved_end}};
 
 -- name: cas_run
 -- A run's compare-and-set (executor.statemachine.transition_run), with what arming its

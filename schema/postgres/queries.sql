@@ -9,63 +9,17 @@
 -- * `e.run_id || ''` in bump_children: children are reached from the edges, never by
 --   scanning every task of the run (O(tasks) per batch of finished parents).
 
--- name: cas
--- The one compare-and-set through which every task state change passes, with what the
--- transition carries (see schema/sqlite/queries.sql for the modes). Under READ COMMITTED
--- a row another transaction holds is waited for, then re-checked against
--- `state = :expected`: a racing process changes nothing the second time.
--- :per_row arrives as jsonb (the cast types the parameter): parsed once per statement,
--- each row's entry found by key, so a batch of 10,000 costs no more per row than one.
--- Each moved row's task_event (its message: :messages' entry, else :message) is written
--- by this statement too (`logged`): one round trip per transition, not two.
+-- part: log_moved_begin
+-- cas (schema/common/queries.sql) on PostgreSQL also writes each moved row's task_event
+-- (`logged`): one round trip per transition, not two.
 WITH moved AS (
-UPDATE task
-SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
-    attempt = attempt + :attempt_delta, updated_at = :now,
-    started_at = CASE WHEN :new = 'RUNNING' AND started_at IS NULL THEN :now ELSE started_at END,
-    ended_at = CASE WHEN :terminal = 1 THEN :now ELSE ended_at END,
-    output = CASE :output_mode::text WHEN 'one' THEN :output::text
-                                     WHEN 'each' THEN :outputs::jsonb ->> id::text
-                                     ELSE output END,
-    event = CASE :resume_mode::text WHEN 'event' THEN :event::text
-                                    WHEN 'events' THEN :per_row::jsonb -> id::text ->> 'event'
-                                    WHEN 'keep' THEN event ELSE NULL END,
-    next_method = CASE :resume_mode WHEN 'defer' THEN :next_method::text
-                                    WHEN 'defer_each'
-                                    THEN :per_row::jsonb -> id::text ->> 'next_method'
-                                    WHEN 'restart' THEN NULL ELSE next_method END,
-    next_kwargs = CASE :resume_mode WHEN 'defer' THEN :next_kwargs::text
-                                    WHEN 'defer_each'
-                                    THEN :per_row::jsonb -> id::text ->> 'next_kwargs'
-                                    WHEN 'restart' THEN NULL ELSE next_kwargs END,
-    trigger_id = CASE :resume_mode WHEN 'defer' THEN :trigger_id::bigint
-                                   WHEN 'defer_each'
-                                   THEN (:per_row::jsonb -> id::text ->> 'trigger_id')::bigint
-                                   ELSE trigger_id END,
-    soft_fail = CASE :resume_mode WHEN 'defer' THEN :soft_fail::integer
-                                  WHEN 'defer_each'
-                                  THEN (:per_row::jsonb -> id::text ->> 'soft_fail')::integer
-                                  ELSE soft_fail END,
-    wait_started_at = CASE :wait_mode::text
-                      WHEN 'start' THEN COALESCE(wait_started_at, :wait_started_at::float8)
-                      WHEN 'each' THEN COALESCE(wait_started_at,
-                          (:per_row::jsonb -> id::text ->> 'wait_started_at')::float8)
-                      WHEN 'clear' THEN NULL ELSE wait_started_at END,
-    wait_timeout_at = CASE :wait_mode WHEN 'start' THEN :wait_timeout_at::float8
-                      WHEN 'each' THEN (:per_row::jsonb -> id::text ->> 'wait_timeout_at')::float8
-                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
-WHERE id = ANY(:ids::bigint[]) AND (state || '') = :expected
-  AND (:expect_owner::text IS NULL OR owner = :expect_owner::text)
--- What callers read (executor/rows.py, MovedTask): settling a transition, running a claim.
-RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
-          n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
-          wait_started_at, owner, started_at, hooks,
-          COALESCE(:messages::jsonb ->> id::text, :message::text) AS message
+
+-- part: log_moved_end
 ), logged AS (
     INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
     SELECT id, :now, 'transition', :expected, :new, attempt, message FROM moved
 )
-SELECT *, TRUE AS logged FROM moved;
+SELECT *, TRUE AS logged FROM moved
 
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one

@@ -1,63 +1,12 @@
 -- The statements whose SQLite spelling differs from PostgreSQL's; the rest are in
 -- schema/common/queries.sql. Parameters are named; a JSON array stands for a list.
 
--- name: cas
--- The one compare-and-set through which every task state change passes, with what the
--- transition carries (executor/statemachine.py, Carry), so a state and its payload change
--- in one statement. :output_mode keep | one (:output for every row) | each (:outputs, a
--- JSON object of row id -> output); :resume_mode keep | event | events (each row's
--- "event" in :per_row) | defer | defer_each (each row's deferral in :per_row) | restart
--- (a retry forgets the resume point, the event and the wait); :wait_mode keep | start |
--- each (:per_row) | clear. :per_row is a JSON object of row id -> {field: value}.
--- Each moved row's message (:messages' entry, else :message) comes back for its
--- task_event row, which the caller writes (`logged` false: no DML in a CTE here).
-UPDATE task
-SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
-    attempt = attempt + :attempt_delta, updated_at = :now,
-    started_at = CASE WHEN :new = 'RUNNING' AND started_at IS NULL THEN :now ELSE started_at END,
-    ended_at = CASE WHEN :terminal = 1 THEN :now ELSE ended_at END,
-    output = CASE :output_mode WHEN 'one' THEN :output
-                               WHEN 'each' THEN json_extract(:outputs, '$."' || id || '"')
-                               ELSE output END,
-    event = CASE :resume_mode WHEN 'event' THEN :event
-                              WHEN 'events' THEN json_extract(:per_row, '$."' || id || '".event')
-                              WHEN 'keep' THEN event ELSE NULL END,
-    next_method = CASE :resume_mode WHEN 'defer' THEN :next_method
-                                    WHEN 'defer_each'
-                                    THEN json_extract(:per_row, '$."' || id || '".next_method')
-                                    WHEN 'restart' THEN NULL ELSE next_method END,
-    next_kwargs = CASE :resume_mode WHEN 'defer' THEN :next_kwargs
-                                    WHEN 'defer_each'
-                                    THEN json_extract(:per_row, '$."' || id || '".next_kwargs')
-                                    WHEN 'restart' THEN NULL ELSE next_kwargs END,
-    trigger_id = CASE :resume_mode WHEN 'defer' THEN :trigger_id
-                                   WHEN 'defer_each'
-                                   THEN json_extract(:per_row, '$."' || id || '".trigger_id')
-                                   ELSE trigger_id END,
-    soft_fail = CASE :resume_mode WHEN 'defer' THEN :soft_fail
-                                  WHEN 'defer_each'
-                                  THEN json_extract(:per_row, '$."' || id || '".soft_fail')
-                                  ELSE soft_fail END,
-    wait_started_at = CASE :wait_mode WHEN 'start' THEN COALESCE(wait_started_at, :wait_started_at)
-                      WHEN 'each' THEN COALESCE(wait_started_at,
-                          json_extract(:per_row, '$."' || id || '".wait_started_at'))
-                      WHEN 'clear' THEN NULL ELSE wait_started_at END,
-    wait_timeout_at = CASE :wait_mode WHEN 'start' THEN :wait_timeout_at
-                      WHEN 'each' THEN json_extract(:per_row, '$."' || id || '".wait_timeout_at')
-                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
--- "+:expected", not ":expected": SQLite compares a parameter beside a column with the
--- partial indexes' conditions on that column (state = 'RUNNING', ...), and a statement
--- that did so is compiled again at every new binding: 80-100 us per transition. The unary
--- plus hides the parameter from that check and changes no comparison (the rows are found
--- by id).
-WHERE id = ANY(:ids) AND state = +:expected
-  AND (:expect_owner IS NULL OR owner = :expect_owner)
--- What callers read (executor/rows.py, MovedTask): settling a transition, running a claim.
-RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
-          n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
-          wait_started_at, owner, started_at, hooks,
-          COALESCE(json_extract(:messages, '$."' || id || '"'), :message) AS message,
-          0 AS logged;
+-- part: log_moved_begin
+-- cas (schema/common/queries.sql) on SQLite: no data-modifying CTE here, so the statement
+-- returns each moved row's message and its caller writes the task_event rows.
+
+-- part: log_moved_end
+, 0 AS logged
 
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one

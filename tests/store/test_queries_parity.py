@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from support import pg
 
 import schema
+from executor.rows import MovedTask
 from executor.store import open_store
 
 pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures
@@ -179,3 +181,23 @@ def test_no_dialect_spelling_reaches_the_other_backend() -> None:
 def test_a_part_a_backend_lacks_is_refused() -> None:
     with pytest.raises(ValueError, match="part 'nope'"):
         schema.compile_query("q", "SELECT 1 {{nope}}", "sqlite", {})
+
+
+@pytest.mark.parametrize("backend", schema.BACKENDS)
+def test_cas_returns_every_column_a_moved_task_reads(backend: str) -> None:
+    """MovedTask is read from cas's rows by column name: each of its columns must be there."""
+    sql = schema.queries(backend)["cas"].sql
+    returned = sql[sql.rindex("RETURNING") :]
+    wanted = [f.name for f in fields(MovedTask) if f.name != "inputs"]
+    missing = [c for c in wanted if not re.search(rf"\b{c}\b", returned)]
+    assert not missing, f"cas on {backend} does not return {missing}"
+
+
+@pytest.mark.parametrize("backend", schema.BACKENDS)
+def test_cas_keeps_the_expected_state_out_of_the_plan(backend: str) -> None:
+    """A bare `state = :expected` costs SQLite a compile per transition (its partial
+    indexes name state) and PostgreSQL a scan of a partial index: see the statement."""
+    sql = schema.queries(backend)["cas"].sql
+    where = sql[sql.index("WHERE") : sql.index("RETURNING")]
+    assert "(state || '') = " in where
+    assert not re.search(r"\bstate\s*=\s*[:$+]", where)
