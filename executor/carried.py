@@ -2,8 +2,10 @@
 
 :func:`executor.statemachine.transition` takes at most one of these (``carry=``) and
 writes it in the same statement as the state. :func:`params` is the one place that turns
-a variant into the ``cas`` statement's parameters (schema/common/queries.sql); a variant
-for many rows carries each row's values under the names of their columns.
+a variant into the ``cas`` statement's parameters (schema/common/queries.sql). A variant
+for many rows is one JSON object of row id -> its value, or -> {column: value} when it
+carries several columns (a deferral): SQLite reads the object again for every row, so
+the smaller it is the better.
 
 A move to RETRYING carries nothing of the wait it leaves whatever it is given: it forgets
 the resume point, the event and the wait, because a retry starts the task over and a
@@ -113,13 +115,13 @@ def params(carried: Carried | None, new: State) -> dict[str, Any]:
         case Output(output):
             return {**base, "output_mode": "one", "output": output}
         case Outputs(by_row):
-            return {**base, "output_mode": "each", "per_row": _each(by_row, "output")}
+            return {**base, "output_mode": "each", "per_row": json.dumps(by_row)}
         case _ if new is State.RETRYING:
             return base
         case Resume(event):
             return {**base, "resume_mode": "one", "event": event}
         case Resumes(by_row):
-            return {**base, "resume_mode": "each", "per_row": _each(by_row, "event")}
+            return {**base, "resume_mode": "each", "per_row": json.dumps(by_row)}
         case Wait(started_at, timeout_at):
             return {
                 **base,
@@ -131,10 +133,6 @@ def params(carried: Carried | None, new: State) -> dict[str, Any]:
             rows = json.dumps({i: _deferral(d) for i, d in by_row.items()})
             return {**base, "resume_mode": "defer", "wait_mode": "each", "per_row": rows}
     raise TypeError(f"not a carried payload: {carried!r}")
-
-
-def _each(by_row: Mapping[int, str | None], column: str) -> str:
-    return json.dumps({i: {column: v} for i, v in by_row.items()})
 
 
 def _deferral(d: Defer) -> dict[str, Any]:

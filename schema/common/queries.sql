@@ -98,7 +98,8 @@ RETURNING tasks_unfinished, leaves_failed, dag_id, state, on_task_failure;
 -- transition carries (executor/carried.py turns a payload into these modes), so a state
 -- and its payload change in one statement. Each carried column is kept, set from one
 -- value for every row moved, set from the row's entry in :per_row (a JSON object of row
--- id -> {column: value}), or cleared:
+-- id -> the value, when one column is carried per row; else -> {column: value}), or
+-- cleared:
 -- * :output_mode keep | one (:output) | each;
 -- * :resume_mode keep | one (:event) | each (event) | defer (next_method, next_kwargs,
 --   trigger_id, soft_fail; the event cleared) | restart (a retry forgets the resume point
@@ -114,10 +115,10 @@ SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbea
     started_at = CASE WHEN :new = 'RUNNING' AND started_at IS NULL THEN :now ELSE started_at END,
     ended_at = CASE WHEN :terminal = 1 THEN :now ELSE ended_at END,
     output = CASE :output_mode::text WHEN 'one' THEN :output::text
-                                     WHEN 'each' THEN json_at(:per_row, id, 'output')
+                                     WHEN 'each' THEN json_at(:per_row, id)
                                      ELSE output END,
     event = CASE :resume_mode::text WHEN 'one' THEN :event::text
-                                    WHEN 'each' THEN json_at(:per_row, id, 'event')
+                                    WHEN 'each' THEN json_at(:per_row, id)
                                     WHEN 'keep' THEN event ELSE NULL END,
     next_method = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'next_method')
                                     WHEN 'restart' THEN NULL ELSE next_method END,
