@@ -23,43 +23,6 @@ FROM (SELECT child, count(*) AS n FROM edge
 WHERE task.run_id = :run_id AND task.map_index = -1 AND task.task_id = c.child
 RETURNING *;
 
--- name: claim_candidates
--- SQLite has one writer at a time: the write transaction that reads these claims them.
--- Only the worker's queues; a limited pool only when it exists, is not in :full and has a
--- free slot (executor/pools.py decides how many fit).
-SELECT t.id, t.state, t.pool, t.pool_slots FROM task t
-WHERE t.ready_at IS NOT NULL AND t.ready_at <= :now
-  AND t.queue = ANY(:queues)
-  AND (t.pool = 'default' OR t.pool IN (
-        SELECT p.name FROM pool p
-        WHERE NOT (p.name = ANY(:full))
-          AND p.slots > (SELECT COALESCE(SUM(r.pool_slots), 0) FROM task r
-                         WHERE r.pool = p.name AND r.state = 'RUNNING'
-                           AND (r.map_index >= 0 OR r.expand_from IS NULL))))
-ORDER BY t.priority DESC, t.ready_at, t.id
-LIMIT :n;
-
--- Pools (issue 14, executor/pools.py) ------------------------------------------------
-
--- name: lock_pools
--- The write transaction already excludes every other claimer.
-SELECT name, slots FROM pool WHERE name = ANY(:names) ORDER BY name;
-
--- name: claim_callbacks
--- Callback rows due, for a worker's free slots (executor/store/callbacks.py), each task's
--- in the order they were raised (a retried one holds back the ones after it).
--- SQLite has one writer at a time: the write transaction that reads these claims them.
-UPDATE callback SET state = 'RUNNING', owner = :owner, heartbeat_at = :now, tries = tries + 1,
-                    ready_at = NULL
-WHERE id IN (SELECT c.id FROM callback c
-             WHERE c.ready_at IS NOT NULL AND c.ready_at <= :now
-               -- a task's events go out in order: none while an earlier one is unfinished
-               AND NOT EXISTS (SELECT 1 FROM callback e
-                               WHERE e.task_row = c.task_row AND e.id < c.id
-                                 AND e.state IN ('PENDING', 'RUNNING'))
-             ORDER BY c.ready_at, c.id LIMIT :n)
-RETURNING *;
-
 -- name: external_states
 -- Cross-DAG questions, all answered at once: :questions is a JSON array of
 -- {"q": n, "dag_id": ..., "task_id": ... or null, "logical_date": ...}; the latest run wins.
@@ -138,41 +101,9 @@ SELECT shard, count(*) AS n, sum(h) AS h FROM (
     WHERE g.shard = ANY(:shards)
 ) GROUP BY shard;
 
--- name: deferred_rows
--- `has_trigger`: a fire from memory for a row deleted meanwhile must not apply.
-SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at,
-       wait_timeout_at,
-       EXISTS (SELECT 1 FROM trigger g WHERE g.id = task.trigger_id) AS has_trigger
-FROM task
-WHERE id = ANY(:ids) AND state = 'DEFERRED';
-
--- name: expired_waits
--- A LEFT JOIN keeps task first, read through task_wait_timeout (otherwise SQLite walks
--- every trigger of the shards, 190 ms a second at 100,000 waits, to find none expired), and
--- keeps the waits whose trigger row is missing or NULL: those are homed by task id.
-SELECT t.id, t.soft_fail, t.wait_started_at FROM task t LEFT JOIN trigger g ON g.id = t.trigger_id
-WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
-  AND COALESCE(g.shard, t.id % :n_shards) = ANY(:shards);
-
 -- name: lock_dags_runs
 -- Nothing to take: a write transaction (BEGIN IMMEDIATE) already holds the file's lock.
 SELECT count(*) AS locked FROM dag WHERE dag_id = ANY(:dag_ids);
-
--- name: armed_start_waits
--- The start waits a fire is for (the write transaction holds the lock: no concurrent fire).
-SELECT id, dag_id, kind, trigger_id, logical_date, interval_end FROM start_wait
-WHERE id = ANY(:ids) ORDER BY id;
-
--- name: armed_run_waits
--- The run waits a fire is for (the write transaction holds the lock: no concurrent fire).
-SELECT id, run_id, kind, task_id, trigger_id, due_at FROM run_wait
-WHERE id = ANY(:ids) ORDER BY id;
-
--- name: unfinished_tasks_locked
--- A run's unfinished tasks (cancel, fail_fast); the write transaction holds the lock.
-SELECT id, task_id, map_index, expand_from, state, trigger_id FROM task
-WHERE run_id = :run_id AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')
-ORDER BY map_index DESC, id;
 
 -- name: migrate_lock
 -- Nothing to take: the migration's write transaction (BEGIN IMMEDIATE) holds the file's lock.
@@ -190,10 +121,6 @@ SELECT 0 AS held WHERE :space IS NULL AND :key IS NULL;
 -- name: liveness_holders
 -- Never run: on SQLite a process tries the other's lock file instead.
 SELECT NULL AS uptime, NULL AS keys WHERE :space IS NULL;
-
--- name: held_shards_fenced
--- The write transaction holds the file's lock: no takeover can commit before this one.
-SELECT shard FROM shard_lease WHERE owner = :owner AND expires_at >= :now;
 
 -- ---------------------------------------------------------------- events (issue 19)
 
@@ -239,20 +166,3 @@ RETURNING id;
 INSERT INTO task_event (task_row, ts, kind, message)
 SELECT json_extract(value, '$[0]'), :now, 'check', json_extract(value, '$[1]')
 FROM json_each(:lines) ORDER BY key;
-
--- ---------------------------------------------------------------- people in the loop (issue 19)
-
--- name: needs_you
--- INDEXED BY: the partial index of persons' waits (013_people.sql), not every event wait.
-SELECT t.id, t.run_id, t.task_id, t.map_index, t.wait_started_at, t.wait_timeout_at,
-       g.classpath, g.kwargs, r.dag_id, r.logical_date
-FROM trigger g INDEXED BY trigger_person CROSS JOIN task t ON t.trigger_id = g.id
-JOIN dag_run r ON r.run_id = t.run_id
-WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED'
-ORDER BY t.wait_started_at, t.id
-LIMIT :limit;
-
--- name: needs_you_count
-SELECT count(*) AS n FROM trigger g INDEXED BY trigger_person CROSS JOIN task t
-ON t.trigger_id = g.id
-WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED';
