@@ -7,9 +7,9 @@ for many rows is one JSON object of row id -> its value, or -> {column: value} w
 carries several columns (a deferral): SQLite reads the object again for every row, so
 the smaller it is the better.
 
-A move to RETRYING carries nothing of the wait it leaves whatever it is given: it forgets
-the resume point, the event and the wait, because a retry starts the task over and a
-sensor's timeout is per attempt.
+A move to RETRYING forgets the resume point, the event and the wait whatever it is given
+(an output it still writes): a retry starts the task over, and a sensor's timeout is per
+attempt.
 """
 
 from __future__ import annotations
