@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..carried import Output
 from ..driver.db import Row, Tx
 from ..params import resolve
 from ..rows import MovedTask, TaskRow
 from ..statemachine import (
-    Carry,
     evaluate,
     release_waits,
     resume_run,
@@ -232,7 +232,7 @@ class Runs(Part):
                     await _clear(tx, graph, [t], force=False, why=why, now=now)
                     row = (await _Graph.read(tx, run_id)).tasks[t]
                 await _drop_instances(tx, run_id, [t])
-                carry = Carry(output=output_json) if output_json and t == task_id else Carry()
+                carry = Output(output_json) if output_json and t == task_id else None
                 moved = await transition(
                     tx, [row.id], State(row.state), new, now=now, message=why, carry=carry
                 )

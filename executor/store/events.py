@@ -36,8 +36,9 @@ from typing import Any
 
 from triggers.events import EventError, EventWait, check_name, payload_json, payload_key
 
+from ..carried import Output, Resume
 from ..driver.db import Database, Row, Tx
-from ..statemachine import Carry, transition
+from ..statemachine import transition
 from ..states import State
 from .part import Part
 
@@ -224,11 +225,11 @@ async def settle(
     resumable = [r["id"] for r in rows if r["next_method"] is not None]
     moved = await transition(
         tx, sensors, State.DEFERRED, State.SUCCESS, now=now, message=why,
-        carry=Carry(output=payload_text),
+        carry=Output(payload_text),
     )  # fmt: skip
     moved += await transition(
         tx, resumable, State.DEFERRED, State.PENDING, now=now, message=why, ready_at=now,
-        carry=Carry(event=payload_text),
+        carry=Resume(payload_text),
     )  # fmt: skip
     ids = [m.id for m in moved]
     if ids:

@@ -33,8 +33,9 @@ from triggers.people import NEEDS_ANSWER, Answer, AnswerError, PersonWait
 from triggers.registry import TriggerLoadError, load_trigger
 
 from .. import notifications
+from ..carried import Output, Resume
 from ..driver.db import Row, Tx
-from ..statemachine import Carry, transition
+from ..statemachine import transition
 from ..states import State
 from .part import Part
 
@@ -223,7 +224,7 @@ async def settle_answer(
     if resume:
         moved = await transition(
             tx, [row["id"]], State.DEFERRED, State.PENDING, now=now, message=message,
-            ready_at=now, carry=Carry(event=text),
+            ready_at=now, carry=Resume(text),
         )  # fmt: skip
         if not moved:
             raise NotWaiting(f"task {row['task_id']} is no longer waiting", "task_id")
@@ -233,7 +234,7 @@ async def settle_answer(
     new = State.FAILED if failed else State.SUCCESS
     moved = await transition(
         tx, [row["id"]], State.DEFERRED, new, now=now, message=message,
-        carry=Carry(output=text),
+        carry=Output(text),
     )  # fmt: skip
     if not moved:  # lost the compare-and-set after all: the caller's lock says it cannot
         raise NotWaiting(f"task {row['task_id']} is no longer waiting", "task_id")

@@ -10,6 +10,7 @@ from collections import defaultdict
 from triggers.people import PersonWait
 from triggers.registry import load_trigger
 
+from ..carried import Defer, Defers, Outputs, Wait
 from ..driver.db import Tx
 from ..outcomes import (
     Deferral,
@@ -20,7 +21,7 @@ from ..outcomes import (
     SensorTimedOut,
     Succeeded,
 )
-from ..statemachine import Carry, Deferring, retry_or_fail, transition
+from ..statemachine import retry_or_fail, transition
 from ..states import State
 from .events import look_back, register_waits
 from .people import PERSON_KEY, request_made
@@ -50,7 +51,7 @@ async def record_outcomes(tx: Tx, outcomes: list[Outcome], now: float) -> None:
             now=now,
             message="succeeded",
             expect_owner=owner,
-            carry=Carry(outputs={o.row_id: o.output_json for o in group}),
+            carry=Outputs({o.row_id: o.output_json for o in group}),
         )
         recorded = {row.id for row in moved}
         for o in group:
@@ -75,7 +76,7 @@ async def record_outcomes(tx: Tx, outcomes: list[Outcome], now: float) -> None:
                 message=o.message,
                 ready_at=o.ready_at,
                 expect_owner=o.owner,
-                carry=Carry(wait_started_at=o.wait_started_at, wait_timeout_at=o.timeout_at),
+                carry=Wait(o.wait_started_at, o.timeout_at),
             )
         elif isinstance(o, SensorTimedOut):
             new = State.SKIPPED if o.soft_fail else State.FAILED
@@ -115,6 +116,7 @@ async def _defer_many(tx: Tx, group: list[Deferred], now: float) -> None:
         by_owner[o.owner][o.row_id] = o
     kept: set[int] = set()
     for owner, reports in by_owner.items():
+        deferrals = {i: Defer.of(o.deferral, trigger_of[(owner, i)]) for i, o in reports.items()}
         moved = await transition(
             tx,
             list(reports),
@@ -123,19 +125,7 @@ async def _defer_many(tx: Tx, group: list[Deferred], now: float) -> None:
             now=now,
             message={i: _defer_message(o.deferral) for i, o in reports.items()},
             expect_owner=owner,
-            carry=Carry(
-                deferrals={
-                    i: Deferring(
-                        trigger_id=trigger_of[(owner, i)],
-                        next_method=o.deferral.method,
-                        next_kwargs=o.deferral.method_kwargs_json,
-                        soft_fail=o.deferral.soft_fail,
-                        wait_started_at=o.deferral.wait_started_at,
-                        wait_timeout_at=o.deferral.timeout_at,
-                    )
-                    for i, o in reports.items()
-                }
-            ),
+            carry=Defers(deferrals),
         )
         kept |= {trigger_of[(owner, m.id)] for m in moved}
     # Stale reports (the attempt is no longer ours) and a report repeated: their rows go.
@@ -169,15 +159,7 @@ async def _defer(tx: Tx, o: Deferred, now: float) -> None:
         now=now,
         message=_defer_message(d),
         expect_owner=o.owner,
-        carry=Carry(
-            defer=True,
-            trigger_id=row["id"],
-            next_method=d.method,
-            next_kwargs=d.method_kwargs_json,
-            soft_fail=d.soft_fail,
-            wait_started_at=d.wait_started_at,
-            wait_timeout_at=d.timeout_at,
-        ),
+        carry=Defers({o.row_id: Defer.of(d, row["id"])}),
     )
     if not moved:  # a stale report: the attempt is no longer ours, nor is the trigger
         await tx.execute("delete_trigger", id=row["id"])
