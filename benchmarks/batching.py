@@ -54,6 +54,7 @@ from benchmarks.common import (
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the real-server helpers live with the tests
 
+from support.exchanging import run_counts  # noqa: E402
 from support.servers import (  # noqa: E402
     COUNT_PATH,
     SEED_PATH,
@@ -204,17 +205,17 @@ async def through_triggerer(
             await (await _link(setup, "bench_s3")).client.create_bucket(Bucket=bucket)
         finally:
             await setup.aclose()
-        triggerer = Triggerer(store, config=TriggererConfig(lease_every=0.5, sync_every=0.2))
+        triggerer = Triggerer(store.views, config=TriggererConfig(lease_every=0.5, sync_every=0.2))
         worker = Worker(
             store, slots=64, dags={dag.dag_id: dag}, poll_interval=0.05, on_defer=triggerer.poke
         )
         out: dict[str, Any] = {"sensors": sensors, "prefixes": prefixes, "interval_s": interval}
         try:
-            run_id = await store.create_run(dag, date(2024, 1, 2))
+            run_id = await store.runs.create_run(dag, date(2024, 1, 2))
             t0 = time.perf_counter()
             sidecar = asyncio.create_task(triggerer.run())
             serving = asyncio.create_task(worker.run())
-            while (await store.run_counts(run_id)).get("DEFERRED", 0) < sensors:
+            while (await run_counts(store, run_id)).get("DEFERRED", 0) < sensors:
                 await asyncio.sleep(0.2)
             out["seconds_until_all_deferred"] = round(time.perf_counter() - t0, 2)
             # Count whole cycles: from a grid instant, for three intervals.
@@ -230,7 +231,9 @@ async def through_triggerer(
             # Every key lands at once: how long until the whole run has ended?
             moto.seed(bucket, keys)
             t1 = time.perf_counter()
-            while (info := await store.run_info(run_id)) is not None and info["state"] == "RUNNING":
+            while (info := await store.views.run_info(run_id)) is not None and info[
+                "state"
+            ] == "RUNNING":
                 await asyncio.sleep(0.1)
             out["seconds_from_all_keys_landing_to_run_end"] = round(time.perf_counter() - t1, 2)
             out["run_state"] = info["state"] if info is not None else None

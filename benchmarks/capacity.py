@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 KIB = 1024
 
-# Issue 17's targets at 1,000,000 waits (the largest size run); CPU at W1, the issue's
+# The targets at 1,000,000 waits (the largest size run); CPU at W1, the
 # cheap-poll workload (19,000 waits on 5 s). CPU per check is measured at every size:
 # at 60 s intervals a 70 s window holds each wait's first and second checks, which both
 # write a log line, and the fixed costs (reconcile, leases) spread over fewer checks.
@@ -107,7 +107,7 @@ def insert_waits(
 ) -> list[int]:
     """Write one DEFERRED task and its trigger row per trigger, in bulk; returns task ids.
 
-    The rows are those ``executor.store.jobs._defer`` writes (trigger row, then the task
+    The rows are those ``executor.store.recording._defer`` writes (trigger row, then the task
     with its trigger id, wait start and timeout, state DEFERRED), without a worker
     round-trip per task. Equal triggers are serialized (and hashed) once.
     """
@@ -210,7 +210,7 @@ async def _child(p: dict[str, Any]) -> dict[str, Any]:
     proc = psutil.Process()
     store = await open_store(f"sqlite:///{p['db']}")
     await _warm_up(p["db"])
-    triggerer = Triggerer(store)
+    triggerer = Triggerer(store.views)
     triggerer.watch.lags = __import__("collections").deque()  # keep every sample
     expected = p["n"] + p["probes"]
     if p.get("tracemalloc"):
@@ -610,8 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     if top is not small:
         grown = (top["rss_loaded_mib"] - small["rss_loaded_mib"]) * 2**20
         marginal = round(grown / (top["triggers"] - small["triggers"]))
-    w1 = min(runs, key=lambda r: abs(r["triggers"] - 19_000))  # the issue's W1 workload
-    met = {  # issue 17's targets, at the largest size (and W1 for CPU)
+    w1 = min(runs, key=lambda r: abs(r["triggers"] - 19_000))  # the W1 workload
+    met = {  # the targets, at the largest size (and W1 for CPU)
         "bytes_per_trigger": top["bytes_per_trigger"] <= TARGETS["bytes_per_trigger"],
         "load_s": top["load_s"] <= TARGETS["load_s"],
         "loop_lag_p99_ms": top["loop_lag_p99_ms"] < TARGETS["loop_lag_p99_ms"],

@@ -19,7 +19,7 @@ SIGKILLed and a new one started at once, and the cluster is restarted once
 (``pg_ctl restart -m fast``), between two kills.
 
 Every process runs with its defaults (lease TTL 15 s, stale_after 30 s): a killed one is
-found by its liveness lock (executor/store/liveness.py), not by a timer. Triggerers poll
+found by its liveness lock (executor/driver/liveness.py), not by a timer. Triggerers poll
 (``--no-push``): with push a wait is checked only when its file lands, so "the first
 check by another triggerer" would measure the landing, not the takeover.
 
@@ -37,7 +37,7 @@ Measured (benchmarks/results/chaos.json, chaos.png):
   from the kill to the retry's claim (the RETRYING -> RUNNING transition);
 - ``makespan_s`` of both runs, and their ratio.
 
-Targets (issue 16): takeover p99 <= 3 s, retry p99 <= 5 s, and 0 lost / duplicated / twice.
+Targets: takeover p99 <= 3 s, retry p99 <= 5 s, and 0 lost / duplicated / twice.
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ async def fetch(url: str, sql: str, *args: Any) -> list[Any]:
     """One query on a connection of its own: it survives the cluster's restart."""
     import asyncpg
 
-    from executor.store.postgres import split_url
+    from executor.driver.postgres import split_url
 
     dsn, _ = split_url(url)
     for attempt in range(60):
@@ -349,7 +349,7 @@ async def one_run(
     url = await create_database(cluster, f"chaos_{label}")
     store = await open_store(url)
     try:
-        run_id = await store.create_run(load_dag(dag_file), DAY, dag_file=str(dag_file))
+        run_id = await store.runs.create_run(load_dag(dag_file), DAY, dag_file=str(dag_file))
     finally:
         await store.close()
 

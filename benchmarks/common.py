@@ -1,7 +1,7 @@
 """What every benchmark shares: metadata, result files, plots, progress, and instruments.
 
 The instruments measure the real code paths without changing them: :class:`ExchangeLog`
-wraps :meth:`Store.exchange` (one call is one worker transaction: outcomes in, claims out)
+wraps :meth:`Exchange.exchange` (one call is one worker transaction: outcomes in, claims out)
 and :class:`RssSampler` samples the process's resident memory from a thread.
 """
 
@@ -247,7 +247,7 @@ class Exchange:
 
 @dataclass
 class ExchangeLog:
-    """Every worker transaction (``Store.exchange``) while active, with its duration.
+    """Every worker transaction (``Exchange.exchange``) while active, with its duration.
 
     Patches the class, so it sees the store that ``slotless run`` opens by itself.
     """
@@ -258,13 +258,13 @@ class ExchangeLog:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[ExchangeLog]:
-        from executor.store.jobs import Store
+        from executor import store as parts
 
-        exchange, create_run = Store.exchange, Store.create_run
+        exchange, create_run = parts.Exchange.exchange, parts.Runs.create_run
         log = self
 
         async def timed_exchange(
-            self: Store, outcomes: Any, owner: str, limit: int, *rest: Any, **kw: Any
+            self: parts.Exchange, outcomes: Any, owner: str, limit: int, *rest: Any, **kw: Any
         ) -> Any:
             outcomes = list(outcomes)
             t0 = time.perf_counter()
@@ -282,20 +282,20 @@ class ExchangeLog:
             log.completed += len(outcomes)
             return claimed
 
-        async def timed_create_run(self: Store, *args: Any, **kwargs: Any) -> str:
+        async def timed_create_run(self: parts.Runs, *args: Any, **kwargs: Any) -> str:
             t0 = time.perf_counter()
             try:
                 return await create_run(self, *args, **kwargs)
             finally:
                 log.create_run_s.append(time.perf_counter() - t0)
 
-        Store.exchange = timed_exchange  # type: ignore[method-assign]
-        Store.create_run = timed_create_run  # type: ignore[method-assign]
+        parts.Exchange.exchange = timed_exchange  # type: ignore[method-assign]
+        parts.Runs.create_run = timed_create_run  # type: ignore[method-assign]
         try:
             yield self
         finally:
-            Store.exchange = exchange  # type: ignore[method-assign]
-            Store.create_run = create_run  # type: ignore[method-assign]
+            parts.Exchange.exchange = exchange  # type: ignore[method-assign]
+            parts.Runs.create_run = create_run  # type: ignore[method-assign]
 
     def summary(self) -> dict[str, Any]:
         busy = [e for e in self.exchanges if e.outcomes or e.claimed]

@@ -115,7 +115,7 @@ async def run_config(
         db = Path(tmp) / "dedup.db"
         store = await open_store(f"sqlite:///{db}")  # creates the schema
         insert_waits(db, [make(i, k) for i, k in enumerate(keys)], run_id="dedup", prefix="s")
-        triggerer = Triggerer(store)
+        triggerer = Triggerer(store.views)
         runner = asyncio.create_task(triggerer.run())
         try:
             while triggerer.table.subscriptions < len(keys):

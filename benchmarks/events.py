@@ -9,7 +9,7 @@ For each backend, in a fresh database (PostgreSQL: a fresh schema on ``--pg``), 
 
 * waits: tasks DEFERRED on ``EventTrigger(name="bench.ready", match={"k": i // 10})``
   (10 waits per match, each deferred with a method, so that an event makes them PENDING),
-  written through the worker's own path (``Store.exchange`` with the deferral a sensor
+  written through the worker's own path (``Exchange.exchange`` with the deferral a sensor
   makes) in this process, in batches, up to 1,000, 10,000 and ``--waits`` held;
 * at each size, ``--events`` events sent one by one over HTTP, each matching one live
   match (10 waits): the HTTP round trip (``event_cost_ms`` per size: target flat), and from
@@ -71,7 +71,7 @@ def _dag(n: int) -> DAG:
 
 
 class Waits:
-    """Grows the waits held, through the worker's own recording path (``Store.exchange``
+    """Grows the waits held, through the worker's own recording path (``Exchange.exchange``
     with the deferral a sensor makes), on ``writers`` connections at once."""
 
     def __init__(self, stores: list[Store]) -> None:
@@ -82,12 +82,12 @@ class Waits:
 
     async def grow_to(self, n: int) -> None:
         while self.made < n:  # runs of RUN_TASKS waits: wait i waits on match i // PER_MATCH
-            run_id = await self.stores[0].create_run(self.dag, date(2026, 11, 24))
+            run_id = await self.stores[0].runs.create_run(self.dag, date(2026, 11, 24))
             self.run_number[run_id] = self.made // RUN_TASKS
             self.made += RUN_TASKS
 
         async def writer(store: Store) -> None:
-            while claimed := await store.claim("bench", 500):
+            while claimed := await store.exchange.exchange([], "bench", 500):
                 now = time.time()
                 outcomes = []
                 for row in claimed:
@@ -99,7 +99,7 @@ class Waits:
                     outcomes.append(Deferred(row_id=row.id, owner=row.owner,
                                              attempt=row.attempt, max_attempts=row.max_attempts,
                                              run_id=row.run_id, deferral=d))  # fmt: skip
-                await store.complete(outcomes)
+                await store.exchange.exchange(outcomes, "", 0)
 
         await asyncio.gather(*(writer(s) for s in self.stores))
 

@@ -8,12 +8,12 @@ It runs the way ``slotless run FILE --slots 8 --json`` does (``slotless.cli.main
 process, on a fresh SQLite file). Measured:
 
 - materialize_s: the worker transaction in which ``source`` succeeds, which inserts the N
-  child rows (``Store.exchange``, timed around the call);
+  child rows (``Exchange.exchange``, timed around the call);
 - total_s: the whole ``slotless run`` call, DAG import to summary; tasks/s = (N + 2) / total_s;
 - peak_rss_mb: the process's resident memory, sampled every 50 ms (psutil) and checked
   against the kernel's high-water mark (getrusage).
 
-Targets (issue 3): 100,000 children created in under 5 s, the whole run under 60 s.
+Targets: 100,000 children created in under 5 s, the whole run under 60 s.
 Writes benchmarks/results/fanout.json and fanout.png.
 """
 

@@ -24,7 +24,7 @@ figures are the median of ``--repeat`` runs (every run is kept in the JSON).
   two clocks agree to a fraction of a millisecond). Run once with LISTEN/NOTIFY and once
   with it off (``?listen=0``: workers only poll), to show what the wake-ups buy.
 
-- many_hosts (issue 17, item 6): ``--many-workers`` worker processes (3) and
+- many_hosts: ``--many-workers`` worker processes (3) and
   ``--many-triggerers`` triggerers (2) on one run of ``--many-waits`` deferrable file
   sensors (10,000) over ``--many-paths`` distinct paths (6,000, so equal waits share a
   check), polled every ``--many-interval`` s (10), all parents of one ``all_done`` task;
@@ -41,8 +41,8 @@ figures are the median of ``--repeat`` runs (every run is kept in the JSON).
   were. ``--only many_hosts`` runs this phase alone and keeps the other phases' figures
   of the existing JSON.
 
-Target (issue 7): fire_to_start p99 under 100 ms with LISTEN/NOTIFY.
-Targets (issue 17): defers_per_s >= 2,000; burst_10000_all_fired_s <= interval + 1 s.
+Target: fire_to_start p99 under 100 ms with LISTEN/NOTIFY.
+Targets: defers_per_s >= 2,000; burst_10000_all_fired_s <= interval + 1 s.
 Writes benchmarks/results/postgres.json and postgres.png.
 """
 
@@ -279,7 +279,7 @@ async def claimer(url: str, start_at: float) -> None:
     claimed = transactions = 0
     await asyncio.sleep(max(0.0, start_at - time.time()))
     t0 = t1 = time.time()
-    while rows := await store.claim(owner, 10):
+    while rows := await store.exchange.exchange([], owner, 10):
         claimed += len(rows)
         transactions += 1
         t1 = time.time()  # the window ends with the last claim that got rows
@@ -297,7 +297,7 @@ async def claims(dsn: str, folder: Path, dag_file: Path, k: int) -> dict[str, An
         store = await open_store(schema.url)
         dag = load_dag(str(dag_file), "bench_pg_roots")
         n = len(dag.tasks)
-        await store.create_run(dag, DAY)
+        await store.runs.create_run(dag, DAY)
         await store.close()
         start_at = time.time() + 2.0 + 0.3 * k  # every process imported and connected by then
         procs = [
@@ -371,7 +371,7 @@ async def tasks(dsn: str, folder: Path, dag_file: Path, k: int, slots: int) -> d
         try:
             await asyncio.sleep(2.0)  # let them start: process startup is not measured
             dag = load_dag(str(dag_file), "bench_pg_fanout")
-            run_id = await store.create_run(dag, DAY, dag_file=str(dag_file))
+            run_id = await store.runs.create_run(dag, DAY, dag_file=str(dag_file))
             conn = await asyncpg.connect(schema.url)
             try:
                 await wait_run(conn, run_id, procs, timeout=600)
@@ -441,7 +441,7 @@ async def fire_to_start(
             await asyncio.sleep(2.0)
             dag = load_dag(str(dag_file), "bench_pg_waits")
             n = len(dag.tasks)
-            run_id = await store.create_run(dag, DAY, dag_file=str(dag_file))
+            run_id = await store.runs.create_run(dag, DAY, dag_file=str(dag_file))
             conn = await asyncpg.connect(schema.url)
             try:
                 deadline = time.monotonic() + 120
@@ -489,7 +489,7 @@ async def fire_to_start(
     }
 
 
-# -- many hosts (issue 17, item 6) --------------------------------------------------------
+# -- many hosts --------------------------------------------------------------------------
 
 
 async def many_hosts(
@@ -541,7 +541,7 @@ async def many_hosts(
             await asyncio.sleep(3.0)  # process startup and the shards' first split
             dag = load_dag(str(dag_file), "bench_pg_many")
             cpu0 = _cpu_by_role(procs, args.many_triggerers)
-            run_id = await store.create_run(dag, DAY, dag_file=str(dag_file))
+            run_id = await store.runs.create_run(dag, DAY, dag_file=str(dag_file))
             deadline = time.monotonic() + 600
             while await conn.fetchval(
                 "SELECT count(*) FROM task WHERE run_id = $1 AND task_id LIKE 's%'"

@@ -49,6 +49,8 @@ from benchmarks.common import (
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from support.exchanging import run_counts  # noqa: E402
+
 from benchmarks.batching import MotoProcess  # noqa: E402
 
 DAY = date(2024, 1, 2)
@@ -112,7 +114,7 @@ async def _serve(store: Any, dag: Any, config: Any) -> tuple[Any, Any, list[asyn
     from executor.worker import Worker
     from triggerer.service import Triggerer
 
-    triggerer = Triggerer(store, config=config)
+    triggerer = Triggerer(store.views, config=config)
     worker = Worker(
         store, slots=32, dags={dag.dag_id: dag}, poll_interval=0.05, on_defer=triggerer.poke
     )
@@ -166,11 +168,11 @@ async def files_benchmark(n: int, dirs: int, interval: float, tmp: Path) -> dict
     config = TriggererConfig(lease_every=0.5, sync_every=0.2, push=True)
     triggerer, worker, tasks = await _serve(store, dag, config)
     try:
-        run_id = await store.create_run(dag, DAY)
+        run_id = await store.runs.create_run(dag, DAY)
         t0 = time.perf_counter()
 
         async def all_deferred() -> bool:
-            return (await store.run_counts(run_id)).get("DEFERRED", 0) >= n
+            return (await run_counts(store, run_id)).get("DEFERRED", 0) >= n
 
         await _until(all_deferred, 600, "every file wait deferred")
         deferred_s = time.perf_counter() - t0
@@ -205,7 +207,7 @@ async def files_benchmark(n: int, dirs: int, interval: float, tmp: Path) -> dict
         closed = {int(k): v for k, v in json.loads(stdout).items()}
 
         async def all_woken() -> bool:
-            return (await store.run_counts(run_id)).get("DEFERRED", 0) == 0
+            return (await run_counts(store, run_id)).get("DEFERRED", 0) == 0
 
         await _until(all_woken, 600, "every file wait woken")
         pending = _pending_times(db, run_id)
@@ -281,11 +283,11 @@ async def s3_benchmark(
         )
         triggerer, worker, tasks = await _serve(store, dag, config)
         try:
-            run_id = await store.create_run(dag, DAY)
+            run_id = await store.runs.create_run(dag, DAY)
             t0 = time.perf_counter()
 
             async def all_deferred() -> bool:
-                return (await store.run_counts(run_id)).get("DEFERRED", 0) >= n
+                return (await run_counts(store, run_id)).get("DEFERRED", 0) >= n
 
             await _until(all_deferred, 900, "every S3 wait deferred")
             deferred_s = time.perf_counter() - t0
@@ -325,7 +327,7 @@ async def s3_benchmark(
             put_at = {int(k): v for k, v in json.loads(stdout).items()}
 
             async def all_woken() -> bool:
-                return (await store.run_counts(run_id)).get("DEFERRED", 0) == 0
+                return (await run_counts(store, run_id)).get("DEFERRED", 0) == 0
 
             await _until(all_woken, 900, "every S3 wait woken")
             pending = _pending_times(db, run_id)

@@ -16,7 +16,7 @@ Sections (``--sections``, comma-separated; each writes its own keys):
   2 or 3 tasks, ``max_active_runs`` high enough that every run is created RUNNING) held by
   ONE real ``python -m slotless triggerer`` process on SQLite, and no worker. The files are
   written to a folder but catalogued in this process (imported here, then
-  ``store.record_parse`` with what :func:`executor.catalogue._declared` stores, which arms
+  ``store.catalogue.record_parse`` with what :func:`executor.catalogue._declared` stores, which arms
   each start wait): the rows :func:`~executor.catalogue.scan` writes, without its
   forkserver's ~8 ms per file (the ``parse`` section's subject; 10,000 files would take
   minutes). A first triggerer creates the runs a freshly armed schedule owes at once and is
@@ -129,7 +129,7 @@ async def _parse(args: argparse.Namespace, folder: Path, db_url: str) -> dict[st
         for path in changed:
             touch(path)
         again = await timed(len(changed), "changed")
-        dags = len(await store.catalogue_dags())
+        dags = len(await store.catalogue.catalogue_dags())
     finally:
         await store.close()
     if dags != args.files:
@@ -211,10 +211,10 @@ async def _seed_ticks(folder: Path, db_url: str, n: int) -> None:
                 _declared(d, dag_id) for dag_id, d in import_dags(path).items()
             ]
             dags = [DeclaredDag(**d) for d in declared]
-            error = await store.record_parse(str(path), path.stat().st_mtime, dags, None)
+            error = await store.catalogue.record_parse(str(path), path.stat().st_mtime, dags, None)
             if error is not None:
                 raise RuntimeError(f"{path}: {error}")
-        armed = len(await store.start_waits())
+        armed = len(await store.catalogue.start_waits())
     finally:
         await store.close()
     if armed != n:

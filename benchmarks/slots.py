@@ -154,7 +154,7 @@ class TriggererThread:
 
         store = await open_store(self.url)
         self._loop = asyncio.get_running_loop()
-        self.triggerer = Triggerer(store)
+        self.triggerer = Triggerer(store.views)
         cpu0 = time.thread_time()
         db_thread = _db_thread_cpu(store)
         db0 = db_thread()
@@ -225,7 +225,7 @@ async def run_mode(
             poll_interval=0.05,
             on_defer=sidecar.poke,
         )
-        run_id = await store.create_run(dag, date(2026, 1, 1))
+        run_id = await store.runs.create_run(dag, date(2026, 1, 1))
         t0 = time.time()
         landed: dict[int, float] = {}
         lander = threading.Thread(
@@ -239,7 +239,7 @@ async def run_mode(
         async def until() -> bool:
             nonlocal rss_peak
             rss_peak = max(rss_peak, proc.memory_info().rss)
-            info = await store.run_info(run_id)
+            info = await store.views.run_info(run_id)
             if time.time() - t0 > args.max_seconds:
                 raise TimeoutError(f"{mode} mode did not finish within {args.max_seconds:g} s")
             return info is None or info["state"] != "RUNNING"

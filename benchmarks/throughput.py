@@ -190,9 +190,9 @@ async def completion_costs(
             dag.task(noop, task_id="child", parents=parents)
             pending[n], runs[n] = deque(), []
             for r in range(-(-samples // n)):
-                run_id = await store.create_run(dag, date(2026, 1, 1), run_id=f"fanin_{n}_{r}")
+                run_id = await store.runs.create_run(dag, date(2026, 1, 1), run_id=f"fanin_{n}_{r}")
                 runs[n].append(run_id)
-                rows = await store.claim("bench", n)  # exactly this run's parents
+                rows = await store.exchange.exchange([], "bench", n)  # exactly this run's parents
                 assert len(rows) == n and {row.run_id for row in rows} == {run_id}
                 for i, row in enumerate(rows):
                     outcome = Succeeded(
@@ -213,7 +213,7 @@ async def completion_costs(
         async def complete(n: int, sample: bool = True) -> None:
             outcome, readies_child = pending[n].popleft()
             t0 = time.perf_counter()
-            await store.complete([outcome])
+            await store.exchange.exchange([outcome], "", 0)
             elapsed = time.perf_counter() - t0
             if sample:
                 times[n].append(elapsed)
@@ -230,7 +230,7 @@ async def completion_costs(
             q = pending[n]
             while len(q) > 1:
                 batch = [q.popleft()[0] for _ in range(min(1000, len(q) - 1))]
-                await store.complete(batch)
+                await store.exchange.exchange(batch, "", 0)
                 done += len(batch)
                 bar.update(task, completed=done)
             if q:
@@ -239,7 +239,9 @@ async def completion_costs(
         bar.update(task, completed=total)
         for n in widths:
             for run_id in runs[n]:
-                child = next(t for t in await store.run_tasks(run_id) if t["task_id"] == "child")
+                child = next(
+                    t for t in await store.views.run_tasks(run_id) if t["task_id"] == "child"
+                )
                 assert child["n_done"] == n and child["ready_at"] is not None, dict(child)
     finally:
         await store.close()

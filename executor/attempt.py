@@ -37,7 +37,7 @@ from .params import BadConf, resolve
 from .rows import MovedTask
 from .slots import ProcessSlots, Result, ThreadSlots
 from .statemachine import expansion_problem
-from .store import Store
+from .store import Exchange, Views
 
 
 @dataclass(slots=True)
@@ -56,7 +56,8 @@ class Attempts:
 
     def __init__(
         self,
-        store: Store,
+        exchange: Exchange,
+        views: Views,
         *,
         slots: int,
         isolation: str,
@@ -66,7 +67,8 @@ class Attempts:
     ) -> None:
         if isolation not in ("thread", "process"):
             raise ValueError(f"unknown isolation {isolation!r}: use thread or process")
-        self.store = store
+        self.exchange = exchange
+        self.views = views
         self.runner = ThreadSlots(slots) if isolation == "thread" else ProcessSlots(slots)
         # Sensor checks are async code on a short-lived loop: always in a thread.
         self.sensor_runner = (
@@ -203,7 +205,7 @@ class Attempts:
             hold_slot=mode == "poke",
             deadline=deadline,
             main_loop=asyncio.get_running_loop(),
-            store=self.store,
+            views=self.views,
             log=ctx.log,
             check_timeout=spec.execution_timeout,
         )
@@ -245,7 +247,7 @@ class Attempts:
         source = spec.expand if row.map_index >= 0 else None
         if not any(p != source for p in spec.parents):
             return {}  # no query: the common case of a root or a mapped instance
-        return await self.store.parent_outputs(row)
+        return await self.exchange.parent_outputs(row)
 
     def _judge(
         self, row: MovedTask, owner: str, spec: TaskSpec, ctx: TaskContext, r: Result
@@ -302,7 +304,7 @@ class Attempts:
             ) from None
 
     async def _read_run_info(self, run_id: str) -> _RunInfo:
-        run = await self.store.run_info(run_id)
+        run = await self.views.run_info(run_id)
         if run is None:
             info = _RunInfo(None, "?", date.today(), problem=f"run {run_id} not found")
         else:

@@ -1,6 +1,6 @@
 """Delivering one claimed callback row in a worker slot: its handlers, bounded and retried.
 
-The worker claims callback rows with its free slots (``Store.exchange``) and hands each to
+The worker claims callback rows with its free slots (``Exchange.exchange``) and hands each to
 :meth:`Deliveries.deliver`, which finds the run's DAG the way an attempt does (the DAG
 the worker was given, else the run's file: a run the triggerer started from the catalogue
 carries only a stored shape, so its callables come from importing its file here), picks
@@ -32,7 +32,7 @@ from .notifications import (
     handlers_for,
     send,
 )
-from .store import Store
+from .store import Callbacks
 from .store.callbacks import CallbackRow
 
 log = logging.getLogger("slotless.callbacks")
@@ -41,8 +41,8 @@ log = logging.getLogger("slotless.callbacks")
 class Deliveries:
     """Runs claimed callback rows in the worker's slots."""
 
-    def __init__(self, store: Store, attempts: Attempts) -> None:
-        self.store = store
+    def __init__(self, callbacks: Callbacks, attempts: Attempts) -> None:
+        self.callbacks = callbacks
         self.attempts = attempts
 
     async def deliver(self, row: CallbackRow, owner: str, release: asyncio.Event) -> None:
@@ -70,7 +70,7 @@ class Deliveries:
         handlers = handlers_for(row.event, spec.hooks if spec else None, dag.hooks)
         tail: list[str] = []
         if row.task_row is not None:
-            tail = await self.store.callback_log_tail(row.task_row, row.created_at, LOG_TAIL)
+            tail = await self.callbacks.callback_log_tail(row.task_row, row.created_at, LOG_TAIL)
         ctx = CallbackContext(
             event=row.event,
             dag_id=dag_id,
@@ -106,7 +106,7 @@ class Deliveries:
             if result.ok:
                 done.append(h.key)
                 lines.append(f"{row.event}: {h.describe} done")
-                if not await self.store.callback_delivered(row, owner, done):
+                if not await self.callbacks.callback_delivered(row, owner, done):
                     return  # taken back (we were presumed dead): the new owner carries on
             else:
                 msg = result.message
@@ -136,7 +136,7 @@ class Deliveries:
             if row.tries < tries:
                 base = dag.callback_retry_delay if dag else BACKOFF_BASE
                 delay = min(BACKOFF_MAX, base * 2 ** (row.tries - 1))
-                state, ready_at = "PENDING", self.store.clock() + delay
+                state, ready_at = "PENDING", self.callbacks.clock() + delay
                 lines.append(
                     f"{row.event}: try {row.tries} of {tries}: {error}; "
                     f"trying again in {delay:g} s (the task's outcome is unchanged)"
@@ -150,7 +150,7 @@ class Deliveries:
         if row.task_row is None:  # a run's own event: no task log, so the worker's
             for line in lines:
                 log.log(logging.WARNING if errors else logging.INFO, "run %s: %s", row.run_id, line)
-        await self.store.end_callback(
+        await self.callbacks.end_callback(
             row, owner, state=state, done=done, error=error, ready_at=ready_at, log_lines=lines
         )
 

@@ -70,7 +70,7 @@ from .store.lines import one_line
 from .store.runs import RunShape
 
 if TYPE_CHECKING:  # the forkserver imports this module, and needs no store
-    from .store.jobs import Store
+    from .store import Store
 
 DEFAULT_PARSE_TIMEOUT = 30.0
 # How often a service with --dags lists its folder for changed files (mtimes only: cheap).
@@ -142,10 +142,10 @@ async def scan(
     that are gone. Never raises for what a DAG file does; raises for a missing folder."""
     folder = Path(folder).resolve()
     found = await asyncio.to_thread(dag_files, folder)
-    known = await store.catalogue_files()
+    known = await store.catalogue.catalogue_files()
     # Only this folder's files: another process may catalogue another folder in this store.
     removed = sorted(p for p in known if Path(p).parent == folder and p not in found)
-    await store.forget_files(removed)
+    await store.catalogue.forget_files(removed)
     # The mtime is read before the import: a file changed during its parse is parsed again.
     changed = sorted(p for p, mtime in found.items() if known.get(p) != mtime)
     limit = asyncio.Semaphore(jobs or os.cpu_count() or 1)
@@ -161,7 +161,7 @@ async def scan(
         await parser.close()
     errors = {}
     for path, parsed in zip(changed, results, strict=True):
-        stored = await store.record_parse(path, found[path], parsed.dags, parsed.error)
+        stored = await store.catalogue.record_parse(path, found[path], parsed.dags, parsed.error)
         if stored is not None:
             errors[path] = stored
     unchanged = sorted(set(found) - set(changed))
@@ -394,34 +394,27 @@ def _judge(path: str, timeout: float, code: int | None, out: str, err: str, kill
 
 
 def _declared(dag: object, dag_id: str) -> dict[str, object]:
-    """What the catalogue stores of a DAG: when it starts (its schedule's text, zone and
-    dates, the logical date of the first run its schedule would create now, its start
-    condition) and its shape, so that the triggerer creates runs without importing it."""
+    """What the catalogue stores of a DAG: when it starts (its schedule as JSON, the
+    logical date of the first run that schedule would create now, its start condition)
+    and its shape, so that the triggerer creates runs without importing it."""
     assert isinstance(dag, DAG)
     schedule = dag.schedule
     nxt = None
     if schedule is not None:
-        first = schedule.first_interval(datetime.now(UTC), catchup=dag.catchup)
+        first = schedule.first_interval(datetime.now(UTC))
         nxt = None if first is None else first.logical_date.isoformat()
     when = None
     if dag.start_when is not None:
         when = json.dumps(list(dag.start_when.serialize()), sort_keys=True)
     return {
         "dag_id": dag_id,
-        "schedule": None if schedule is None else str(schedule),
+        "schedule": None if schedule is None else schedule.to_json(),
         "timezone": str(dag.timezone),
         "next_logical_date": nxt,
-        "start_date": _iso(None if schedule is None else schedule.start_date),
-        "end_date": _iso(None if schedule is None else schedule.end_date),
-        "catchup": dag.catchup,
         "max_active_runs": dag.max_active_runs,
         "start_when": when,
         "shape": RunShape.of(dag).to_json(),
     }
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 def _child(path: str, timeout: str) -> None:

@@ -14,6 +14,7 @@ from triggers.registry import TriggerLoadError, is_allowed
 
 from .context import TaskContext
 from .durations import Duration, seconds
+from .errors import DagError as DagError  # authors import it from here too
 from .notifications import (
     ALERT_EVENTS,
     BACKOFF_BASE,
@@ -72,10 +73,6 @@ class SensorSpec:
         return self.poke_interval or self.trigger.poke_interval
 
 
-class DagError(ValueError):
-    """A DAG that cannot run: unknown parent, duplicate id, cycle, bad option."""
-
-
 def deployment_map_cap() -> int:
     return int(os.environ.get("SLOTLESS_MAX_MAP", DEFAULT_MAP_CAP))
 
@@ -101,7 +98,7 @@ class TaskSpec:
     branch: bool = False
     sensor: SensorSpec | None = None
     methods: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    # Issue 14 (executor/pools.py): the pool whose slots it holds while RUNNING, and the
+    # The pool (executor/pools.py) whose slots it holds while RUNNING, and the
     # queue of the workers that may run it.
     pool: str = "default"
     pool_slots: int = 1
@@ -196,18 +193,17 @@ class DAG:
         except TypeError as exc:
             raise DagError(f"DAG {dag_id!r}: {exc}") from None
         self.params: Params = params
-        # When runs are due (executor/schedules.py, docs/scheduling.md); the triggerer
-        # starts them (executor/store/starts.py).
+        # When runs are due, catchup included (executor/schedules.py, docs/scheduling.md);
+        # the triggerer starts them (executor/store/starts.py).
         self.schedule: Schedule | None = _schedule(
             dag_id, schedule, start_date, end_date, timezone, catchup, max_active_runs
         )
         self.timezone = timezone
-        self.catchup = catchup
         self.max_active_runs = max_active_runs
         # A trigger whose event starts a run (its string fields may use {{ ds }}).
         self.start_when = _start_when(dag_id, start_when)
         # When its runs must have ended, how long they may run, what a failed task does
-        # to them (executor/runpolicy.py; held by the triggerer: store/runwaits.py).
+        # to them (executor/runpolicy.py; held by the triggerer: executor/runwaits.py).
         self.policy = _policy(dag_id, deadline, dagrun_timeout, on_task_failure, timezone)
         # Callbacks and notify= URLs: the tasks' defaults and the run's own (docs/dag-patterns.md).
         self.hooks = _hooks(
@@ -230,6 +226,11 @@ class DAG:
         self.callback_retry_delay = seconds(callback_retry_delay) or 0.0
         self.tasks: dict[str, TaskSpec] = {}
         self._consumers: tuple[int, dict[str, list[TaskSpec]]] | None = None
+
+    @property
+    def catchup(self) -> bool:
+        """``catchup=`` as declared: it lives on the schedule (none: nothing to catch up)."""
+        return self.schedule is not None and self.schedule.catchup
 
     def task(
         self,
@@ -409,22 +410,6 @@ class DAG:
         if cycle:
             raise DagError("cycle: " + " -> ".join(cycle))
 
-    def topological_levels(self) -> list[list[str]]:
-        """Tasks grouped into levels that could run in parallel (after :meth:`validate`)."""
-        waiting = {t.task_id: len(t.parents) for t in self.tasks.values()}
-        level = [tid for tid, n in waiting.items() if n == 0]
-        levels: list[list[str]] = []
-        while level:
-            levels.append(level)
-            nxt = []
-            for tid in level:
-                for child in self.children(tid):
-                    waiting[child] -= 1
-                    if waiting[child] == 0:
-                        nxt.append(child)
-            level = nxt
-        return levels
-
 
 def _schedule(
     dag_id: str,
@@ -443,9 +428,9 @@ def _schedule(
             # No schedule, but the dates and the zone are still checked.
             Schedule.parse("@daily", timezone=timezone, start_date=start_date, end_date=end_date)
             return None
-        if catchup and start_date is None:
-            raise ValueError("start_date: catchup=True catches up from it, and there is none")
-        return Schedule.parse(spec, timezone=timezone, start_date=start_date, end_date=end_date)
+        return Schedule.parse(
+            spec, timezone=timezone, start_date=start_date, end_date=end_date, catchup=catchup
+        )
     except ValueError as exc:
         raise DagError(f"DAG {dag_id!r}: {exc}") from None
 

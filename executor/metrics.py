@@ -35,7 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .states import State
-from .store import Row, Store
+from .store import Pools, Views
 
 if TYPE_CHECKING:
     from .outcomes import Outcome
@@ -125,8 +125,9 @@ class MetricsServer:
 class StoreCollector(Collector):
     """Store-wide gauges, read before a scrape (at most every ``min_interval`` seconds)."""
 
-    def __init__(self, store: Store, min_interval: float = 1.0) -> None:
-        self.store = store
+    def __init__(self, views: Views, pools: Pools, min_interval: float = 1.0) -> None:
+        self.views = views
+        self.pools = pools
         self.min_interval = min_interval
         self._last = float("-inf")
         self._families: list[Metric] = []
@@ -150,17 +151,17 @@ class StoreCollector(Collector):
         )
 
     async def _read(self) -> list[Metric]:
-        store = self.store
-        now = store.clock()
+        views = self.views
+        now = views.clock()
         runs = GaugeMetricFamily("slotless_runs", "DAG runs by state", labels=["state"])
-        for state, n in sorted((await store.run_states()).items()):
+        for state, n in sorted((await views.run_states()).items()):
             runs.add_metric([state], n)
         tasks = GaugeMetricFamily(
             "slotless_tasks",
             "Task instances of unfinished runs by state (a mapped task counts its instances)",
             labels=["state"],
         )
-        counts = await store.live_task_states()
+        counts = await views.live_task_states()
         for state in State:
             tasks.add_metric([state.value], counts.get(state.value, 0))
         oldest = GaugeMetricFamily(
@@ -175,16 +176,16 @@ class StoreCollector(Collector):
             "The largest share of its own timeout any current wait has used (1 = timing out)",
             labels=["state"],
         )
-        summary = await store.waiting_summary(now)
+        summary = await views.waiting_summary(now)
         for state in ("DEFERRED", "SENSING"):
-            s: Row | None = summary.get(state)
-            started = s["oldest"] if s else None
+            s = summary.get(state)
+            started = s.oldest if s else None
             oldest.add_metric([state], 0.0 if started is None else max(0.0, now - started))
-            ratio.add_metric([state], (s["timeout_ratio"] if s else None) or 0.0)
-        since = await store.retrying_since()
+            ratio.add_metric([state], (s.timeout_ratio if s else None) or 0.0)
+        since = await views.retrying_since()
         oldest.add_metric(["RETRYING"], 0.0 if since is None else max(0.0, now - since))
-        leases = await store.shard_leases()
-        live = [r for r in leases if r["owner"] is not None and (r["expires_at"] or 0) >= now]
+        leases = await views.shard_leases()
+        live = [r for r in leases if r.owner is not None and (r.expires_at or 0) >= now]
         unowned = GaugeMetricFamily(
             "slotless_shards_unowned",
             "Trigger shards no live triggerer holds: DEFERRED waits in them are not checked",
@@ -194,16 +195,14 @@ class StoreCollector(Collector):
             "slotless_triggerers_live",
             f"Triggerers whose heartbeat is under {TRIGGERER_LIVE_AFTER:g} s old",
             sum(
-                1
-                for r in await store.list_triggerers()
-                if now - r["seen_at"] <= TRIGGERER_LIVE_AFTER
+                1 for r in await views.list_triggerers() if now - r.seen_at <= TRIGGERER_LIVE_AFTER
             ),
         )
-        return [runs, tasks, oldest, ratio, unowned, triggerers, *await _pools(store)]
+        return [runs, tasks, oldest, ratio, unowned, triggerers, *await _pools(self.pools)]
 
 
-async def _pools(store: Store) -> list[Metric]:
-    """Issue 14: each pool's size, slots in use and tasks ready; queues nobody serves."""
+async def _pools(pools: Pools) -> list[Metric]:
+    """Each pool's size, slots in use and tasks ready; queues nobody serves."""
     size = GaugeMetricFamily(
         "slotless_pool_slots", "Slots of each pool (the default pool is unlimited: +Inf)",
         labels=["pool"],
@@ -216,7 +215,7 @@ async def _pools(store: Store) -> list[Metric]:
         "Tasks of each pool ready to run (claimable now; held back when the pool is full)",
         labels=["pool"],
     )
-    for p in await store.pools():
+    for p in await pools.pools():
         size.add_metric([p.name], float("inf") if p.slots is None else p.slots)
         used.add_metric([p.name], p.used)
         ready.add_metric([p.name], p.ready)
@@ -226,7 +225,7 @@ async def _pools(store: Store) -> list[Metric]:
     queued = GaugeMetricFamily(
         "slotless_queue_tasks_ready", "Tasks of each queue ready to run", labels=["queue"]
     )
-    for q in await store.queues():
+    for q in await pools.queues():
         workers.add_metric([q.name], q.workers)
         queued.add_metric([q.name], q.ready)
     return [size, used, ready, workers, queued]
@@ -277,7 +276,7 @@ class WorkerMetrics:
 
 
 class _WorkerLiveness(Collector):
-    """Counts the worker keeps itself (liveness, issue 16)."""
+    """Counts the worker keeps itself (its liveness)."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -296,10 +295,10 @@ class _WorkerLiveness(Collector):
         )
 
 
-def store_registry(store: Store) -> tuple[CollectorRegistry, StoreCollector]:
+def store_registry(views: Views, pools: Pools) -> tuple[CollectorRegistry, StoreCollector]:
     """A fresh registry holding the store-wide gauges."""
     registry = CollectorRegistry(auto_describe=False)
-    collector = StoreCollector(store)
+    collector = StoreCollector(views, pools)
     registry.register(collector)
     return registry, collector
 
@@ -312,7 +311,7 @@ async def worker_metrics(
     if port is None:
         yield None
         return
-    registry, collector = store_registry(worker.store)
+    registry, collector = store_registry(worker.store.views, worker.store.pools)
     WorkerMetrics(worker, registry)
     server = MetricsServer(registry, host, port, [collector.refresh])
     await server.start()

@@ -52,8 +52,8 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .driver.db import Tx
     from .rows import MovedTask
-    from .store.db import Tx
 
 log = logging.getLogger("slotless.notifications")
 

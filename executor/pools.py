@@ -12,7 +12,7 @@ told otherwise). A queue other than ``default`` is *known* once declared with ``
 queues add NAME``; a pool is known once set. A DAG naming an unknown pool or queue is
 refused where it meets the store (a run created, a file catalogued), naming it.
 
-How the claim keeps a pool's bound (:func:`claim_rounds`, inside ``Store.exchange``'s one
+How the claim keeps a pool's bound (:func:`claim_rounds`, inside ``Exchange.exchange``'s one
 write transaction): candidates are read (``claim_candidates``: the worker's queues, pools
 that exist and were not full when the statement began); the pools they name are locked
 (``lock_pools``: on PostgreSQL ``FOR UPDATE SKIP LOCKED`` on the pool rows, so two
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the store imports this module: annotations only
-    from .store.db import Row, Tx
+    from .driver.db import Row, Tx
 
 DEFAULT = "default"  # the default pool (unlimited) and the default queue
 # Names as people type them: a letter or digit first, then letters, digits, _ - . (at most 64).
@@ -122,7 +122,7 @@ async def claim_rounds(
     tx: Tx, now: float, queues: Sequence[str], limit: int
 ) -> AsyncIterator[list[Candidate]]:
     """Up to ``limit`` claimable rows of ``queues`` that fit their pools, in claim order,
-    round by round, inside the write transaction that claims them (``Store.exchange``).
+    round by round, inside the write transaction that claims them (``Exchange.exchange``).
     The caller moves each round's rows to RUNNING before asking for the next, so the next
     round's candidates (read after) do not include them."""
     st = _Rounds()

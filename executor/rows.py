@@ -21,7 +21,9 @@ Row = Mapping[str, Any]  # a driver row: sqlite3.Row or asyncpg.Record
 
 
 class _FromRow:
-    _get: ClassVar[itemgetter[Any]]  # the class's columns, in field order (set by _typed)
+    # The class's columns by name, in field order, so the constructor takes them by
+    # position (one itemgetter call per row: the cheapest way to build many).
+    _get: ClassVar[itemgetter[Any]]
 
     @classmethod
     def of(cls, row: Row) -> Self:
@@ -46,7 +48,8 @@ def _typed(cls: T) -> T:
 @_typed
 @dataclass(slots=True)
 class MovedTask(_FromRow):
-    """The columns ``cas`` returns (schema/<backend>/queries.sql), in that order."""
+    """The columns ``cas`` returns (schema/common/queries.sql), read by name: the
+    statement must return each of them (tests/store/test_queries_parity.py checks)."""
 
     id: int
     run_id: str
@@ -68,7 +71,7 @@ class MovedTask(_FromRow):
     owner: str | None
     started_at: float | None
     hooks: int  # events with handlers (executor/notifications.py): a callback row each
-    # ctx.inputs when the claim read them in its own transaction (Store.exchange), else
+    # ctx.inputs when the claim read them in its own transaction (Exchange.exchange), else
     # read by the attempt.
     inputs: dict[str, Any] | None = None
 

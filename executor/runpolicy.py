@@ -18,7 +18,7 @@ take, and what the first failed task does to them.
   ``pause`` (the run goes PAUSED, nothing new starts, a notice goes out; ``slotless
   resume`` or ``slotless clear`` goes on).
 
-All three times are time triggers held by the triggerer (executor/store/runwaits.py).
+All three times are time triggers held by the triggerer (executor/runwaits.py).
 """
 
 from __future__ import annotations

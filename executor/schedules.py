@@ -1,11 +1,16 @@
 """Schedules: which data intervals a DAG's runs cover, and when each run is due.
 
-A :class:`Schedule` is built from what a DAG declares: a cron string (``"0 6 * * *"``), a
-preset (``"@daily"``), a :class:`~datetime.timedelta`, plus a time zone and optional
-``start_date`` / ``end_date``. Its *ticks* are the instants the cron matches on the wall
-clock of its zone (or ``start_date + k * every`` for a timedelta). Two consecutive ticks
-make an :class:`Interval`, with Airflow's meaning: the run for ``[start, end)`` has the
-logical date ``start`` and is due at ``end``. A daily 06:00 schedule's run for
+A :class:`Schedule` is built once from what a DAG declares: a cron string (``"0 6 * * *"``),
+a preset (``"@daily"``), a :class:`~datetime.timedelta`, plus a time zone, optional
+``start_date`` / ``end_date`` and ``catchup``. The catalogue stores it as JSON
+(:meth:`Schedule.to_json`) and every reader gets the same value back
+(:meth:`Schedule.from_json`): the triggerer arming and firing it, backfill, the listings.
+They all ask it when a run is due (:meth:`Schedule.next_run`, :meth:`Schedule.intervals`).
+
+Its *ticks* are the instants the cron matches on the wall clock of its zone (or
+``start_date + k * every`` for a timedelta). Two consecutive ticks make an
+:class:`Interval`, with Airflow's meaning: the run for ``[start, end)`` has the logical
+date ``start`` and is due at ``end``. A daily 06:00 schedule's run for
 ``[Mon 06:00, Tue 06:00)`` has logical date Mon 06:00 and runs on Tue 06:00.
 
 Every datetime that goes in must be aware; every one that comes out is aware and in UTC.
@@ -19,6 +24,8 @@ so they tick 23 and 25 times on those days. docs/scheduling.md says more, and wh
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -72,7 +79,7 @@ class Interval:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """When runs are due. Build it with :meth:`parse`; ``text`` is its stored form."""
+    """When runs are due. Build it with :meth:`parse`; :meth:`to_json` is its stored form."""
 
     text: str  # "0 6 * * *", "@daily" or an ISO 8601 duration "PT1H30M": parse() reads it back
     zone: ZoneInfo
@@ -80,6 +87,8 @@ class Schedule:
     every: timedelta | None = None
     start_date: datetime | None = None  # UTC
     end_date: datetime | None = None  # UTC
+    # Every interval since start_date runs (True), or only the latest ended one (False).
+    catchup: bool = False
 
     @classmethod
     def parse(
@@ -89,6 +98,7 @@ class Schedule:
         timezone: str | ZoneInfo = "UTC",
         start_date: datetime | date | None = None,
         end_date: datetime | date | None = None,
+        catchup: bool = False,
     ) -> Schedule:
         """A schedule from a cron string, a preset, a timedelta (or its ISO 8601 text).
 
@@ -100,6 +110,8 @@ class Schedule:
         end = _instant(end_date, zone, "end_date")
         if start is not None and end is not None and start > end:
             raise ValueError(f"start_date {start_date} is after end_date {end_date}")
+        if catchup and start is None:
+            raise ValueError("start_date: catchup=True catches up from it, and there is none")
         if isinstance(spec, timedelta) or (isinstance(spec, str) and spec.startswith("P")):
             every = spec if isinstance(spec, timedelta) else _duration(spec)
             if every <= timedelta(0):
@@ -108,12 +120,31 @@ class Schedule:
                 raise ValueError(f"schedule: a timedelta is whole seconds, not {every}")
             if start is None:
                 raise ValueError("start_date: a timedelta schedule counts its intervals from it")
-            return cls(_duration_text(every), zone, every=every, start_date=start, end_date=end)
+            text = _duration_text(every)
+            return cls(text, zone, None, every, start, end, bool(catchup))
         if not isinstance(spec, str):
             raise ValueError(f"schedule: a cron string, a preset or a timedelta, not {spec!r}")
         text = " ".join(spec.split())
-        cron = _cron(text)
-        return cls(text, zone, cron=cron, start_date=start, end_date=end)
+        return cls(text, zone, _cron(text), None, start, end, bool(catchup))
+
+    def to_json(self) -> str:
+        """What the catalogue stores: enough for :meth:`from_json` to give this value back."""
+        return json.dumps(
+            {
+                "schedule": self.text,
+                "timezone": self.zone.key,
+                "start_date": _iso(self.start_date),
+                "end_date": _iso(self.end_date),
+                "catchup": self.catchup,
+            },
+            sort_keys=True,
+        )
+
+    @staticmethod
+    def from_json(text: str) -> Schedule:
+        """The schedule :meth:`to_json` stored. Parsed once per text: 10,000 DAGs on one
+        cron fired together read one value."""
+        return _from_json(text)
 
     # -------------------------------------------------------------------- intervals
 
@@ -157,21 +188,47 @@ class Schedule:
             return None
         return self._interval(start)
 
-    def first_interval(self, now: datetime, *, catchup: bool) -> Interval | None:
+    def first_interval(self, now: datetime) -> Interval | None:
         """The first run a DAG with no runs yet would create, as of ``now``: with catchup,
         the first interval from ``start_date``; without, the latest complete interval, or
         the next one if none is complete. None when ``end_date`` has passed."""
         _aware(now, "now")
         first = self._first_start()
-        if catchup and first is not None:
+        if self.catchup and first is not None:
             return self._interval(first)
         return self.latest_complete(now) or self.next_interval(now)
 
+    def next_run(self, after: datetime | None, now: datetime) -> Interval | None:
+        """The run to wait for next, as of ``now``: the interval after the one ending at
+        ``after`` (None: no run yet, :meth:`first_interval`), a missed one skipped as
+        :meth:`skip_missed` says. None past ``end_date``."""
+        if after is None:
+            return self.first_interval(now)
+        return self.skip_missed(self.next_interval(after), now)
+
+    def skip_missed(self, interval: Interval | None, now: datetime) -> Interval | None:
+        """``interval``, or without catchup, when it ended before ``now`` (missed: a pause,
+        an outage, a late fire), the latest ended interval in its place."""
+        if interval is None or self.catchup or interval.end > now:
+            return interval
+        latest = self.latest_complete(now)
+        return latest if latest is not None and latest.start > interval.start else interval
+
+    def interval_starting(self, logical_date: datetime) -> Interval | None:
+        """The interval whose logical date is ``logical_date`` (None: not one of its ticks)."""
+        interval = self.next_interval(logical_date)
+        return interval if interval is not None and interval.start == logical_date else None
+
     # ------------------------------------------------------------------------ words
 
+    @property
+    def words(self) -> str:
+        """When it ticks, in words: "every day at 06:00 Europe/Paris" (the DAG listings)."""
+        return _describe(self.cron, self.every, self.zone)
+
     def describe(self) -> str:
-        """In words: "every day at 06:00 Europe/Paris"."""
-        words = _describe(self.cron, self.every, self.zone)
+        """In words, with its end: "every day at 06:00 UTC, until 2026-01-12 12:00"."""
+        words = self.words
         if self.end_date is not None:
             words += f", until {self.end_date.astimezone(self.zone):%Y-%m-%d %H:%M}"
         return words
@@ -228,23 +285,27 @@ class Schedule:
         raise AssertionError("a cron that parsed has ticks")  # pragma: no cover
 
 
-def stored_next_run(text: str, timezone: str, next_logical_date: datetime) -> Interval | None:
-    """The interval a catalogue row's ``next_logical_date`` starts (its end: when it is
-    due), from the row's stored schedule text and zone alone. None if it is not a tick."""
-    sched = Schedule.parse(text, timezone=timezone, start_date=next_logical_date)
-    interval = sched.next_interval(next_logical_date)
-    return interval if interval is not None and interval.start == next_logical_date else None
-
-
-def describe_stored(text: str, timezone: str) -> str:
-    """A catalogue row's schedule in words (a timedelta's start_date is not stored)."""
-    zone = _zone(timezone)
-    if text.startswith("P"):
-        return _describe(None, _duration(text), zone)
-    return _describe(_cron(text), None, zone)
-
-
 # ---------------------------------------------------------------------- parsing
+
+
+@functools.lru_cache(maxsize=4096)
+def _from_json(text: str) -> Schedule:
+    stored = json.loads(text)
+    return Schedule.parse(
+        stored["schedule"],
+        timezone=stored["timezone"],
+        start_date=_from_iso(stored["start_date"]),
+        end_date=_from_iso(stored["end_date"]),
+        catchup=bool(stored["catchup"]),
+    )
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _from_iso(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text).astimezone(UTC)
 
 
 def _zone(timezone: str | ZoneInfo) -> ZoneInfo:

@@ -108,7 +108,7 @@ def sense(
     hold_slot: bool,
     deadline: float,
     main_loop: asyncio.AbstractEventLoop,
-    store: Any,
+    views: Any,
     log: Callable[[str], None],
     check_timeout: float | None = None,
 ) -> Verdict:
@@ -117,7 +117,7 @@ def sense(
     A check that hangs is cut off at the sensor's deadline (a sensor timeout) or after
     ``check_timeout`` (the task's execution_timeout, per check: the attempt fails).
     """
-    external_states = _on_loop(store, main_loop)
+    external_states = _on_loop(views, main_loop)
     checks = 0
     while True:
         if time.time() >= deadline:
@@ -166,15 +166,15 @@ def sense(
         time.sleep(max(0.0, min(sensor.interval, deadline - time.time())))
 
 
-def _on_loop(store: Any, loop: asyncio.AbstractEventLoop) -> ExternalStates:
-    """``store.external_states``, asked from a check's loop in a slot's thread.
+def _on_loop(views: Any, loop: asyncio.AbstractEventLoop) -> ExternalStates:
+    """``views.external_states``, asked from a check's loop in a slot's thread.
 
     The store belongs to the worker's loop (``loop``): its connection cannot be used from
     another, so the question is run there.
     """
 
     async def ask(questions: Sequence[dict[str, Any]]) -> list[Any]:
-        future = asyncio.run_coroutine_threadsafe(store.external_states(questions), loop)
+        future = asyncio.run_coroutine_threadsafe(views.external_states(questions), loop)
         return await asyncio.wrap_future(future)
 
     return ask

@@ -16,114 +16,18 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from . import notifications
+from . import carried, notifications, runwaits
+from .carried import Carried
+from .driver.db import Row, Tx
 from .notifications import after_run, after_transition
 from .rows import MovedTask, TaskRow
 from .rules import Counts, Decision, aggregate, decide
 from .runpolicy import OnTaskFailure
 from .states import RUN_TERMINAL, TERMINAL, RunState, State, check_transition
-from .store import runwaits
-from .store.db import Row, Tx
 
 Message = str | Mapping[int, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Carry:
-    """What a transition writes besides the state, in the same statement.
-
-    Each group is left as it is unless set: ``output`` (one output for every row moved, a
-    sensor's event) or ``outputs`` (row id -> output, finished attempts); ``event`` (the
-    payload that resumes a deferred task); a deferral (``trigger_id``, ``next_method``,
-    ``next_kwargs``, ``soft_fail``, which also clears an earlier event); a wait
-    (``wait_started_at``, kept if a wait already started, and ``wait_timeout_at``).
-    ``events`` (row id -> event) and ``deferrals`` (row id -> :class:`Deferring`, the
-    deferral and its wait) are the same per row, so that a batch is one statement. A move
-    to RETRYING always forgets the resume point, the event and the wait: a retry starts
-    the task over, and a sensor's timeout is per attempt.
-    """
-
-    output: str | None = None
-    outputs: Mapping[int, str | None] | None = None
-    event: str | None = None
-    events: Mapping[int, str] | None = None
-    defer: bool = False
-    deferrals: Mapping[int, Deferring] | None = None
-    trigger_id: int | None = None
-    next_method: str | None = None
-    next_kwargs: str | None = None
-    soft_fail: bool = False
-    wait_started_at: float | None = None
-    wait_timeout_at: float | None = None
-
-    def params(self, new: State) -> dict[str, Any]:
-        output_mode = "keep"
-        if self.outputs is not None:
-            output_mode = "each"
-        elif self.output is not None:
-            output_mode = "one"
-        resume: Literal["keep", "event", "events", "defer", "defer_each", "restart"] = "keep"
-        wait: Literal["keep", "start", "each", "clear"] = "keep"
-        per_row: dict[int, dict[str, Any]] | None = None
-        if new is State.RETRYING:
-            resume, wait = "restart", "clear"
-        else:
-            if self.deferrals is not None:
-                resume, wait = "defer_each", "each"
-                per_row = {i: d.fields() for i, d in self.deferrals.items()}
-            elif self.defer:
-                resume = "defer"
-            elif self.events is not None:
-                resume = "events"
-                per_row = {i: {"event": e} for i, e in self.events.items()}
-            elif self.event is not None:
-                resume = "event"
-            if self.wait_started_at is not None:
-                wait = "start"
-        return {
-            "output_mode": output_mode,
-            "output": self.output,
-            "outputs": None if self.outputs is None else json.dumps(self.outputs),
-            "resume_mode": resume,
-            "event": self.event,
-            "trigger_id": self.trigger_id,
-            "next_method": self.next_method,
-            "next_kwargs": self.next_kwargs,
-            "soft_fail": int(self.soft_fail),
-            "wait_mode": wait,
-            "wait_started_at": self.wait_started_at,
-            "wait_timeout_at": self.wait_timeout_at,
-            "per_row": None if per_row is None else json.dumps(per_row),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Deferring:
-    """One row's deferral in a batch (:attr:`Carry.deferrals`): what ``defer=True`` and the
-    wait fields of :class:`Carry` say for a single one."""
-
-    trigger_id: int
-    next_method: str | None
-    next_kwargs: str | None
-    soft_fail: bool
-    wait_started_at: float
-    wait_timeout_at: float | None
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "trigger_id": self.trigger_id,
-            "next_method": self.next_method,
-            "next_kwargs": self.next_kwargs,
-            "soft_fail": int(self.soft_fail),
-            "wait_started_at": self.wait_started_at,
-            "wait_timeout_at": self.wait_timeout_at,
-        }
-
-
-NOTHING = Carry()
 
 
 async def transition(
@@ -138,10 +42,11 @@ async def transition(
     owner: str | None = None,
     expect_owner: str | None = None,
     attempt_delta: int = 0,
-    carry: Carry = NOTHING,
+    carry: Carried | None = None,
 ) -> list[MovedTask]:
-    """Move ``ids`` from ``expected`` to ``new`` with what ``carry`` says; returns the rows
-    that moved (a row no longer in ``expected``, or not ``expect_owner``'s, stays put)."""
+    """Move ``ids`` from ``expected`` to ``new``, writing ``carry`` (executor/carried.py) in
+    the same statement; returns the rows that moved (a row no longer in ``expected``, or
+    not ``expect_owner``'s, stays put)."""
     changed = await _cas(
         tx,
         ids,
@@ -166,7 +71,7 @@ async def transition_run(
     """Move a run from ``expected`` to ``new`` (compare-and-set); whether it moved. ``why``
     is kept on the run (``state_reason``: a pause, a fail_fast, a cancel, a timeout).
 
-    The run's time waits follow its state (executor/store/runwaits.py): an ended run's are
+    The run's time waits follow its state (executor/runwaits.py): an ended run's are
     dropped; a run that starts RUNNING arms its dagrun_timeout, and one reopened after it
     ended also its deadline and late waits still ahead."""
     check_transition(expected, new)
@@ -236,7 +141,7 @@ async def _cas(
     owner: str | None = None,
     expect_owner: str | None = None,
     attempt_delta: int = 0,
-    carry: Carry = NOTHING,
+    carry: Carried | None = None,
 ) -> list[MovedTask]:
     check_transition(expected, new)
     if not ids:
@@ -256,7 +161,7 @@ async def _cas(
         expect_owner=expect_owner,
         message=None if many else message,
         messages=json.dumps(message) if many else None,
-        **carry.params(new),
+        **carried.params(carry, new),
     )
     changed = MovedTask.all(rows)
     if changed:

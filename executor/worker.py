@@ -6,7 +6,7 @@ each in a slot (:mod:`executor.attempt` turns a row into an outcome); sleep unti
 frees, the database signals new work (PostgreSQL LISTEN/NOTIFY) or the poll interval
 passes. Beside it, a housekeeper heartbeats in-flight rows and takes back the rows of
 workers that died: at once when a worker's liveness lock is released (its process is
-gone: executor/store/liveness.py), after ``stale_after`` when it only stopped
+gone: executor/driver/liveness.py), after ``stale_after`` when it only stopped
 heartbeating (hung, cut off). A worker that wakes from a pause heartbeats before anything
 else and stops the attempts it lost (a forked child is killed; a thread cannot be).
 """
@@ -28,13 +28,13 @@ from .attempt import Attempts
 from .callbacks import Deliveries
 from .catalogue import DEFAULT_PARSE_TIMEOUT
 from .dag import DAG
+from .driver.db import TASKS_CHANNEL
+from .driver.faults import Backoff, is_transient, split_apart
 from .outcomes import Deferred, Failed, Outcome, SlotInterval
 from .pools import DEFAULT
 from .rows import MovedTask
 from .store import Store
 from .store.callbacks import CallbackRow
-from .store.db import TASKS_CHANNEL
-from .store.faults import Backoff, is_transient, split_apart
 
 log = logging.getLogger("slotless.worker")
 
@@ -61,12 +61,12 @@ class Worker:
     ) -> None:
         self.store = store
         self.slots = slots
-        # Issue 14: only tasks of these queues are claimed (executor/pools.py).
+        # Only tasks of these queues are claimed (executor/pools.py).
         self.queues = tuple(queues)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self._attempts = Attempts(
-            store, slots=slots, isolation=isolation, dags=dict(dags or {}), rand=rand,
-            dag_import_timeout=dag_import_timeout,
+            store.exchange, store.views, slots=slots, isolation=isolation,
+            dags=dict(dags or {}), rand=rand, dag_import_timeout=dag_import_timeout,
         )  # fmt: skip
         self._poll = poll_interval
         self._heartbeat_every = heartbeat_interval
@@ -77,7 +77,7 @@ class Worker:
         self.attempts_lost = 0  # our attempts found taken back (we were paused or cut off)
         self._on_defer = on_defer  # e.g. wake an in-process triggerer at once
         # Callback rows take the slots no task took (executor/callbacks.py).
-        self._deliveries = Deliveries(store, self._attempts)
+        self._deliveries = Deliveries(store.callbacks, self._attempts)
         self._callbacks_in_flight: dict[int, str] = {}  # callback row id -> claim owner
         self._claimed_callbacks: list[CallbackRow] = []
         self._free = list(range(slots - 1, -1, -1))  # slot numbers, popped from the end
@@ -151,7 +151,7 @@ class Worker:
             await asyncio.gather(housekeeper, listener, watcher, return_exceptions=True)
             self._attempts.shutdown()
             with contextlib.suppress(Exception):  # else its row expires by itself
-                await self.store.worker_leave(self.worker_id)
+                await self.store.exchange.worker_leave(self.worker_id)
             await self.liveness.close()
 
     async def _exchange(self, limit: int) -> list[MovedTask]:
@@ -161,7 +161,7 @@ class Worker:
         self._claims += 1
         try:
             callbacks: list[CallbackRow] = []  # any worker delivers them, whatever its queues
-            claimed = await self.store.exchange(
+            claimed = await self.store.exchange.exchange(
                 batch, owner, limit, self.queues, callbacks=callbacks
             )
         except Exception as exc:
@@ -197,7 +197,7 @@ class Worker:
         (then the whole batch is retried: recording an outcome twice changes nothing)."""
 
         async def record(part: Sequence[Outcome]) -> None:
-            await self.store.exchange(part, "", 0)
+            await self.store.exchange.exchange(part, "", 0)
 
         try:
             bad = await split_apart(batch, record)
@@ -209,7 +209,7 @@ class Worker:
                     max_attempts=o.attempt, run_id=o.run_id, message=why, slot=o.slot,
                 )  # fmt: skip
                 try:
-                    await self.store.exchange([failed], "", 0)
+                    await self.store.exchange.exchange([failed], "", 0)
                 except Exception:
                     # Dropped from in-flight below: no more heartbeats, so the reaper
                     # retries or fails it per its policy after stale_after.
@@ -283,7 +283,9 @@ class Worker:
 
     async def _beat(self) -> None:
         """Keep this worker's row live for ``stale_after``, with the queues it serves."""
-        await self.store.worker_beat(self.worker_id, self.queues, self.slots, self._stale_after)
+        await self.store.exchange.worker_beat(
+            self.worker_id, self.queues, self.slots, self._stale_after
+        )
 
     async def _housekeeper(self) -> None:
         last_reap = 0.0
@@ -312,7 +314,7 @@ class Worker:
                 callbacks.setdefault(owner, []).append(cb_id)
             try:
                 for owner, ids in by_owner.items():
-                    held = set(await self.store.heartbeat(owner, ids))
+                    held = set(await self.store.exchange.heartbeat(owner, ids))
                     # Taken back meanwhile (cancelled, cleared with force, reaped): stop
                     # the attempt where the slot can (a process); its report is discarded.
                     # Not held and still in a slot: an attempt that ended meanwhile (its
@@ -326,18 +328,18 @@ class Worker:
                         )  # fmt: skip
                         self._attempts.stop(lost)
                 for owner, ids in callbacks.items():
-                    await self.store.heartbeat_callbacks(owner, ids)
+                    await self.store.callbacks.heartbeat_callbacks(owner, ids)
                 await self._beat()
                 recovered = time.monotonic() - self._db_failed_at >= self._stale_after
                 if recovered and time.monotonic() - last_reap >= self._stale_after / 2:
                     last_reap = time.monotonic()
-                    reaped = await self.store.reap(self._stale_after)
+                    reaped = await self.store.exchange.reap(self._stale_after)
                     if reaped:
                         log.warning(
                             "took back %d attempts of workers that stopped heartbeating "
                             "for %g s (hung, or cut off)", reaped, self._stale_after
                         )  # fmt: skip
-                    if reaped + await self.store.reap_callbacks(self._stale_after):
+                    if reaped + await self.store.callbacks.reap_callbacks(self._stale_after):
                         self._wake.set()
                 backoff.succeeded()
             except Exception as exc:
@@ -351,10 +353,10 @@ class Worker:
         while True:
             await asyncio.sleep(self._liveness_every)
             try:
-                others = await self.store.other_workers(self.worker_id)
+                others = await self.store.exchange.other_workers(self.worker_id)
                 dead = set(others) - await self.liveness.alive(others)
                 for worker_id in sorted(dead):
-                    taken = await self.store.reap_worker(
+                    taken = await self.store.exchange.reap_worker(
                         worker_id, "its process is gone (liveness lock released)"
                     )
                     self.lost_workers += 1

@@ -2,7 +2,7 @@
 
 The DAG comes from the catalogue (``--dags DIR`` parses a folder into it first, as
 ``slotless trigger`` does) and its runs from the shape the catalogue stored, not from an
-import of the file here: :meth:`Store.backfill` keys each interval's run as the schedule
+import of the file here: :meth:`Runs.backfill` keys each interval's run as the schedule
 does, so a backfill run again creates nothing and the schedule never runs an interval a
 backfill ran. The runs are the running workers' to run; this command follows them (the
 store's run states, polled) until they end, and Ctrl-C stops only the following.
@@ -37,6 +37,7 @@ from executor.store import Store
 from executor.store.backfills import Backfilled
 from executor.store.starts import StartSpec
 
+from .options import db_opt, parse_timeout_opt, slots
 from .trigger import catalogued
 
 # The most intervals one backfill creates: a typo (a minutely DAG over a year) must not
@@ -54,14 +55,55 @@ class BadBackfill(ValueError):
     """A backfill that cannot be made: no schedule, an empty or reversed range."""
 
 
+def add_commands(sub: Any) -> None:
+    back = sub.add_parser(
+        "backfill",
+        help="a run of a scheduled DAG for each past interval from --from to --to; follows them",
+    )
+    back.add_argument("dag_id", metavar="DAG")
+    back.add_argument(
+        "--from",
+        dest="date_from",
+        required=True,
+        metavar="D1",
+        help="the first logical date: YYYY-MM-DD or an ISO datetime, on the DAG's clock",
+    )
+    back.add_argument(
+        "--to",
+        dest="date_to",
+        required=True,
+        metavar="D2",
+        help="the last logical date, included (a date: its whole day)",
+    )
+    back.add_argument(
+        "--max-active",
+        type=slots,
+        metavar="N",
+        help="at most N of its runs at once, the rest wait queued (default: max_active_runs)",
+    )
+    back.add_argument(
+        "--rerun-failed",
+        action="store_true",
+        help="a new run for each interval whose run ended FAILED (default: left alone)",
+    )
+    back.add_argument(
+        "--no-wait", action="store_true", help="create the runs and exit, without following them"
+    )
+    back.add_argument("--json", action="store_true", help="print one JSON object")
+    db_opt(back)
+    back.add_argument("--dags", metavar="DIR", help="parse this folder's changed DAG files first")
+    parse_timeout_opt(back)
+    back.set_defaults(func=backfill_command)
+
+
 async def backfill_command(args: argparse.Namespace) -> int:
     async with catalogued(args) as store:
-        spec = await store.start_spec(args.dag_id)
+        spec = await store.catalogue.start_spec(args.dag_id)
         due, later = plan(spec, args.date_from, args.date_to, store.clock())
         # From here Ctrl-C only ends the following: the runs are created whole (a batch
         # at a time anyway), then their states are read once more for the summary.
         with _ctrl_c() as stop:
-            done = await store.backfill(
+            done = await store.runs.backfill(
                 spec,
                 due,
                 max_active=args.max_active or spec.max_active_runs,
@@ -171,7 +213,7 @@ async def follow(
     with progress:
         bar = progress.add_task("runs", total=len(states), states="")
         while True:
-            states = {**states, **await store.runs_states(list(states))}
+            states = {**states, **await store.views.runs_states(list(states))}
             counts = Counter(states.values())
             progress.update(
                 bar,

@@ -18,8 +18,10 @@ from typing import Any
 from executor.store import open_store
 from executor.store.control import ControlError, Done
 
+from .options import db_opt
 
-def add_commands(sub: Any, db_opt: Any) -> None:
+
+def add_commands(sub: Any) -> None:
     """The four commands, on the ``slotless`` parser's subparsers."""
     clear = sub.add_parser("clear", help="run tasks of a run again (back to PENDING)")
     clear.add_argument("run_id", metavar="RUN")
@@ -71,23 +73,23 @@ async def control_command(args: argparse.Namespace) -> int:
     try:
         done: Done
         if action == "clear":
-            done = await store.clear(
+            done = await store.runs.clear(
                 args.run_id, args.tasks, downstream=args.downstream, upstream=args.upstream,
                 failed_only=args.failed_only, force=args.force, who=who, reason=args.reason,
             )  # fmt: skip
         elif action == "mark":
-            done = await store.mark(
+            done = await store.runs.mark(
                 args.run_id, args.task_id, args.outcome, output=output,
                 downstream=args.downstream, who=who, reason=args.reason,
             )  # fmt: skip
         elif action == "cancel":
-            done = await store.cancel(args.run_id, who=who, reason=args.reason)
+            done = await store.runs.cancel(args.run_id, who=who, reason=args.reason)
         elif action == "resume":
-            done = await store.resume(
+            done = await store.runs.resume(
                 args.run_id, retry_failed=not args.no_retry, who=who, reason=args.reason
             )
         else:
-            done = await store.retry(args.run_id, who=who, reason=args.reason)
+            done = await store.runs.retry(args.run_id, who=who, reason=args.reason)
     finally:
         await store.close()
     if args.json:

@@ -20,10 +20,12 @@ from executor.store import open_store
 from executor.store.events import StoredEvent, UnknownEvent
 from triggers.events import EventError
 
+from .options import db_opt
+
 PAYLOAD_SHOWN = 120  # characters of a payload shown per line by `list`
 
 
-def add_commands(sub: Any, db_opt: Any) -> None:
+def add_commands(sub: Any) -> None:
     """``events send`` and ``events list``, on the ``slotless`` parser's subparsers."""
     events = sub.add_parser("events", help="send an event (it wakes the waits it matches); list")
     actions = events.add_subparsers(required=True, metavar="ACTION")
@@ -48,8 +50,8 @@ async def send_command(args: argparse.Namespace) -> int:
         raise EventError(f"--payload is not JSON: {exc}", "payload") from None
     store = await open_store(args.db)
     try:
-        sent = await store.send_event(args.name, payload, source=f"cli:{getpass.getuser()}")
-        woke = await store.get_event(sent.id)
+        sent = await store.events.send_event(args.name, payload, source=f"cli:{getpass.getuser()}")
+        woke = await store.events.get_event(sent.id)
     finally:
         await store.close()
     if args.json:
@@ -70,7 +72,7 @@ async def send_command(args: argparse.Namespace) -> int:
 async def list_command(args: argparse.Namespace) -> int:
     store = await open_store(args.db, create=False)
     try:
-        events = await store.list_events(args.name, limit=max(1, args.limit))
+        events = await store.events.list_events(args.name, limit=max(1, args.limit))
     except UnknownEvent as exc:
         print(f"slotless: error: {exc}", file=sys.stderr)
         return 2

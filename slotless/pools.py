@@ -13,8 +13,10 @@ from typing import Any
 
 from executor.store import open_store
 
+from .options import db_opt
 
-def add_commands(sub: Any, db_opt: Any) -> None:
+
+def add_commands(sub: Any) -> None:
     """The two commands, on the ``slotless`` parser's subparsers."""
     pools = sub.add_parser("pools", help="pools: how many tasks of a kind run at once")
     pools_sub = pools.add_subparsers(required=True, metavar="ACTION")
@@ -47,23 +49,23 @@ async def pools_command(args: argparse.Namespace) -> int:
     try:
         result: dict[str, Any]
         if action == "pools set":
-            slots = await store.set_pool(args.name, args.slots)
+            slots = await store.pools.set_pool(args.name, args.slots)
             result = {"pool": args.name, "slots": slots}
             line = f"pool {args.name}: {slots} slots"
         elif action == "pools delete":
-            await store.delete_pool(args.name)
+            await store.pools.delete_pool(args.name)
             result = {"pool": args.name, "deleted": True}
             line = f"pool {args.name}: deleted"
         elif action == "queues add":
-            new = await store.add_queue(args.name)
+            new = await store.pools.add_queue(args.name)
             result = {"queue": args.name, "added": new}
             line = f"queue {args.name}: {'added' if new else 'already declared'}"
         elif action == "queues delete":
-            await store.delete_queue(args.name)
+            await store.pools.delete_queue(args.name)
             result = {"queue": args.name, "deleted": True}
             line = f"queue {args.name}: deleted"
         elif action == "pools list":
-            pools = await store.pools()
+            pools = await store.pools.pools()
             result = {
                 "pools": [
                     {"name": p.name, "slots": p.slots, "used": p.used, "ready": p.ready}
@@ -76,7 +78,7 @@ async def pools_command(args: argparse.Namespace) -> int:
                 for p in pools
             )
         else:
-            queues = await store.queues()
+            queues = await store.pools.queues()
             result = {
                 "queues": [
                     {"name": q.name, "declared": q.declared, "workers": q.workers,

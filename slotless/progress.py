@@ -2,7 +2,7 @@
 
 Tasks by state, a bar per mapped task, what each waiting sensor waits for and since when,
 what each retrying task failed with, the time elapsed. :func:`follow` is a task of its own
-beside the worker and only reads (:meth:`Store.run_progress`: one run's rows, the waits
+beside the worker and only reads (:meth:`Views.run_progress`: one run's rows, the waits
 limited); it waits at least 20 times as long as a read took, so that reading costs the run
 at most ~5% of the store's time (SQLite serves a process's reads and writes in turn).
 :func:`render` builds the view from what was read, and nothing else.
@@ -25,7 +25,14 @@ from executor.states import TERMINAL
 from executor.store import Store
 from executor.store.inspecting import RunProgress
 
-from .status import STATE_STYLE, failure_cause, human_seconds, states_text, task_name, waiting_task
+from .status import (
+    STATE_STYLE,
+    failure_cause,
+    human_seconds,
+    retrying_task,
+    states_text,
+    waiting_task,
+)
 
 EVERY = 0.3  # seconds between reads, at least
 BAR = 30  # a bar's width in columns
@@ -44,7 +51,7 @@ async def follow(
     ) as live:
         while not done.is_set():
             started = time.perf_counter()
-            progress = await store.run_progress(run_id)
+            progress = await store.views.run_progress(run_id)
             if progress is None:
                 return
             live.update(render(progress), refresh=True)
@@ -56,10 +63,10 @@ async def follow(
 def render(p: RunProgress) -> RenderableType:
     run = p.run
     head = Text.assemble(
-        (run["run_id"], "bold"),
+        (run.run_id, "bold"),
         " ",
-        (run["state"], STATE_STYLE.get(run["state"], "")),
-        f"  elapsed {human_seconds(p.now - run['created_at'])}",
+        (run.state, STATE_STYLE.get(run.state, "")),
+        f"  elapsed {human_seconds(p.now - run.created_at)}",
     )
     bars = Table.grid(padding=(0, 1))
     total = sum(p.counts.values())
@@ -67,34 +74,34 @@ def render(p: RunProgress) -> RenderableType:
     failed = p.counts.get("FAILED", 0) + p.counts.get("UPSTREAM_FAILED", 0)
     bars.add_row("tasks", _bar(ended, total, failed), f"{ended}/{total}", states_text(p.counts))
     for m in p.mapped:
-        if m["map_total"] is None:
-            bars.add_row(m["task_id"], Text(f"maps over {m['expand_from']}", style="dim"))
+        if m.map_total is None:
+            bars.add_row(m.task_id, Text(f"maps over {m.expand_from}", style="dim"))
         else:
-            done, of = m["n_done"], m["map_total"]
-            bars.add_row(m["task_id"], _bar(done, of, m["n_failed"]), f"{done}/{of}")
+            done, of = m.n_done, m.map_total
+            bars.add_row(m.task_id, _bar(done, of, m.n_failed), f"{done}/{of}")
     parts: list[RenderableType] = [head, bars]
     waiting = p.counts.get("DEFERRED", 0) + p.counts.get("SENSING", 0)
     if p.waits:
         rows = Table.grid(padding=(0, 2))
         for r in p.waits:
             t = waiting_task(r, p.now)
-            since = datetime.fromtimestamp(t["since"]).strftime("%H:%M:%S")
+            since = datetime.fromtimestamp(t.since).strftime("%H:%M:%S")
             rows.add_row(
-                Text(task_name(t), style=STATE_STYLE[t["state"]]),
-                t["state"],
-                Text(t["waits_for"], overflow="fold"),
-                f"since {since} ({human_seconds(t['for_seconds'])})",
+                Text(t.name, style=STATE_STYLE[t.state]),
+                t.state,
+                Text(t.waits_for, overflow="fold"),
+                f"since {since} ({human_seconds(t.for_seconds)})",
             )
         parts += [_title("waiting", waiting, len(p.waits)), rows]
     if p.retrying:
         rows = Table.grid(padding=(0, 2))
-        for r in p.retrying:
-            t = waiting_task(r, p.now)
-            due = (t["next_attempt_at"] or p.now) - p.now
+        for rr in p.retrying:
+            rt = retrying_task(rr, p.now)
+            due = (rt.next_attempt_at or p.now) - p.now
             rows.add_row(
-                Text(task_name(t), style=STATE_STYLE["RETRYING"]),
-                f"{t['waits_for']} " + (f"in {human_seconds(due)}" if due > 0 else "due"),
-                Text(failure_cause(t["last_error"]), overflow="ellipsis", no_wrap=True),
+                Text(rt.name, style=STATE_STYLE["RETRYING"]),
+                f"{rt.waits_for} " + (f"in {human_seconds(due)}" if due > 0 else "due"),
+                Text(failure_cause(rt.last_error), overflow="ellipsis", no_wrap=True),
             )
         parts += [_title("retrying", p.counts.get("RETRYING", 0), len(p.retrying)), rows]
     return Group(*parts)

@@ -1,7 +1,7 @@
 """``slotless respond RUN TASK --approve | --reject | --choose X | --form JSON``.
 
 Answers a person's wait (``triggers/people.py``) from a shell, in the same transaction
-that settles it (:meth:`executor.store.people.PeopleOps.respond`), exactly as the API and
+that settles it (:meth:`executor.store.people.Answers.respond`), exactly as the API and
 the page do. The CLI reaches the database itself, so it is trusted like any process with
 the database URL: the respondent is ``--as NAME`` (default: the OS user), checked against
 the request's ``respondents``. Every refusal is one line on stderr and exit status 2,
@@ -22,8 +22,10 @@ from executor.store import open_store
 from executor.store.people import RespondError
 from triggers.people import AnswerError
 
+from .options import db_opt
 
-def add_commands(sub: Any, db_opt: Any) -> None:
+
+def add_commands(sub: Any) -> None:
     """``respond``, on the ``slotless`` parser's subparsers."""
     p = sub.add_parser("respond", help="answer a task waiting for a person (approve, choose, form)")
     p.add_argument("run_id", metavar="RUN")
@@ -73,7 +75,7 @@ async def respond_command(args: argparse.Namespace) -> int:
     who = args.who or getpass.getuser()
     store = await open_store(args.db, create=False)
     try:
-        done = await store.respond(
+        done = await store.answers.respond(
             args.run_id, args.task_id, answer, who=who, map_index=args.map_index
         )
     except (RespondError, AnswerError) as exc:

@@ -1,4 +1,4 @@
-"""A catalogue row's schedule as people read it: in words, and its next run.
+"""A catalogue row's schedule as people read it: its text, in words, and its next run.
 
 Shared by `slotless dags list` and the web page's DAGs list, so that both say the same
 thing about when a DAG runs next.
@@ -6,34 +6,43 @@ thing about when a DAG runs next.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from zoneinfo import ZoneInfo
 
-from executor.schedules import describe_stored, stored_next_run
+from executor.schedules import Schedule
+from executor.store.viewrows import DagRow
 
 
-def schedule_shown(d: Any) -> dict[str, str | None]:
-    """A catalogue row's schedule in words, and its next run: the logical date and when
-    it is due, on the DAG's wall clock. The next run is the one the triggerer holds a
-    wait for; before any is armed (a listing that only parsed), the one the schedule
-    would start as of the file's last parse; a paused DAG has none."""
-    if d["schedule"] is None:
-        return {"schedule_words": None, "next_run": None}
-    words = describe_stored(d["schedule"], d["timezone"])
-    zone = ZoneInfo(d["timezone"])
-    if d["armed_due"] is not None:
-        logical = datetime.fromisoformat(d["armed_logical_date"])
-        due = datetime.fromisoformat(d["armed_due"])
+@dataclass(frozen=True, slots=True)
+class ScheduleShown:
+    schedule: str | None  # as written: a cron, a preset, an ISO 8601 duration; None: none
+    schedule_words: str | None  # None: no schedule (started by hand, or by its condition)
+    next_run: str | None  # "2026-05-01 06:00 (due 2026-05-02 06:00)"; None: none due
+
+
+def schedule_shown(d: DagRow) -> ScheduleShown:
+    """A catalogue row's schedule as written, in words, and its next run: the logical date
+    and when it is due, on the DAG's wall clock. The next run is the one the triggerer
+    holds a wait for; before any is armed (a listing that only parsed), the one the
+    schedule would start as of the file's last parse; a paused DAG has none."""
+    if d.schedule is None:
+        return ScheduleShown(None, None, None)
+    schedule = Schedule.from_json(d.schedule)
+    text, words = schedule.text, schedule.words
+    zone = ZoneInfo(d.timezone)
+    if d.armed_due is not None and d.armed_logical_date is not None:
+        logical = datetime.fromisoformat(d.armed_logical_date)
+        due = datetime.fromisoformat(d.armed_due)
         shown = (
             f"{logical.astimezone(zone):%Y-%m-%d %H:%M} (due {due.astimezone(zone):%Y-%m-%d %H:%M})"
         )
-        return {"schedule_words": words, "next_run": shown}
-    if d["next_logical_date"] is None or d["paused"]:
-        return {"schedule_words": words, "next_run": None}
-    logical = datetime.fromisoformat(d["next_logical_date"])
-    interval = stored_next_run(d["schedule"], d["timezone"], logical)
+        return ScheduleShown(text, words, shown)
+    if d.next_logical_date is None or d.paused:
+        return ScheduleShown(text, words, None)
+    logical = datetime.fromisoformat(d.next_logical_date)
+    interval = schedule.interval_starting(logical)
     shown = f"{logical.astimezone(zone):%Y-%m-%d %H:%M}"
     if interval is not None:
         shown += f" (due {interval.end.astimezone(zone):%Y-%m-%d %H:%M})"
-    return {"schedule_words": words, "next_run": shown}
+    return ScheduleShown(text, words, shown)

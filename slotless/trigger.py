@@ -11,7 +11,7 @@ catalogue has just imported the file in a child: a DAG whose file last failed to
 refused before any import here.
 
 The conf is checked against the DAG's params before the run is inserted; the insert is
-:meth:`Store.start_run`, idempotent per (dag_id, run key). The command then exits: a
+:meth:`Runs.start_run`, idempotent per (dag_id, run key). The command then exits: a
 running ``slotless worker`` imports the DAG from the run's ``dag_file`` and runs it.
 """
 
@@ -34,9 +34,34 @@ from executor.params import parse_conf
 from executor.store import Store, open_store
 from executor.store.runs import StartedRun
 
+from .options import db_opt, logical_date, parse_timeout_opt
+
 
 class DagPaused(ValueError):
     """The DAG is paused and the trigger was not forced."""
+
+
+def add_commands(sub: Any) -> None:
+    trig_run = sub.add_parser(
+        "trigger",
+        help="start a run of a catalogued DAG for the running worker; once per --run-key",
+    )
+    trig_run.add_argument("dag_id", metavar="DAG")
+    trig_run.add_argument("--logical-date", type=logical_date, help="YYYY-MM-DD (default today)")
+    trig_run.add_argument("--conf", metavar="JSON", help="a JSON object, checked against params")
+    trig_run.add_argument(
+        "--run-key",
+        metavar="KEY",
+        help="at most one run per DAG and key (default: the date and a random part)",
+    )
+    trig_run.add_argument("--force", action="store_true", help="trigger a paused DAG anyway")
+    db_opt(trig_run)
+    trig_run.add_argument(
+        "--dags", metavar="DIR", help="parse this folder's changed DAG files first"
+    )
+    parse_timeout_opt(trig_run, "the DAG's file")
+    trig_run.add_argument("--json", action="store_true", help="print one JSON object")
+    trig_run.set_defaults(func=trigger_command)
 
 
 async def trigger_command(args: argparse.Namespace) -> int:
@@ -92,7 +117,7 @@ async def trigger_run(
     (:class:`DagImportError`), a paused DAG unless ``force`` (:class:`DagPaused`), a conf the
     DAG's params refuse (:class:`executor.params.BadConf`, checked by ``start_run``).
     """
-    entry = await store.catalogue_dag(dag_id)
+    entry = await store.catalogue.catalogue_dag(dag_id)
     if entry["parse_error"]:
         raise DagImportError(
             f"DAG {dag_id!r} cannot be triggered: its file is broken: {entry['parse_error']}"
@@ -103,7 +128,7 @@ async def trigger_run(
             "first, or trigger it anyway with --force"
         )
     dag = await import_dag(entry["file"], dag_id, parse_timeout)
-    return await store.start_run(
+    return await store.runs.start_run(
         dag,
         logical_date or date.today(),
         run_key=run_key,

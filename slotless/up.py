@@ -31,7 +31,9 @@ async def up(args: argparse.Namespace) -> int:
     try:
         for file in args.files:
             dag = load_dag(file, None)
-            run_id = await store.create_run(dag, date.today(), dag_file=str(Path(file).resolve()))
+            run_id = await store.runs.create_run(
+                dag, date.today(), dag_file=str(Path(file).resolve())
+            )
             _say(f"started run {run_id} of {file}")
     finally:
         await store.close()

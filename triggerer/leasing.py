@@ -5,7 +5,7 @@ Two loops of the triggerer (triggerer/service.py) run here:
 * leases   - renew this triggerer's shards, take its fair share, give back the excess;
              forget the checks of shards no longer ours;
 * liveness - every ``liveness_every`` s, ask whether each other lease holder still holds
-             its liveness lock (executor/store/liveness.py); free a dead one's shards
+             its liveness lock (executor/driver/liveness.py); free a dead one's shards
              and take them at once, without waiting for the lease TTL.
 
 While the last renewal may have lapsed (a pause, failed renewals, our liveness lock lost)
@@ -21,8 +21,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from executor.store.faults import Backoff
-from executor.store.liveness import Liveness
+from executor.driver.faults import Backoff
+from executor.driver.liveness import Liveness
 
 from .checks import CheckTable
 from .config import TriggererConfig

@@ -24,6 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from executor.metrics import MetricsServer, store_registry
+from executor.store import Pools
 
 if TYPE_CHECKING:
     from .service import Triggerer
@@ -151,7 +152,8 @@ class TriggererCollector(Collector):
 
 def triggerer_registry(triggerer: Triggerer) -> tuple[CollectorRegistry, list]:
     """A registry with the triggerer's metrics and the store-wide gauges; its refreshers."""
-    registry, store_collector = store_registry(triggerer.store)
+    views = triggerer.views
+    registry, store_collector = store_registry(views, Pools(views.db, views.clock))
     collector = TriggererCollector(triggerer)
     registry.register(collector)
     check_duration = Histogram(

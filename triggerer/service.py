@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from executor.store import Store
-from executor.store.db import TRIGGERS_CHANNEL
-from executor.store.faults import Backoff
+from executor.driver.db import TRIGGERS_CHANNEL
+from executor.driver.faults import Backoff
+from executor.store import Views
 from triggers.checking import CheckContext
 
 from .checks import Check, CheckTable
@@ -58,21 +58,23 @@ log = logging.getLogger("slotless.triggerer")
 class Triggerer:
     def __init__(
         self,
-        store: Store,
+        views: Views,
         *,
         triggerer_id: str | None = None,
         config: TriggererConfig | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
-        self.ops = TriggererStore(store.db, store.clock)
+        # The read-only views answer cross-DAG questions; the triggerer's own writes go
+        # through its TriggererStore, over the same driver.
+        self.views = views
+        self.ops = TriggererStore(views.db, views.clock)
         self.id = triggerer_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
         self.config = cfg = config or TriggererConfig()
         self.clock = clock
         self.table = CheckTable()
-        self.ctx = CheckContext(store.external_states, clock=clock, subscribe=store.db.subscribe)
+        self.ctx = CheckContext(views.external_states, clock=clock, subscribe=views.db.subscribe)
         self.outbox = Outbox(self.ops, self.id)
-        self.liveness = store.db.liveness()
+        self.liveness = views.db.liveness()
         self._wake_checker = asyncio.Event()
         self._wake_loader = asyncio.Event()
         self._reload = True
@@ -285,7 +287,7 @@ class Triggerer:
         backoff = Backoff("triggerer: waiting for notifications (polling meanwhile)", log)
         while True:
             try:
-                if await self.store.db.wait(TRIGGERS_CHANNEL, 60.0):
+                if await self.views.db.wait(TRIGGERS_CHANNEL, 60.0):
                     self._wake_loader.set()
                 backoff.succeeded()
             except Exception as exc:

@@ -14,7 +14,8 @@ import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from executor.statemachine import Carry, retry_or_fail, transition
+from executor.carried import Outputs, Resumes
+from executor.statemachine import retry_or_fail, transition
 from executor.states import State
 from executor.store import Database, Row, Tx
 from executor.store.deadlines import fire_run_waits
@@ -199,7 +200,7 @@ class TriggererStore:
                 State.SUCCESS,
                 now=now,
                 message={i: message_of[i] for i in sensors},
-                carry=Carry(outputs={i: payload_of[i] for i in sensors}),
+                carry=Outputs({i: payload_of[i] for i in sensors}),
             )
             await transition(
                 tx,
@@ -209,7 +210,7 @@ class TriggererStore:
                 now=now,
                 message={i: message_of[i] for i in resumable},
                 ready_at=now,
-                carry=Carry(events={i: payload_of[i] for i in resumable}),
+                carry=Resumes({i: payload_of[i] for i in resumable}),
             )
             for waits, why in todo.failures:
                 await _fail_waits(tx, waits, why, now)

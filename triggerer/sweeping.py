@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from executor.store.faults import Backoff
+from executor.driver.faults import Backoff
 
 from .checks import CheckTable
 from .config import TriggererConfig

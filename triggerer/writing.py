@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 
-from executor.store.faults import Backoff, is_transient, split_apart
+from executor.driver.faults import Backoff, is_transient, split_apart
 
 from .store import Fire, TriggererBatch, TriggererStore
 from .waitref import Waits

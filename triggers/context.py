@@ -22,7 +22,7 @@ class TriggerContext(Protocol):
         ...
 
     async def external_states(self, questions: Sequence[dict[str, Any]]) -> list[Any]:
-        """Answer cross-DAG questions (see Store.external_states) in one query."""
+        """Answer cross-DAG questions (see Views.external_states) in one query."""
         ...
 
     async def subscribe(

@@ -1,7 +1,7 @@
 """Event waits: a task waits for a named event whose payload has given field values.
 
 An event is pushed (``slotless events send``, ``POST /api/v1/events``, or
-``Store.send_events``); it is never polled for. The event's writer settles the waits it
+``Events.send_events``); it is never polled for. The event's writer settles the waits it
 matches in its own transaction, and a wait that begins looks for a matching event already
 stored within its lookback window in the transaction that registers it (see
 ``executor/store/events.py``). So an :class:`EventTrigger` is never checked by the

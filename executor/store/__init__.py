@@ -1,25 +1,71 @@
-"""Opening a store from a URL. ``sqlite:///path.db`` (or a bare path) is the embedded default."""
+"""The store, in parts by job, and opening it from a URL. ``sqlite:///path.db`` (or a bare
+path) is the embedded default.
+
+Each part is built over the same driver (a :class:`Database` and a clock): a process
+holds the parts it uses; :class:`Store` holds them all, for callers that use several.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 from urllib.parse import urlparse
 
-from .db import Database, Row, SchemaTooNew, Tx
-from .jobs import Store
+from ..driver.db import Database, Row, SchemaTooNew, Tx
+from .callbacks import Callbacks
+from .catalogue import Catalogue
+from .control import Runs
+from .events import Events
+from .exchange import Exchange
+from .inspecting import Views
+from .part import Clock
+from .people import Answers
+from .pools import Pools
 
 DEFAULT_DB = "sqlite:///slotless.db"
 
 __all__ = [
     "DEFAULT_DB",
+    "Answers",
+    "Callbacks",
+    "Catalogue",
     "Database",
+    "Events",
+    "Exchange",
+    "Pools",
     "Row",
+    "Runs",
     "SchemaTooNew",
     "Store",
     "Tx",
+    "Views",
     "open_store",
     "resolve_url",
 ]
+
+
+class Store:
+    """Every part of the store over one driver, for callers that use several (the CLI, the
+    web server, the worker). A caller that needs one part takes that part."""
+
+    def __init__(self, db: Database, clock: Clock = time.time) -> None:
+        self.db = db
+        self.clock = clock
+        self.exchange = Exchange(db, clock)
+        self.runs = Runs(db, clock)
+        self.catalogue = Catalogue(db, clock)
+        self.events = Events(db, clock)
+        self.answers = Answers(db, clock)
+        self.pools = Pools(db, clock)
+        self.callbacks = Callbacks(db, clock)
+        self.views = Views(db, clock)
+
+    @property
+    def url(self) -> str:
+        return self.db.url
+
+    async def close(self) -> None:
+        await self.db.close()
 
 
 class UnknownBackend(ValueError):
@@ -36,7 +82,7 @@ async def open_database(url: str | None = None, *, create: bool = True) -> Datab
     url = resolve_url(url)
     parsed = urlparse(url)
     if parsed.scheme in ("", "file", "sqlite"):
-        from .sqlite import SqliteDatabase
+        from ..driver.sqlite import SqliteDatabase
 
         # sqlite:///rel.db is relative, sqlite:////abs.db absolute, sqlite:///:memory: in memory
         if url.startswith("sqlite:///"):
@@ -47,7 +93,7 @@ async def open_database(url: str | None = None, *, create: bool = True) -> Datab
             raise FileNotFoundError(f"no database at {path} (pass --db or set SLOTLESS_DB)")
         return await SqliteDatabase.open(url, path)
     if parsed.scheme in ("postgresql", "postgres"):
-        from .postgres import PostgresDatabase
+        from ..driver.postgres import PostgresDatabase
 
         return await PostgresDatabase.open(url)
     raise UnknownBackend(

@@ -6,7 +6,7 @@ that have a run are found, not created) and the schedule never creates a second 
 an interval a backfill ran, nor a backfill of one the schedule ran.
 
 A rerun of an interval whose run ended FAILED is a new run keyed ``KEY~rerun-N`` (the
-first N free), because clearing a run's tasks in place does not exist yet (issue 13).
+first N free); the failed run is left as it ended.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Literal
 
+from ..driver.db import Tx
 from ..schedules import Interval
 from ..states import RunState
-from .db import Tx
 from .runs import NewRun, insert_run, scheduled_run_key
 from .starts import StartSpec
 

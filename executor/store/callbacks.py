@@ -2,7 +2,7 @@
 
 A ``callback`` row (recorded by :func:`executor.notifications.record` in the transaction
 of the change that raised it) is claimed like a task: :func:`claim_callbacks` in the
-worker's exchange, an owner token, heartbeats, and :meth:`CallbackOps.reap_callbacks` for
+worker's exchange, an owner token, heartbeats, and :meth:`Callbacks.reap_callbacks` for
 a worker that died holding one. Its lifecycle is its own (PENDING -> RUNNING -> DONE,
 FAILED, or PENDING again later); it never moves a task or a run, so it does not go
 through the state machine. What happens to it is written in its task's log.
@@ -11,11 +11,12 @@ through the state machine. What happens to it is written in its task's log.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .db import Database, Row, Tx
+from ..driver.db import Row, Tx
+from .part import Part
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +60,8 @@ async def claim_callbacks(tx: Tx, owner: str, limit: int, now: float) -> list[Ca
     return sorted((CallbackRow.of(r) for r in rows), key=lambda c: c.id)
 
 
-class CallbackOps:
-    db: Database
-    clock: Callable[[], float]
+class Callbacks(Part):
+    """Delivering callbacks: a worker's claimed callback rows, their ends and logs."""
 
     async def callback_delivered(self, row: CallbackRow, owner: str, done: Sequence[str]) -> bool:
         """Remember that these handlers of ``row`` ran; False if the row was taken back."""
@@ -136,7 +136,7 @@ class CallbackOps:
 
 async def reclaim_callbacks_of(tx: Tx, worker_id: str, now: float, why: str) -> int:
     """Make the callback rows a gone worker held claimable again (its liveness lock was
-    released), in the caller's transaction, as :meth:`CallbackOps.reap_callbacks` does
+    released), in the caller's transaction, as :meth:`Callbacks.reap_callbacks` does
     for a worker that stopped heartbeating."""
     why = f"worker lost while delivering: {why}"
     rows = await tx.fetch("callbacks_of_worker", prefix=f"{worker_id}#", now=now, why=why)

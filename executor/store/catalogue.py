@@ -7,11 +7,13 @@ statements in the catalogue section of ``schema/common/queries.sql``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..dag import DagError
-from .db import Database, Row, Tx
+from ..driver.db import Row, Tx
+from ..errors import DagError
+from ..schedules import Schedule
+from .part import Part
 from .pools import check_known
 from .runs import RunShape
 from .starts import StartSpec, arm, disarm, start_row
@@ -26,25 +28,20 @@ class DeclaredDag:
     """What a DAG file declares about one DAG, as the catalogue stores it."""
 
     dag_id: str
-    schedule: str | None = None  # Schedule.text: a cron, a preset or an ISO 8601 duration
-    timezone: str = "UTC"
+    schedule: str | None = None  # JSON: executor.schedules.Schedule.to_json()
+    timezone: str = "UTC"  # the DAG's clock: its start condition's dates, its listing
     next_logical_date: str | None = None  # ISO 8601, UTC: as of the parse
-    start_date: str | None = None  # ISO 8601, UTC
-    end_date: str | None = None
-    catchup: bool = False
     max_active_runs: int = 16
     start_when: str | None = None  # JSON [classpath, kwargs]: a start condition
     shape: str | None = None  # JSON: executor.store.runs.RunShape
 
     def starts(self) -> tuple[object, ...]:
         """What decides when it starts: a change re-arms its start waits."""
-        return (self.schedule, self.timezone, self.start_date, self.end_date, self.catchup,
-                self.start_when)  # fmt: skip
+        return _starts(self.schedule, self.timezone, self.start_when)
 
 
-class CatalogueOps:
-    db: Database
-    clock: Callable[[], float]
+class Catalogue(Part):
+    """The DAG files, the DAGs they declare, and how each DAG's runs start."""
 
     async def catalogue_files(self) -> dict[str, float | None]:
         """Every file parsed so far -> its mtime as last parsed (None: parse it again)."""
@@ -65,7 +62,7 @@ class CatalogueOps:
         async with self.db.write() as tx:
             retry = False
             if error is None:
-                # Issue 14: a pool or queue that does not exist (yet) breaks the file, naming
+                # A pool or queue that does not exist (yet) breaks the file, naming
                 # it; the file is parsed again on each scan (mtime NULL) until it exists.
                 error = await _unknown_pools(tx, dags)
                 retry = error is not None
@@ -110,14 +107,11 @@ class CatalogueOps:
                     next_logical_date=dag.next_logical_date,
                     file_mtime=mtime,
                     now=now,
-                    start_date=dag.start_date,
-                    end_date=dag.end_date,
-                    catchup=int(dag.catchup),
                     max_active_runs=dag.max_active_runs,
                     start_when=dag.start_when,
                     shape=dag.shape,
                 )
-                if before is None or before["parse_error"] or _starts(before) != dag.starts():
+                if before is None or before["parse_error"] or _row_starts(before) != dag.starts():
                     await arm(tx, dag.dag_id, now)
             gone = await tx.fetch("undeclared_dags", file=path, keep=[d.dag_id for d in kept])
             await disarm(tx, [r["dag_id"] for r in gone])
@@ -201,7 +195,12 @@ def _unknown(dag_id: str) -> UnknownDag:
     )
 
 
-def _starts(row: Row) -> tuple[object, ...]:
+def _row_starts(row: Row) -> tuple[object, ...]:
     """:meth:`DeclaredDag.starts` of a stored row."""
-    return (row["schedule"], row["timezone"], row["start_date"], row["end_date"],
-            bool(row["catchup"]), row["start_when"])  # fmt: skip
+    return _starts(row["schedule"], row["timezone"], row["start_when"])
+
+
+def _starts(schedule: str | None, timezone: str, start_when: str | None) -> tuple[object, ...]:
+    # Schedules compared as values: JSON written by another version (or by the migration
+    # from separate columns) may differ in spacing from ours and still be the same schedule.
+    return (None if schedule is None else Schedule.from_json(schedule), timezone, start_when)

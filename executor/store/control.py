@@ -27,14 +27,18 @@ report of a cleared or cancelled attempt is discarded (its owner token no longer
 from __future__ import annotations
 
 import json
+import secrets
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from datetime import date
+from typing import TYPE_CHECKING, Any, Literal
 
+from ..carried import Output
+from ..driver.db import Row, Tx
+from ..params import resolve
 from ..rows import MovedTask, TaskRow
 from ..statemachine import (
-    Carry,
     evaluate,
     release_waits,
     resume_run,
@@ -44,7 +48,15 @@ from ..statemachine import (
     transition_run,
 )
 from ..states import RUN_TERMINAL, TERMINAL, RunState, State
-from .db import Database, Row, Tx
+from .backfills import BATCH, Backfilled, backfill_runs
+from .part import Part
+from .pools import check_known
+from .runs import NewRun, RunShape, StartedRun, insert_run, manual_run_key, new_run_id
+from .starts import StartSpec
+
+if TYPE_CHECKING:
+    from ..dag import DAG
+    from ..schedules import Interval
 
 Outcome = Literal["success", "failed", "skipped"]
 _OUTCOME = {"success": State.SUCCESS, "failed": State.FAILED, "skipped": State.SKIPPED}
@@ -65,9 +77,93 @@ class Done:
     tasks: list[str]
 
 
-class ControlOps:
-    db: Database
-    clock: Callable[[], float]
+class Runs(Part):
+    """Starting runs and an operator's control of them: clear, mark, cancel, resume."""
+
+    async def create_run(
+        self,
+        dag: DAG,
+        logical_date: date,
+        *,
+        run_key: str | None = None,
+        conf: Mapping[str, Any] | None = None,
+        dag_file: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """Insert a run with all its tasks and edges; the roots become claimable at once.
+
+        Idempotent per ``(dag.dag_id, run_key)``: when a run with that key exists, nothing
+        is created and its run_id is returned (:meth:`start_run` also says which happened).
+        """
+        return (
+            await self.start_run(
+                dag, logical_date, run_key=run_key, conf=conf, dag_file=dag_file, run_id=run_id
+            )
+        ).run_id
+
+    async def start_run(
+        self,
+        dag: DAG,
+        logical_date: date,
+        *,
+        run_key: str | None = None,
+        conf: Mapping[str, Any] | None = None,
+        dag_file: str | None = None,
+        run_id: str | None = None,
+        interval: Interval | None = None,
+        max_active: int | None = None,
+    ) -> StartedRun:
+        """:meth:`create_run`, saying whether the run was created or already existed.
+
+        ``run_key`` defaults to a manual run's key (:func:`manual_run_key`: the logical date
+        and a random part, so that two manual runs of one date are two runs); a schedule
+        passes :func:`scheduled_run_key`. ``conf`` is checked against ``dag.params`` first
+        (:class:`executor.params.BadConf`, nothing stored) and stored with the run.
+        ``interval`` is the run's data interval; with ``max_active`` the run is QUEUED while
+        its DAG has that many runs going (``slotless trigger`` and ``backfill`` pass the
+        DAG's ``max_active_runs``; the Python API sets no limit unless asked).
+        """
+        dag.validate()
+        resolve(dag.params, conf, dag.dag_id)
+        token = secrets.token_hex(3)
+        new = NewRun(
+            logical_date,
+            run_key or manual_run_key(logical_date, token),
+            interval=interval,
+            conf=conf,
+            dag_file=dag_file,
+            max_active=max_active,
+            run_id=run_id or new_run_id(dag.dag_id, logical_date, token),
+        )
+        shape = RunShape.of(dag)
+        async with self.db.write() as tx:
+            # Unknown pools and queues are refused here, before any row (naming them).
+            await check_known(tx, shape.tasks, f"DAG {dag.dag_id!r}")
+            return await insert_run(tx, shape, new, self.clock())
+
+    async def backfill(
+        self,
+        spec: StartSpec,
+        intervals: Sequence[Interval],
+        *,
+        max_active: int,
+        rerun_failed: bool = False,
+    ) -> list[Backfilled]:
+        """A run of ``spec``'s stored shape for each interval, keyed as its schedule keys it:
+        :func:`~executor.store.backfills.backfill_runs`, :data:`BATCH` intervals per
+        transaction (a rerun of the whole backfill finds what an interrupted one made)."""
+        done: list[Backfilled] = []
+        for i in range(0, len(intervals), BATCH):
+            async with self.db.write() as tx:
+                done += await backfill_runs(
+                    tx,
+                    spec,
+                    intervals[i : i + BATCH],
+                    max_active=max_active,
+                    rerun_failed=rerun_failed,
+                    now=self.clock(),
+                )
+        return done
 
     async def clear(
         self,
@@ -136,7 +232,7 @@ class ControlOps:
                     await _clear(tx, graph, [t], force=False, why=why, now=now)
                     row = (await _Graph.read(tx, run_id)).tasks[t]
                 await _drop_instances(tx, run_id, [t])
-                carry = Carry(output=output_json) if output_json and t == task_id else Carry()
+                carry = Output(output_json) if output_json and t == task_id else None
                 moved = await transition(
                     tx, [row.id], State(row.state), new, now=now, message=why, carry=carry
                 )

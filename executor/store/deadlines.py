@@ -1,4 +1,4 @@
-"""Firing a run's time waits (executor/store/runwaits.py), in the triggerer's outbox
+"""Firing a run's time waits (executor/runwaits.py), in the triggerer's outbox
 transaction: a deadline notifies, a dagrun_timeout cancels, an expected_by says "late".
 
 The fire re-reads its waits (locked on PostgreSQL) and acts only on those that still
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from .. import notifications
+from ..driver.db import Row, Tx
+from ..runwaits import DEADLINE, LATE, TIMEOUT
 from ..states import RUN_TERMINAL, TERMINAL
 from .control import cancel_run
-from .db import Row, Tx
-from .runwaits import DEADLINE, LATE, TIMEOUT
 
 
 async def fire_run_waits(

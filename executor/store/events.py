@@ -2,7 +2,7 @@
 
 Nothing polls for an event. Two writers meet here, and each looks for the other:
 
-* **An event's writer** (:meth:`EventOps.send_events`: ``slotless events send``, ``POST
+* **An event's writer** (:meth:`Events.send_events`: ``slotless events send``, ``POST
   /api/v1/events``, the Python API) stores the event, computes from its payload the key
   of every field set its name is waited on with (``event_shape``), finds the waits on those
   keys through an index (``trigger.event_key``) and moves them on through the state
@@ -30,15 +30,17 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from triggers.events import EventError, EventWait, check_name, payload_json, payload_key
 
-from ..statemachine import Carry, transition
+from ..carried import Output, Resume
+from ..driver.db import Database, Row, Tx
+from ..statemachine import transition
 from ..states import State
-from .db import Database, Row, Tx
+from .part import Part
 
 RETENTION = 7 * 86400.0  # seconds an event is kept (``--event-retention``)
 PRUNE_BATCH = 5000  # events deleted per transaction when pruning
@@ -92,11 +94,8 @@ def check_event(name: object, payload: Any, where: str = "") -> tuple[str, str, 
     return name, text, json.loads(text)
 
 
-class EventOps:
-    """The store's events (a mixin of :class:`~executor.store.Store`)."""
-
-    db: Database
-    clock: Callable[[], float]
+class Events(Part):
+    """Sending events (each wakes the waits it matches) and reading them back."""
 
     async def send_event(
         self, name: str, payload: Any = None, *, source: str = "python"
@@ -104,7 +103,7 @@ class EventOps:
         """Store one event and wake the waits it matches; :class:`EventError` (nothing
         stored) for a bad name, a payload that is not JSON or is over 64 KiB.
 
-        >>> sent = await store.send_event("export.ready", {"partner": "acme"})  # doctest: +SKIP
+        >>> sent = await events.send_event("export.ready", {"partner": "acme"})  # doctest: +SKIP
         """
         return (await self.send_events([(name, payload)], source=source))[0]
 
@@ -226,11 +225,11 @@ async def settle(
     resumable = [r["id"] for r in rows if r["next_method"] is not None]
     moved = await transition(
         tx, sensors, State.DEFERRED, State.SUCCESS, now=now, message=why,
-        carry=Carry(output=payload_text),
+        carry=Output(payload_text),
     )  # fmt: skip
     moved += await transition(
         tx, resumable, State.DEFERRED, State.PENDING, now=now, message=why, ready_at=now,
-        carry=Carry(event=payload_text),
+        carry=Resume(payload_text),
     )  # fmt: skip
     ids = [m.id for m in moved]
     if ids:
@@ -287,7 +286,7 @@ __all__ = [
     "MAX_BATCH",
     "RETENTION",
     "EventError",
-    "EventOps",
+    "Events",
     "SentEvent",
     "StoredEvent",
     "UnknownEvent",

@@ -4,7 +4,7 @@ A wait for a person (``triggers/people.py``: Approval, Choice, Form, BranchChoic
 DEFERRED task on a trigger row keyed ``person:<task row>``: no triggerer loads it, no event
 matches it, nothing polls it, and it holds no worker slot. Whoever writes the answer
 (``slotless respond``, ``POST /api/v1/runs/{run}/tasks/{task}/response``, the web page's
-form: all three call :meth:`PeopleOps.respond`) does, in one transaction:
+form: all three call :meth:`Answers.respond`) does, in one transaction:
 
 1. reads the task and its request; checks the respondent may answer and the answer fits
    the request (:class:`~triggers.people.AnswerError` naming the field: nothing written);
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,9 +33,11 @@ from triggers.people import NEEDS_ANSWER, Answer, AnswerError, PersonWait
 from triggers.registry import TriggerLoadError, load_trigger
 
 from .. import notifications
-from ..statemachine import Carry, transition
+from ..carried import Output, Resume
+from ..driver.db import Row, Tx
+from ..statemachine import transition
 from ..states import State
-from .db import Database, Row, Tx
+from .part import Part
 
 PERSON_KEY = "person:"  # trigger.event_key prefix of a person's wait
 UI_URL_ENV = "SLOTLESS_UI_URL"  # the page's address, for the link in a notification
@@ -123,11 +124,8 @@ def _answered(row: Row) -> str | None:
     return None
 
 
-class PeopleOps:
-    """The store's people-in-the-loop operations (a mixin of the Store)."""
-
-    db: Database
-    clock: Callable[[], float]
+class Answers(Part):
+    """People in the loop: their answers to waits, and what waits for them."""
 
     async def respond(
         self, run_id: str, task_id: str, answer: Any, *, who: str, map_index: int = -1
@@ -136,7 +134,7 @@ class PeopleOps:
         answer wins. Raises :class:`RespondError` (UnknownTask, NotAllowed, NotWaiting:
         "already answered by NAME at TIME") or :class:`AnswerError`; nothing is written then.
 
-        >>> await store.respond(run, "sign_off", {"approve": True}, who="alice")  # doctest: +SKIP
+        >>> await answers.respond(run, "sign_off", {"approve": True}, who="alice")  # doctest: +SKIP
         """
         now = self.clock()
         async with self.db.write() as tx:
@@ -226,7 +224,7 @@ async def settle_answer(
     if resume:
         moved = await transition(
             tx, [row["id"]], State.DEFERRED, State.PENDING, now=now, message=message,
-            ready_at=now, carry=Carry(event=text),
+            ready_at=now, carry=Resume(text),
         )  # fmt: skip
         if not moved:
             raise NotWaiting(f"task {row['task_id']} is no longer waiting", "task_id")
@@ -236,7 +234,7 @@ async def settle_answer(
     new = State.FAILED if failed else State.SUCCESS
     moved = await transition(
         tx, [row["id"]], State.DEFERRED, new, now=now, message=message,
-        carry=Carry(output=text),
+        carry=Output(text),
     )  # fmt: skip
     if not moved:  # lost the compare-and-set after all: the caller's lock says it cannot
         raise NotWaiting(f"task {row['task_id']} is no longer waiting", "task_id")
@@ -321,9 +319,9 @@ async def request_made(tx: Tx, run_id: str, task_row: int, wait: PersonWait, now
 
 __all__ = [
     "PERSON_KEY",
+    "Answers",
     "NotAllowed",
     "NotWaiting",
-    "PeopleOps",
     "Request",
     "RespondError",
     "Responded",

@@ -7,13 +7,14 @@ Mixed into :class:`executor.store.Store`.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..dag import DagError
+from ..driver.db import Row, Tx
+from ..errors import DagError
 from ..pools import DEFAULT, PoolError, PoolUse, check_name, check_slots, held_back, unknown
-from .db import Database, Row, Tx
+from .part import Part
 
 # Registry rows of workers gone longer than this are deleted by the next worker to start.
 
@@ -51,9 +52,8 @@ async def check_known(tx: Tx, tasks: Iterable[Any], what: str) -> None:
         raise DagError(f"{what}: {'; '.join(found)}")
 
 
-class PoolOps:
-    db: Database
-    clock: Callable[[], float]
+class Pools(Part):
+    """Pools and queues: their slots, who serves them, what they hold back."""
 
     # -- pools ---------------------------------------------------------------------------
 

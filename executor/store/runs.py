@@ -1,7 +1,7 @@
 """Creating a run: a DAG's shape inserted as rows, at most once per run key, queued when
 its DAG already has ``max_active_runs`` runs going.
 
-Every way a run starts ends here: :meth:`Store.start_run` (the Python API, ``slotless
+Every way a run starts ends here: :meth:`Runs.start_run` (the Python API, ``slotless
 run|trigger|backfill``) with a DAG it imported, and the triggerer firing a schedule or a
 start condition with the shape the catalogue stored (:class:`RunShape` as JSON), so that
 no service imports a DAG file to start a run.
@@ -22,15 +22,15 @@ from datetime import UTC, date
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
+from ..driver.db import Tx
 from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
 from ..rules import Counts, Decision, decide
 from ..runpolicy import RunPolicy, anchor, late_json, moment
+from ..runwaits import Wait, arm, waits_of
 from ..schedules import Interval
 from ..statemachine import evaluate, transition_run
 from ..states import RunState
-from .db import Tx
-from .runwaits import Wait, arm, waits_of
 
 if TYPE_CHECKING:
     from ..dag import DAG
@@ -55,7 +55,7 @@ class TaskShape:
     expand_from: str | None = None
     map_cap: int | None = None
     max_attempts: int = 1
-    # Issue 14 (executor/pools.py): shapes stored before these fields read as the defaults.
+    # Pools and queues (executor/pools.py): shapes stored before these fields read as the defaults.
     pool: str = "default"
     pool_slots: int = 1
     queue: str = "default"

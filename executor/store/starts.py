@@ -37,8 +37,9 @@ from triggers.base import BaseTrigger
 from triggers.registry import load_trigger
 from triggers.temporal import DateTimeTrigger
 
+from ..driver.db import Row, Tx
+from ..runwaits import insert_trigger as _insert_trigger
 from ..schedules import Interval, Schedule
-from .db import Row, Tx
 from .lines import one_line
 from .runs import (
     NewRun,
@@ -47,7 +48,6 @@ from .runs import (
     interval_text,
     scheduled_run_key,
 )
-from .runwaits import insert_trigger as _insert_trigger
 
 SCHEDULE = "schedule"
 CONDITION = "condition"
@@ -67,8 +67,7 @@ class StartSpec:
     dag_id: str
     file: str  # where workers import the DAG from
     zone: ZoneInfo
-    schedule: Schedule | None
-    catchup: bool
+    schedule: Schedule | None  # catchup included
     max_active_runs: int
     shape: RunShape | None
     start_when: tuple[str, str] | None  # (classpath, kwargs JSON), not rendered
@@ -77,18 +76,13 @@ class StartSpec:
 
     @classmethod
     def of(cls, row: Row) -> StartSpec:
-        schedule = None
-        if row["schedule"]:
-            schedule = _schedule(
-                row["schedule"], row["timezone"], row["start_date"], row["end_date"]
-            )
+        schedule = Schedule.from_json(row["schedule"]) if row["schedule"] else None
         when = json.loads(row["start_when"]) if row["start_when"] else None
         return cls(
             dag_id=row["dag_id"],
             file=row["file"],
             zone=ZoneInfo(row["timezone"]),
             schedule=schedule,
-            catchup=bool(row["catchup"]),
             max_active_runs=row["max_active_runs"],
             shape=_shape(row["dag_id"], row["shape"]) if row["shape"] else None,
             start_when=None if when is None else (when[0], json.dumps(when[1], sort_keys=True)),
@@ -106,12 +100,7 @@ class StartSpec:
         return datetime.fromtimestamp(now, self.zone).date()
 
 
-# Many DAGs declare the same schedule and the same shape: parse each text once.
-@functools.lru_cache(maxsize=4096)
-def _schedule(text: str, zone: str, start: str | None, end: str | None) -> Schedule:
-    return Schedule.parse(text, timezone=zone, start_date=_instant(start), end_date=_instant(end))
-
-
+# Many DAGs declare the same shape: parse each text once (Schedule.from_json does too).
 @functools.lru_cache(maxsize=4096)
 def _shape(dag_id: str, text: str) -> RunShape:
     return RunShape.from_json(dag_id, text)
@@ -134,7 +123,7 @@ async def arm(tx: Tx, dag_id: str, now: float) -> None:
     if spec.schedule is not None:
         last = await tx.fetchone("last_interval_end", dag_id=dag_id)
         after = _instant(last["last_end"]) if last is not None else None
-        iv = _next_interval(spec, after, _at(now))
+        iv = spec.schedule.next_run(after, _at(now))
         if iv is not None:
             await _arm(tx, spec.dag_id, SCHEDULE, _schedule_trigger(iv), iv.start, iv, now)
     if spec.start_when is not None:
@@ -203,13 +192,13 @@ class _ScheduleBatch:
 
     def add(self, spec: StartSpec, wait: Row) -> None:
         assert spec.schedule is not None and spec.shape is not None
-        key = (spec.schedule, spec.catchup, wait["logical_date"], wait["interval_end"])
+        key = (spec.schedule, wait["logical_date"], wait["interval_end"])
         plan = self._plans.get(key)
         if plan is None:
             fired = Interval(
                 _utc(wait["logical_date"]), _utc(wait["interval_end"]), spec.schedule.zone
             )
-            due, after = _due(spec, fired, self.at)
+            due, after = _due(spec.schedule, fired, self.at)
             plan = [(iv, date.fromisoformat(iv.ds), scheduled_run_key(iv)) for iv in due], after
             self._plans[key] = plan
         due_runs, nxt = plan
@@ -250,14 +239,16 @@ class _ScheduleBatch:
         return sum(s.created for s in started)
 
 
-def _due(spec: StartSpec, fired: Interval, at: datetime) -> tuple[list[Interval], Interval | None]:
+def _due(
+    schedule: Schedule, fired: Interval, at: datetime
+) -> tuple[list[Interval], Interval | None]:
     """The intervals to create from ``fired`` on (those ended by ``at``, at most
     :data:`MAX_RUNS_PER_FIRE`), and the interval to arm after them."""
     due: list[Interval] = []
-    iv = _skip_missed(spec, fired, at)  # a late fire (an outage, a takeover) included
+    iv = schedule.skip_missed(fired, at)  # a late fire (an outage, a takeover) included
     while iv is not None and iv.end <= at and len(due) < MAX_RUNS_PER_FIRE:
         due.append(iv)
-        iv = _next_interval(spec, iv.end, at)
+        iv = schedule.next_run(iv.end, at)
     return due, iv
 
 
@@ -327,25 +318,6 @@ def _run_key(key: object) -> str | None:
         raise ValueError(f"run_requests() gave the run key {key!r}: a string of 1 to "
                          f"{MAX_RUN_KEY} characters, or None")  # fmt: skip
     return key
-
-
-def _next_interval(spec: StartSpec, after: datetime | None, now: datetime) -> Interval | None:
-    """The interval to arm after the one ending at ``after`` (None: no run yet)."""
-    assert spec.schedule is not None
-    sched = spec.schedule
-    if after is None:
-        return sched.first_interval(now, catchup=spec.catchup)
-    return _skip_missed(spec, sched.next_interval(after), now)
-
-
-def _skip_missed(spec: StartSpec, iv: Interval | None, now: datetime) -> Interval | None:
-    """Without catchup, an interval that ended before ``now`` (missed: a pause, an outage,
-    a late fire) gives way to the latest ended one."""
-    if iv is None or spec.catchup or iv.end > now:
-        return iv
-    assert spec.schedule is not None
-    latest = spec.schedule.latest_complete(now)
-    return latest if latest is not None and latest.start > iv.start else iv
 
 
 async def _arm(

@@ -2,7 +2,8 @@
 -- (:run_id); a list is written `col = ANY(:ids)` (on SQLite: json_each over a JSON array,
 -- see schema/__init__.py). Times are epoch seconds from the store's clock (on PostgreSQL
 -- the server's: leases are judged on the database's timeline). The dialect-specific
--- statements (claims, the compare-and-set, the triggerer's load) are in the backends' files.
+-- statements (bump_children, the triggerer's load, ...) are in the backends' files, and
+-- schema/__init__.py says what it rewrites for each (casts, row locks, planner hints).
 
 -- name: insert_event
 INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
@@ -92,9 +93,68 @@ SET tasks_unfinished = tasks_unfinished - :done, leaves_failed = leaves_failed +
 WHERE run_id = :run_id
 RETURNING tasks_unfinished, leaves_failed, dag_id, state, on_task_failure;
 
+-- name: cas
+-- The one compare-and-set through which every task state change passes, with what the
+-- transition carries (executor/carried.py turns a payload into these modes), so a state
+-- and its payload change in one statement. Each carried column is kept, set from one
+-- value for every row moved, set from the row's entry in :per_row (a JSON object of row
+-- id -> the value, when one column is carried per row; else -> {column: value}), or
+-- cleared:
+-- * :output_mode keep | one (:output) | each;
+-- * :resume_mode keep | one (:event) | each (event) | defer (next_method, next_kwargs,
+--   trigger_id, soft_fail; the event cleared) | restart (a retry forgets the resume point
+--   and the event);
+-- * :wait_mode keep | one (:wait_started_at, kept if a wait already started, and
+--   :wait_timeout_at) | each | clear.
+-- On PostgreSQL, under READ COMMITTED, a row another transaction holds is waited for, then
+-- re-checked against the expected state: a racing process changes nothing the second time.
+{{log_moved_begin}}
+UPDATE task
+SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
+    attempt = attempt + :attempt_delta, updated_at = :now,
+    started_at = CASE WHEN :new = 'RUNNING' AND started_at IS NULL THEN :now ELSE started_at END,
+    ended_at = CASE WHEN :terminal = 1 THEN :now ELSE ended_at END,
+    output = CASE :output_mode::text WHEN 'one' THEN :output::text
+                                     WHEN 'each' THEN json_at(:per_row, id)
+                                     ELSE output END,
+    event = CASE :resume_mode::text WHEN 'one' THEN :event::text
+                                    WHEN 'each' THEN json_at(:per_row, id)
+                                    WHEN 'keep' THEN event ELSE NULL END,
+    next_method = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'next_method')
+                                    WHEN 'restart' THEN NULL ELSE next_method END,
+    next_kwargs = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'next_kwargs')
+                                    WHEN 'restart' THEN NULL ELSE next_kwargs END,
+    trigger_id = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'trigger_id')::bigint
+                                   ELSE trigger_id END,
+    soft_fail = CASE :resume_mode WHEN 'defer' THEN json_at(:per_row, id, 'soft_fail')::integer
+                                  ELSE soft_fail END,
+    wait_started_at = CASE :wait_mode::text
+                      WHEN 'one' THEN COALESCE(wait_started_at, :wait_started_at::float8)
+                      WHEN 'each' THEN COALESCE(wait_started_at,
+                          json_at(:per_row, id, 'wait_started_at')::float8)
+                      WHEN 'clear' THEN NULL ELSE wait_started_at END,
+    wait_timeout_at = CASE :wait_mode WHEN 'one' THEN :wait_timeout_at::float8
+                      WHEN 'each' THEN json_at(:per_row, id, 'wait_timeout_at')::float8
+                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
+-- `(state || '') = :expected`: the rows are found by id, and the expression keeps the
+-- state out of the plan. On PostgreSQL the planner would otherwise scan a partial index
+-- over every DEFERRED row (O(waits) per statement). On SQLite a parameter compared with a
+-- column that a partial index's condition names (state = 'RUNNING', ...) makes the
+-- statement compiled again at every new binding: 80-100 us per transition.
+WHERE id = ANY(:ids::bigint[]) AND (state || '') = :expected
+  AND (:expect_owner::text IS NULL OR owner = :expect_owner::text)
+-- What callers read (executor/rows.py, MovedTask, by column name): settling a transition,
+-- running a claim. Each moved row's message (:messages' entry, else :message) is for its
+-- task_event row.
+RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
+          n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
+          wait_started_at, owner, started_at, hooks,
+          COALESCE(json_at(:messages, id), :message::text) AS message
+{{log_moved_end}};
+
 -- name: cas_run
 -- A run's compare-and-set (executor.statemachine.transition_run), with what arming its
--- time waits needs (executor/store/runwaits.py).
+-- time waits needs (executor/runwaits.py).
 UPDATE dag_run SET state = :new, ended_at = :ended_at
 WHERE run_id = :run_id AND state = :expected
 RETURNING run_id, hooks, deadline_at, timeout_s, late_at, deadline_missed_at;
@@ -158,11 +218,6 @@ GROUP BY state;
 -- name: list_runs
 SELECT * FROM dag_run ORDER BY created_at DESC LIMIT :n;
 
--- name: run_state_counts
-SELECT run_id, state, count(*) AS n FROM task
-WHERE run_id IN (SELECT run_id FROM dag_run ORDER BY created_at DESC LIMIT :n)
-GROUP BY run_id, state;
-
 -- name: task_row
 SELECT * FROM task WHERE run_id = :run_id AND task_id = :task_id AND map_index = :map_index;
 
@@ -173,6 +228,27 @@ SELECT * FROM task_event WHERE task_row = :task_row ORDER BY id;
 SELECT task_id, state, count(*) AS n FROM task
 WHERE run_id = :run_id AND map_index >= 0
 GROUP BY task_id, state;
+
+-- name: claim_candidates
+-- The ready tasks a worker may claim. Only the worker's queues; a limited pool only when it
+-- exists, is not in :full (found full earlier in this transaction) and had a free slot
+-- when this statement started (a pre-filter: executor/pools.py decides how many fit, on
+-- PostgreSQL from a count taken under the pool's lock). On PostgreSQL rows another worker
+-- is claiming right now are skipped, not waited for, and a row whose ready_at was cleared
+-- meanwhile is re-checked and dropped; on SQLite, one writer at a time, the write
+-- transaction that reads these claims them. No row is claimed twice.
+SELECT t.id, t.state, t.pool, t.pool_slots FROM task t
+WHERE t.ready_at IS NOT NULL AND t.ready_at <= :now
+  AND t.queue = ANY(:queues::text[])
+  AND (t.pool = 'default' OR t.pool IN (
+        SELECT p.name FROM pool p
+        WHERE NOT (p.name = ANY(:full::text[]))
+          AND p.slots > (SELECT COALESCE(SUM(r.pool_slots), 0) FROM task r
+                         WHERE r.pool = p.name AND r.state = 'RUNNING'
+                           AND (r.map_index >= 0 OR r.expand_from IS NULL))))
+ORDER BY t.priority DESC, t.ready_at, t.id
+LIMIT :n
+FOR UPDATE OF t SKIP LOCKED;
 
 -- ---------------------------------------------------------------- callbacks and notifications
 -- executor/notifications.py records events; executor/store/callbacks.py delivers them.
@@ -186,6 +262,23 @@ VALUES (:run_id, :task_row,
         COALESCE(:task_id, (SELECT t.task_id FROM task t WHERE t.id = :task_row)),
         :event, :attempt, :message, :context, :dedup_key, :now, :now)
 ON CONFLICT (dedup_key) DO NOTHING;
+
+-- name: claim_callbacks
+-- Callback rows due, for a worker's free slots (executor/store/callbacks.py), each task's
+-- in the order they were raised (a retried one holds back the ones after it). On
+-- PostgreSQL rows another worker is claiming right now are skipped, not waited for; on
+-- SQLite the write transaction that reads these claims them.
+UPDATE callback SET state = 'RUNNING', owner = :owner, heartbeat_at = :now, tries = tries + 1,
+                    ready_at = NULL
+WHERE id IN (SELECT c.id FROM callback c
+             WHERE c.ready_at IS NOT NULL AND c.ready_at <= :now
+               -- a task's events go out in order: none while an earlier one is unfinished
+               AND NOT EXISTS (SELECT 1 FROM callback e
+                               WHERE e.task_row = c.task_row AND e.id < c.id
+                                 AND e.state IN ('PENDING', 'RUNNING'))
+             ORDER BY c.ready_at, c.id LIMIT :n
+  FOR UPDATE SKIP LOCKED)
+RETURNING *;
 
 -- name: callback_heartbeat
 UPDATE callback SET heartbeat_at = :now
@@ -289,6 +382,35 @@ SELECT id, owner, attempt, max_attempts, heartbeat_at,
 FROM task
 WHERE state = 'RUNNING' AND owner IS NOT NULL AND substr(owner, 1, length(:prefix)) = :prefix;
 
+-- name: deferred_rows
+-- Locked on PostgreSQL, so that the trigger they wait on cannot change before this
+-- transaction moves them (SQLite's write transaction holds the file's lock).
+-- `has_trigger`: a fire from memory for a row deleted meanwhile must not apply.
+-- `(state || '')`: found by id, never through the partial index of DEFERRED rows.
+SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at,
+       wait_timeout_at,
+       EXISTS (SELECT 1 FROM trigger g WHERE g.id = task.trigger_id) AS has_trigger
+FROM task
+WHERE id = ANY(:ids::bigint[]) AND (state || '') = 'DEFERRED'
+FOR UPDATE OF task;
+
+-- name: expired_waits
+-- A LEFT JOIN keeps the waits whose trigger row is missing or NULL: those time out too,
+-- homed by task id. On SQLite it also keeps task first, read through task_wait_timeout
+-- (otherwise SQLite walks every trigger of the shards, 190 ms a second at 100,000 waits,
+-- to find none expired).
+SELECT t.id, t.soft_fail, t.wait_started_at FROM task t LEFT JOIN trigger g ON g.id = t.trigger_id
+WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
+  AND COALESCE(g.shard, (t.id % :n_shards::integer)::integer) = ANY(:shards::integer[]);
+
+-- name: held_shards_fenced
+-- The shards a triggerer's lease still covers, locked until commit (FOR SHARE on
+-- PostgreSQL; SQLite's write transaction holds the file's lock): a takeover of one of
+-- them waits for this transaction, so a fire written here comes from a triggerer that
+-- held the shard when it committed.
+SELECT shard FROM shard_lease WHERE owner = :owner AND expires_at >= :now
+FOR SHARE;
+
 -- name: trigger_shards
 SELECT id, shard FROM trigger WHERE id = ANY(:ids);
 
@@ -348,18 +470,17 @@ SELECT COALESCE(max(id), 0) AS id FROM trigger;
 -- trigger id) pairs: a full reconcile reads again only the shards whose sums differ from
 -- the triggerer's own (triggerer/waitref.py's wait_sum computes the same), so a minutely
 -- reconcile of a million unchanged waits is this one aggregate, not a million rows.
-SELECT shard, count(*) AS n,
-       CAST(sum((wait_id * 1000003 + trigger_id) % 2147483647) AS BIGINT) AS h
+SELECT shard, count(*) AS n, sum((wait_id * 1000003 + trigger_id) % 2147483647)::bigint AS h
 FROM (
     SELECT g.shard, t.id AS wait_id, g.id AS trigger_id
     FROM trigger g JOIN task t ON t.trigger_id = g.id AND t.state = 'DEFERRED'
-    WHERE g.shard = ANY(:shards) AND g.event_key IS NULL
+    WHERE g.shard = ANY(:shards::integer[]) AND g.event_key IS NULL
     UNION ALL
     SELECT g.shard, s.id, g.id FROM trigger g JOIN start_wait s ON s.trigger_id = g.id
-    WHERE g.shard = ANY(:shards)
+    WHERE g.shard = ANY(:shards::integer[])
     UNION ALL
     SELECT g.shard, w.id, g.id FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
-    WHERE g.shard = ANY(:shards)
+    WHERE g.shard = ANY(:shards::integer[])
 ) AS waits GROUP BY shard;
 
 -- name: list_triggerers
@@ -367,7 +488,7 @@ SELECT r.*, (SELECT count(*) FROM shard_lease s WHERE s.owner = r.id) AS shards
 FROM triggerer r ORDER BY r.id;
 
 -- ---------------------------------------------------------------- migrations
--- executor/store/migrate.py; each backend's `migrate_lock` makes migrators take turns.
+-- executor/driver/migrate.py; each backend's `migrate_lock` makes migrators take turns.
 
 -- name: schema_version_create
 CREATE TABLE IF NOT EXISTS schema_version
@@ -381,6 +502,15 @@ INSERT INTO schema_version (version, name, applied_at) VALUES (:version, :name, 
 
 -- ---------------------------------------------------------------- pools and queues
 -- Issue 14: executor/pools.py (the rules), executor/store/pools.py; 006_pools_queues.sql.
+
+-- name: lock_pools
+-- A claim that would take slots of these pools holds their rows until commit (PostgreSQL;
+-- on SQLite the write transaction already excludes every other claimer), so the count it
+-- takes next includes every claim committed before it and none can commit beside it.
+-- SKIP LOCKED: a pool another worker is claiming from right now is left to that worker
+-- this time (never waited for, so claims never deadlock on pools).
+SELECT name, slots FROM pool WHERE name = ANY(:names::text[]) ORDER BY name
+FOR UPDATE SKIP LOCKED;
 
 -- name: pool_running
 -- Slots in use per pool: its RUNNING rows (a mapped task's template holds none), read
@@ -606,15 +736,16 @@ SELECT file FROM dag WHERE dag_id = :dag_id;
 
 -- name: upsert_dag
 -- What a file declares; `paused` is the operator's and is kept.
+-- schedule: its JSON (executor.schedules.Schedule.to_json), catchup and dates included.
 INSERT INTO dag (dag_id, file, schedule, timezone, next_logical_date, file_mtime, parsed_at,
-                 parse_error, start_date, end_date, catchup, max_active_runs, start_when, shape)
+                 parse_error, max_active_runs, start_when, shape)
 VALUES (:dag_id, :file, :schedule, :timezone, :next_logical_date, :file_mtime, :now, NULL,
-        :start_date, :end_date, :catchup, :max_active_runs, :start_when, :shape)
+        :max_active_runs, :start_when, :shape)
 ON CONFLICT (dag_id) DO UPDATE
 SET file = :file, schedule = :schedule, timezone = :timezone,
     next_logical_date = :next_logical_date, file_mtime = :file_mtime, parsed_at = :now,
-    parse_error = NULL, start_date = :start_date, end_date = :end_date, catchup = :catchup,
-    max_active_runs = :max_active_runs, start_when = :start_when, shape = :shape;
+    parse_error = NULL, max_active_runs = :max_active_runs, start_when = :start_when,
+    shape = :shape;
 
 -- name: undeclared_dags
 SELECT dag_id FROM dag WHERE file = :file AND NOT (dag_id = ANY(:keep));
@@ -689,8 +820,8 @@ ORDER BY dag_id, moment, created_at, run_id;
 -- executor/store/starts.py: schedules and start conditions held by the triggerer.
 
 -- name: dag_start_specs
-SELECT dag_id, file, schedule, timezone, start_date, end_date, catchup, max_active_runs, shape,
-       start_when, paused, parse_error
+SELECT dag_id, file, schedule, timezone, max_active_runs, shape, start_when, paused,
+       parse_error
 FROM dag WHERE dag_id = ANY(:dag_ids);
 
 -- name: last_interval_end
@@ -710,6 +841,14 @@ UPDATE start_wait
 SET trigger_id = :trigger_id, logical_date = :logical_date, interval_end = :interval_end,
     armed_at = :now
 WHERE id = :id;
+
+-- name: armed_start_waits
+-- The start waits a fire is for, locked until commit (on SQLite the write transaction
+-- holds the lock): a concurrent fire of the same event (a takeover) waits, then sees the
+-- wait re-armed and does nothing.
+SELECT id, dag_id, kind, trigger_id, logical_date, interval_end FROM start_wait
+WHERE id = ANY(:ids) ORDER BY id
+FOR UPDATE;
 
 -- name: set_start_error
 UPDATE dag SET start_error = :error, start_error_at = :now WHERE dag_id = :dag_id;
@@ -819,6 +958,22 @@ DELETE FROM event_woke WHERE event_id = ANY(:ids);
 -- executor/store/people.py: a person's wait is a DEFERRED task on a trigger row whose
 -- event_key is 'person:<task row>' (never loaded by a triggerer, never matched by an event).
 
+-- name: needs_you
+-- The partial index of persons' waits (013_people.sql), then each one's task: INDEXED BY
+-- and CROSS JOIN say so to SQLite (not every event wait); PostgreSQL drops both.
+SELECT t.id, t.run_id, t.task_id, t.map_index, t.wait_started_at, t.wait_timeout_at,
+       g.classpath, g.kwargs, r.dag_id, r.logical_date
+FROM trigger g INDEXED BY trigger_person CROSS JOIN task t ON t.trigger_id = g.id
+JOIN dag_run r ON r.run_id = t.run_id
+WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED'
+ORDER BY t.wait_started_at, t.id
+LIMIT :limit;
+
+-- name: needs_you_count
+SELECT count(*) AS n FROM trigger g INDEXED BY trigger_person CROSS JOIN task t
+ON t.trigger_id = g.id
+WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED';
+
 -- name: person_task
 SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.trigger_id, t.output,
        g.classpath, g.kwargs, g.event_key
@@ -903,6 +1058,16 @@ SET tasks_unfinished = (SELECT count(*) FROM task t
                        AND t.state IN ('FAILED', 'UPSTREAM_FAILED'))
 WHERE run_id = :run_id;
 
+-- name: unfinished_tasks_locked
+-- A run's unfinished tasks, locked until commit (cancel, fail_fast; on SQLite the write
+-- transaction holds the lock): a worker claiming one concurrently is waited for and its
+-- row read as it committed it (RUNNING: stopped), and no worker claims one after (SKIP
+-- LOCKED passes it by, then finds it ended).
+SELECT id, task_id, map_index, expand_from, state, trigger_id FROM task
+WHERE run_id = :run_id AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')
+ORDER BY map_index DESC, id
+FOR UPDATE;
+
 -- name: tasks_by_id
 SELECT * FROM task WHERE id = ANY(:ids) ORDER BY id;
 
@@ -920,7 +1085,7 @@ SELECT COALESCE(max(id), 0) AS id FROM wait_release;
 DELETE FROM wait_release WHERE released_at < :before;
 
 -- ---------------------------------------------------------------- run policy
--- Deadlines, dagrun_timeout, a sensor's expected_by (executor/store/runwaits.py, armed by
+-- Deadlines, dagrun_timeout, a sensor's expected_by (executor/runwaits.py, armed by
 -- the state machine; fired by executor/store/deadlines.py in the triggerer's outbox) and
 -- the failure policy (fail_fast, pause: executor/statemachine.py; resume: control.py).
 
@@ -929,6 +1094,14 @@ DELETE FROM wait_release WHERE released_at < :before;
 INSERT INTO run_wait (run_id, kind, task_id, trigger_id, due_at, armed_at)
 VALUES (:run_id, :kind, :task_id, :trigger_id, :due_at, :now)
 ON CONFLICT (run_id, kind, task_id) DO NOTHING;
+
+-- name: armed_run_waits
+-- The run waits a fire is for, locked until commit (on SQLite the write transaction holds
+-- the lock): a concurrent fire of the same event (a takeover) waits, then finds them
+-- deleted and does nothing.
+SELECT id, run_id, kind, task_id, trigger_id, due_at FROM run_wait
+WHERE id = ANY(:ids::bigint[]) ORDER BY id
+FOR UPDATE;
 
 -- name: delete_run_waits_of
 DELETE FROM run_wait WHERE run_id = ANY(:run_ids);

@@ -9,63 +9,17 @@
 -- * `e.run_id || ''` in bump_children: children are reached from the edges, never by
 --   scanning every task of the run (O(tasks) per batch of finished parents).
 
--- name: cas
--- The one compare-and-set through which every task state change passes, with what the
--- transition carries (see schema/sqlite/queries.sql for the modes). Under READ COMMITTED
--- a row another transaction holds is waited for, then re-checked against
--- `state = :expected`: a racing process changes nothing the second time.
--- :per_row arrives as jsonb (the cast types the parameter): parsed once per statement,
--- each row's entry found by key, so a batch of 10,000 costs no more per row than one.
--- Each moved row's task_event (its message: :messages' entry, else :message) is written
--- by this statement too (`logged`): one round trip per transition, not two.
+-- part: log_moved_begin
+-- cas (schema/common/queries.sql) on PostgreSQL also writes each moved row's task_event
+-- (`logged`): one round trip per transition, not two.
 WITH moved AS (
-UPDATE task
-SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
-    attempt = attempt + :attempt_delta, updated_at = :now,
-    started_at = CASE WHEN :new = 'RUNNING' AND started_at IS NULL THEN :now ELSE started_at END,
-    ended_at = CASE WHEN :terminal = 1 THEN :now ELSE ended_at END,
-    output = CASE :output_mode::text WHEN 'one' THEN :output::text
-                                     WHEN 'each' THEN :outputs::jsonb ->> id::text
-                                     ELSE output END,
-    event = CASE :resume_mode::text WHEN 'event' THEN :event::text
-                                    WHEN 'events' THEN :per_row::jsonb -> id::text ->> 'event'
-                                    WHEN 'keep' THEN event ELSE NULL END,
-    next_method = CASE :resume_mode WHEN 'defer' THEN :next_method::text
-                                    WHEN 'defer_each'
-                                    THEN :per_row::jsonb -> id::text ->> 'next_method'
-                                    WHEN 'restart' THEN NULL ELSE next_method END,
-    next_kwargs = CASE :resume_mode WHEN 'defer' THEN :next_kwargs::text
-                                    WHEN 'defer_each'
-                                    THEN :per_row::jsonb -> id::text ->> 'next_kwargs'
-                                    WHEN 'restart' THEN NULL ELSE next_kwargs END,
-    trigger_id = CASE :resume_mode WHEN 'defer' THEN :trigger_id::bigint
-                                   WHEN 'defer_each'
-                                   THEN (:per_row::jsonb -> id::text ->> 'trigger_id')::bigint
-                                   ELSE trigger_id END,
-    soft_fail = CASE :resume_mode WHEN 'defer' THEN :soft_fail::integer
-                                  WHEN 'defer_each'
-                                  THEN (:per_row::jsonb -> id::text ->> 'soft_fail')::integer
-                                  ELSE soft_fail END,
-    wait_started_at = CASE :wait_mode::text
-                      WHEN 'start' THEN COALESCE(wait_started_at, :wait_started_at::float8)
-                      WHEN 'each' THEN COALESCE(wait_started_at,
-                          (:per_row::jsonb -> id::text ->> 'wait_started_at')::float8)
-                      WHEN 'clear' THEN NULL ELSE wait_started_at END,
-    wait_timeout_at = CASE :wait_mode WHEN 'start' THEN :wait_timeout_at::float8
-                      WHEN 'each' THEN (:per_row::jsonb -> id::text ->> 'wait_timeout_at')::float8
-                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
-WHERE id = ANY(:ids::bigint[]) AND (state || '') = :expected
-  AND (:expect_owner::text IS NULL OR owner = :expect_owner::text)
--- What callers read (executor/rows.py, MovedTask): settling a transition, running a claim.
-RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
-          n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
-          wait_started_at, owner, started_at, hooks,
-          COALESCE(:messages::jsonb ->> id::text, :message::text) AS message
+
+-- part: log_moved_end
 ), logged AS (
     INSERT INTO task_event (task_row, ts, kind, from_state, to_state, attempt, message)
     SELECT id, :now, 'transition', :expected, :new, attempt, message FROM moved
 )
-SELECT *, TRUE AS logged FROM moved;
+SELECT *, TRUE AS logged FROM moved
 
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one
@@ -86,41 +40,6 @@ SET n_done = t.n_done + c.n, n_success = t.n_success + c.n * :success::integer,
 FROM c
 WHERE t.run_id = c.run_id AND t.task_id = c.child AND t.map_index = -1
 RETURNING t.*;
-
--- name: claim_candidates
--- Rows another worker is claiming right now are skipped, not waited for; a row whose
--- ready_at was cleared meanwhile is re-checked and dropped. No row is claimed twice.
--- Only the worker's queues; a limited pool only when it exists, is not in :full (found
--- full earlier in this transaction) and had a free slot when this statement started (a
--- pre-filter: the count that decides is taken under the pool's lock, executor/pools.py).
-SELECT t.id, t.state, t.pool, t.pool_slots FROM task t
-WHERE t.ready_at IS NOT NULL AND t.ready_at <= :now
-  AND t.queue = ANY(:queues::text[])
-  AND (t.pool = 'default' OR t.pool IN (
-        SELECT p.name FROM pool p
-        WHERE NOT (p.name = ANY(:full::text[]))
-          AND p.slots > (SELECT COALESCE(SUM(r.pool_slots), 0) FROM task r
-                         WHERE r.pool = p.name AND r.state = 'RUNNING'
-                           AND (r.map_index >= 0 OR r.expand_from IS NULL))))
-ORDER BY t.priority DESC, t.ready_at, t.id
-LIMIT :n
-FOR UPDATE OF t SKIP LOCKED;
-
--- name: claim_callbacks
--- Callback rows due, for a worker's free slots (executor/store/callbacks.py), each task's
--- in the order they were raised (a retried one holds back the ones after it).
--- Rows another worker is claiming right now are skipped, not waited for.
-UPDATE callback SET state = 'RUNNING', owner = :owner, heartbeat_at = :now, tries = tries + 1,
-                    ready_at = NULL
-WHERE id IN (SELECT c.id FROM callback c
-             WHERE c.ready_at IS NOT NULL AND c.ready_at <= :now
-               -- a task's events go out in order: none while an earlier one is unfinished
-               AND NOT EXISTS (SELECT 1 FROM callback e
-                               WHERE e.task_row = c.task_row AND e.id < c.id
-                                 AND e.state IN ('PENDING', 'RUNNING'))
-             ORDER BY c.ready_at, c.id LIMIT :n
-  FOR UPDATE SKIP LOCKED)
-RETURNING *;
 
 -- name: external_states
 -- Cross-DAG questions, all answered at once: :questions is a JSON array of
@@ -209,21 +128,6 @@ FROM wanted w
 JOIN trigger g ON g.id = w.id
 JOIN run_wait r ON r.trigger_id = g.id;
 
--- name: deferred_rows
--- Locked, so that the trigger they wait on cannot change before this transaction moves them.
--- `has_trigger`: a fire from memory for a row deleted meanwhile must not apply.
-SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at,
-       wait_timeout_at,
-       EXISTS (SELECT 1 FROM trigger g WHERE g.id = task.trigger_id) AS has_trigger
-FROM task
-WHERE id = ANY(:ids::bigint[]) AND (state || '') = 'DEFERRED'
-FOR UPDATE OF task;
-
--- name: expired_waits
--- A LEFT JOIN: a wait whose trigger row is missing or NULL times out too, homed by task id.
-SELECT t.id, t.soft_fail, t.wait_started_at FROM task t LEFT JOIN trigger g ON g.id = t.trigger_id
-WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
-  AND COALESCE(g.shard, (t.id % :n_shards::integer)::integer) = ANY(:shards::integer[]);
 
 -- name: lock_dags_runs
 -- Serializes the creation and starting of these DAGs' runs until commit, so that two
@@ -232,39 +136,6 @@ WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
 SELECT pg_advisory_xact_lock(hashtext('slotless.dag_run:' || d)) IS NULL AS locked
 FROM (SELECT d FROM unnest(:dag_ids::text[]) AS d ORDER BY d) AS sorted;
 
--- name: armed_start_waits
--- The start waits a fire is for, locked until commit: a concurrent fire of the same event
--- (a takeover) waits, then sees the wait re-armed and does nothing.
-SELECT id, dag_id, kind, trigger_id, logical_date, interval_end FROM start_wait
-WHERE id = ANY(:ids) ORDER BY id
-FOR UPDATE;
-
--- name: armed_run_waits
--- The run waits a fire is for, locked until commit: a concurrent fire of the same event
--- (a takeover) waits, then finds them deleted and does nothing.
-SELECT id, run_id, kind, task_id, trigger_id, due_at FROM run_wait
-WHERE id = ANY(:ids::bigint[]) ORDER BY id
-FOR UPDATE;
-
--- name: unfinished_tasks_locked
--- A run's unfinished tasks, locked until commit (cancel, fail_fast): a worker claiming one
--- concurrently is waited for and its row read as it committed it (RUNNING: stopped), and
--- no worker claims one after (SKIP LOCKED passes it by, then finds it ended).
-SELECT id, task_id, map_index, expand_from, state, trigger_id FROM task
-WHERE run_id = :run_id AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')
-ORDER BY map_index DESC, id
-FOR UPDATE;
-
--- Pools (issue 14, executor/pools.py) ------------------------------------------------
-
--- name: lock_pools
--- A claim that would take slots of these pools holds their rows until commit, so the
--- count it takes next includes every claim committed before it and none can commit
--- beside it. SKIP LOCKED: a pool another worker is claiming from right now is left to
--- that worker this time (never waited for, so claims never deadlock on pools).
-SELECT name, slots FROM pool WHERE name = ANY(:names::text[]) ORDER BY name
-FOR UPDATE SKIP LOCKED;
-
 -- name: migrate_lock
 -- One migrator at a time per schema; the others wait here, then find the work done.
 SELECT pg_advisory_xact_lock(hashtext('slotless.migrate:' || current_schema()));
@@ -272,7 +143,7 @@ SELECT pg_advisory_xact_lock(hashtext('slotless.migrate:' || current_schema()));
 -- name: database_name
 SELECT current_database() || '.' || current_schema() AS name;
 
--- Liveness (issue 16): locks that die with a process (executor/store/liveness.py) -------
+-- Liveness (issue 16): locks that die with a process (executor/driver/liveness.py) -------
 
 -- name: liveness_lock
 -- A session lock, on a connection kept for the process's life: the server drops it when
@@ -289,13 +160,6 @@ SELECT extract(epoch FROM clock_timestamp() - pg_postmaster_start_time())::float
                AND classid = :space::bigint::oid
                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
        ) AS keys;
-
--- name: held_shards_fenced
--- The shards a triggerer's lease still covers, locked until commit (FOR SHARE): a
--- takeover of one of them waits for this transaction, so a fire written here comes from
--- a triggerer that held the shard when it committed.
-SELECT shard FROM shard_lease WHERE owner = :owner AND expires_at >= :now
-FOR SHARE;
 
 -- ---------------------------------------------------------------- events (issue 19)
 
@@ -344,18 +208,3 @@ RETURNING id;
 INSERT INTO task_event (task_row, ts, kind, message)
 SELECT (e ->> 0)::bigint, :now::double precision, 'check', e ->> 1
 FROM jsonb_array_elements(:lines::text::jsonb) WITH ORDINALITY AS t(e, n) ORDER BY n;
-
--- ---------------------------------------------------------------- people in the loop (issue 19)
-
--- name: needs_you
--- The partial index of persons' waits (013_people.sql), then each one's task.
-SELECT t.id, t.run_id, t.task_id, t.map_index, t.wait_started_at, t.wait_timeout_at,
-       g.classpath, g.kwargs, r.dag_id, r.logical_date
-FROM trigger g JOIN task t ON t.trigger_id = g.id JOIN dag_run r ON r.run_id = t.run_id
-WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED'
-ORDER BY t.wait_started_at, t.id
-LIMIT :limit;
-
--- name: needs_you_count
-SELECT count(*) AS n FROM trigger g JOIN task t ON t.trigger_id = g.id
-WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED';

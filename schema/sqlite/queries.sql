@@ -1,63 +1,12 @@
 -- The statements whose SQLite spelling differs from PostgreSQL's; the rest are in
 -- schema/common/queries.sql. Parameters are named; a JSON array stands for a list.
 
--- name: cas
--- The one compare-and-set through which every task state change passes, with what the
--- transition carries (executor/statemachine.py, Carry), so a state and its payload change
--- in one statement. :output_mode keep | one (:output for every row) | each (:outputs, a
--- JSON object of row id -> output); :resume_mode keep | event | events (each row's
--- "event" in :per_row) | defer | defer_each (each row's deferral in :per_row) | restart
--- (a retry forgets the resume point, the event and the wait); :wait_mode keep | start |
--- each (:per_row) | clear. :per_row is a JSON object of row id -> {field: value}.
--- Each moved row's message (:messages' entry, else :message) comes back for its
--- task_event row, which the caller writes (`logged` false: no DML in a CTE here).
-UPDATE task
-SET state = :new, ready_at = :ready_at, owner = :owner, heartbeat_at = :heartbeat_at,
-    attempt = attempt + :attempt_delta, updated_at = :now,
-    started_at = CASE WHEN :new = 'RUNNING' AND started_at IS NULL THEN :now ELSE started_at END,
-    ended_at = CASE WHEN :terminal = 1 THEN :now ELSE ended_at END,
-    output = CASE :output_mode WHEN 'one' THEN :output
-                               WHEN 'each' THEN json_extract(:outputs, '$."' || id || '"')
-                               ELSE output END,
-    event = CASE :resume_mode WHEN 'event' THEN :event
-                              WHEN 'events' THEN json_extract(:per_row, '$."' || id || '".event')
-                              WHEN 'keep' THEN event ELSE NULL END,
-    next_method = CASE :resume_mode WHEN 'defer' THEN :next_method
-                                    WHEN 'defer_each'
-                                    THEN json_extract(:per_row, '$."' || id || '".next_method')
-                                    WHEN 'restart' THEN NULL ELSE next_method END,
-    next_kwargs = CASE :resume_mode WHEN 'defer' THEN :next_kwargs
-                                    WHEN 'defer_each'
-                                    THEN json_extract(:per_row, '$."' || id || '".next_kwargs')
-                                    WHEN 'restart' THEN NULL ELSE next_kwargs END,
-    trigger_id = CASE :resume_mode WHEN 'defer' THEN :trigger_id
-                                   WHEN 'defer_each'
-                                   THEN json_extract(:per_row, '$."' || id || '".trigger_id')
-                                   ELSE trigger_id END,
-    soft_fail = CASE :resume_mode WHEN 'defer' THEN :soft_fail
-                                  WHEN 'defer_each'
-                                  THEN json_extract(:per_row, '$."' || id || '".soft_fail')
-                                  ELSE soft_fail END,
-    wait_started_at = CASE :wait_mode WHEN 'start' THEN COALESCE(wait_started_at, :wait_started_at)
-                      WHEN 'each' THEN COALESCE(wait_started_at,
-                          json_extract(:per_row, '$."' || id || '".wait_started_at'))
-                      WHEN 'clear' THEN NULL ELSE wait_started_at END,
-    wait_timeout_at = CASE :wait_mode WHEN 'start' THEN :wait_timeout_at
-                      WHEN 'each' THEN json_extract(:per_row, '$."' || id || '".wait_timeout_at')
-                      WHEN 'clear' THEN NULL ELSE wait_timeout_at END
--- "+:expected", not ":expected": SQLite compares a parameter beside a column with the
--- partial indexes' conditions on that column (state = 'RUNNING', ...), and a statement
--- that did so is compiled again at every new binding: 80-100 us per transition. The unary
--- plus hides the parameter from that check and changes no comparison (the rows are found
--- by id).
-WHERE id = ANY(:ids) AND state = +:expected
-  AND (:expect_owner IS NULL OR owner = :expect_owner)
--- What callers read (executor/rows.py, MovedTask): settling a transition, running a claim.
-RETURNING id, run_id, task_id, map_index, state, attempt, max_attempts, is_leaf, priority,
-          n_parents, expand_from, item, map_total, next_method, next_kwargs, event,
-          wait_started_at, owner, started_at, hooks,
-          COALESCE(json_extract(:messages, '$."' || id || '"'), :message) AS message,
-          0 AS logged;
+-- part: log_moved_begin
+-- cas (schema/common/queries.sql) on SQLite: no data-modifying CTE here, so the statement
+-- returns each moved row's message and its caller writes the task_event rows.
+
+-- part: log_moved_end
+, 0 AS logged
 
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one
@@ -72,43 +21,6 @@ SET n_done = n_done + c.n, n_success = n_success + c.n * :success,
 FROM (SELECT child, count(*) AS n FROM edge
       WHERE run_id = :run_id AND parent = ANY(:parents) GROUP BY +child) AS c
 WHERE task.run_id = :run_id AND task.map_index = -1 AND task.task_id = c.child
-RETURNING *;
-
--- name: claim_candidates
--- SQLite has one writer at a time: the write transaction that reads these claims them.
--- Only the worker's queues; a limited pool only when it exists, is not in :full and has a
--- free slot (executor/pools.py decides how many fit).
-SELECT t.id, t.state, t.pool, t.pool_slots FROM task t
-WHERE t.ready_at IS NOT NULL AND t.ready_at <= :now
-  AND t.queue = ANY(:queues)
-  AND (t.pool = 'default' OR t.pool IN (
-        SELECT p.name FROM pool p
-        WHERE NOT (p.name = ANY(:full))
-          AND p.slots > (SELECT COALESCE(SUM(r.pool_slots), 0) FROM task r
-                         WHERE r.pool = p.name AND r.state = 'RUNNING'
-                           AND (r.map_index >= 0 OR r.expand_from IS NULL))))
-ORDER BY t.priority DESC, t.ready_at, t.id
-LIMIT :n;
-
--- Pools (issue 14, executor/pools.py) ------------------------------------------------
-
--- name: lock_pools
--- The write transaction already excludes every other claimer.
-SELECT name, slots FROM pool WHERE name = ANY(:names) ORDER BY name;
-
--- name: claim_callbacks
--- Callback rows due, for a worker's free slots (executor/store/callbacks.py), each task's
--- in the order they were raised (a retried one holds back the ones after it).
--- SQLite has one writer at a time: the write transaction that reads these claims them.
-UPDATE callback SET state = 'RUNNING', owner = :owner, heartbeat_at = :now, tries = tries + 1,
-                    ready_at = NULL
-WHERE id IN (SELECT c.id FROM callback c
-             WHERE c.ready_at IS NOT NULL AND c.ready_at <= :now
-               -- a task's events go out in order: none while an earlier one is unfinished
-               AND NOT EXISTS (SELECT 1 FROM callback e
-                               WHERE e.task_row = c.task_row AND e.id < c.id
-                                 AND e.state IN ('PENDING', 'RUNNING'))
-             ORDER BY c.ready_at, c.id LIMIT :n)
 RETURNING *;
 
 -- name: external_states
@@ -168,41 +80,10 @@ SELECT g.id, g.classpath, g.kwargs, g.poke_hash, g.shard, 'run', w.id, NULL, g.n
 FROM trigger g JOIN run_wait w ON w.trigger_id = g.id
 WHERE +g.shard = ANY(:shards) AND g.id > :after AND g.id <= :upto;
 
--- name: deferred_rows
--- `has_trigger`: a fire from memory for a row deleted meanwhile must not apply.
-SELECT id, trigger_id, attempt, max_attempts, soft_fail, next_method, wait_started_at,
-       wait_timeout_at,
-       EXISTS (SELECT 1 FROM trigger g WHERE g.id = task.trigger_id) AS has_trigger
-FROM task
-WHERE id = ANY(:ids) AND state = 'DEFERRED';
-
--- name: expired_waits
--- A LEFT JOIN keeps task first, read through task_wait_timeout (otherwise SQLite walks
--- every trigger of the shards, 190 ms a second at 100,000 waits, to find none expired), and
--- keeps the waits whose trigger row is missing or NULL: those are homed by task id.
-SELECT t.id, t.soft_fail, t.wait_started_at FROM task t LEFT JOIN trigger g ON g.id = t.trigger_id
-WHERE t.state = 'DEFERRED' AND t.wait_timeout_at < :now
-  AND COALESCE(g.shard, t.id % :n_shards) = ANY(:shards);
 
 -- name: lock_dags_runs
 -- Nothing to take: a write transaction (BEGIN IMMEDIATE) already holds the file's lock.
 SELECT count(*) AS locked FROM dag WHERE dag_id = ANY(:dag_ids);
-
--- name: armed_start_waits
--- The start waits a fire is for (the write transaction holds the lock: no concurrent fire).
-SELECT id, dag_id, kind, trigger_id, logical_date, interval_end FROM start_wait
-WHERE id = ANY(:ids) ORDER BY id;
-
--- name: armed_run_waits
--- The run waits a fire is for (the write transaction holds the lock: no concurrent fire).
-SELECT id, run_id, kind, task_id, trigger_id, due_at FROM run_wait
-WHERE id = ANY(:ids) ORDER BY id;
-
--- name: unfinished_tasks_locked
--- A run's unfinished tasks (cancel, fail_fast); the write transaction holds the lock.
-SELECT id, task_id, map_index, expand_from, state, trigger_id FROM task
-WHERE run_id = :run_id AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')
-ORDER BY map_index DESC, id;
 
 -- name: migrate_lock
 -- Nothing to take: the migration's write transaction (BEGIN IMMEDIATE) holds the file's lock.
@@ -211,7 +92,7 @@ SELECT 1;
 -- name: database_name
 SELECT file AS name FROM pragma_database_list WHERE name = 'main';
 
--- Liveness (issue 16): locks that die with a process (executor/store/liveness.py) -------
+-- Liveness (issue 16): locks that die with a process (executor/driver/liveness.py) -------
 
 -- name: liveness_lock
 -- Never run: on SQLite the lock is a file's (fcntl), held by the process, not by SQL.
@@ -220,10 +101,6 @@ SELECT 0 AS held WHERE :space IS NULL AND :key IS NULL;
 -- name: liveness_holders
 -- Never run: on SQLite a process tries the other's lock file instead.
 SELECT NULL AS uptime, NULL AS keys WHERE :space IS NULL;
-
--- name: held_shards_fenced
--- The write transaction holds the file's lock: no takeover can commit before this one.
-SELECT shard FROM shard_lease WHERE owner = :owner AND expires_at >= :now;
 
 -- ---------------------------------------------------------------- events (issue 19)
 
@@ -269,20 +146,3 @@ RETURNING id;
 INSERT INTO task_event (task_row, ts, kind, message)
 SELECT json_extract(value, '$[0]'), :now, 'check', json_extract(value, '$[1]')
 FROM json_each(:lines) ORDER BY key;
-
--- ---------------------------------------------------------------- people in the loop (issue 19)
-
--- name: needs_you
--- INDEXED BY: the partial index of persons' waits (013_people.sql), not every event wait.
-SELECT t.id, t.run_id, t.task_id, t.map_index, t.wait_started_at, t.wait_timeout_at,
-       g.classpath, g.kwargs, r.dag_id, r.logical_date
-FROM trigger g INDEXED BY trigger_person CROSS JOIN task t ON t.trigger_id = g.id
-JOIN dag_run r ON r.run_id = t.run_id
-WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED'
-ORDER BY t.wait_started_at, t.id
-LIMIT :limit;
-
--- name: needs_you_count
-SELECT count(*) AS n FROM trigger g INDEXED BY trigger_person CROSS JOIN task t
-ON t.trigger_id = g.id
-WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED';

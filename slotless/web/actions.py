@@ -83,7 +83,7 @@ def action(name: str) -> Callable[[ActionHandler], ActionHandler]:
 async def _set_paused(a: Act, paused: bool) -> str:
     dag_id = a.field("dag_id")
     try:
-        await a.store.set_paused(dag_id, paused)
+        await a.store.catalogue.set_paused(dag_id, paused)
     except UnknownDag as exc:
         raise Refused(str(exc)) from None
     return f"{dag_id} {'paused' if paused else 'unpaused'}"
@@ -138,7 +138,9 @@ async def clear(a: Act) -> str:
     """Clear a task (``downstream=1``: and every task after it)."""
     run_id, task_id = a.field("run_id"), a.field("task_id")
     downstream = a.field("downstream", "") == "1"
-    return await _control(a, a.store.clear(run_id, [task_id], downstream=downstream, who=_who(a)))
+    return await _control(
+        a, a.store.runs.clear(run_id, [task_id], downstream=downstream, who=_who(a))
+    )
 
 
 @action("mark")
@@ -147,21 +149,21 @@ async def mark(a: Act) -> str:
     outcome = a.field("outcome")
     if outcome not in ("success", "failed", "skipped"):
         raise Refused(f"unknown outcome {outcome!r}")
-    operation = a.store.mark(a.field("run_id"), a.field("task_id"), outcome, who=_who(a))  # type: ignore[arg-type]
+    operation = a.store.runs.mark(a.field("run_id"), a.field("task_id"), outcome, who=_who(a))  # type: ignore[arg-type]
     return await _control(a, operation)
 
 
 @action("retry")
 async def retry(a: Act) -> str:
-    return await _control(a, a.store.retry(a.field("run_id"), who=_who(a)))
+    return await _control(a, a.store.runs.retry(a.field("run_id"), who=_who(a)))
 
 
 @action("cancel")
 async def cancel(a: Act) -> str:
-    return await _control(a, a.store.cancel(a.field("run_id"), who=_who(a)))
+    return await _control(a, a.store.runs.cancel(a.field("run_id"), who=_who(a)))
 
 
 @action("resume")
 async def resume(a: Act) -> str:
     """A run PAUSED by its failure policy goes on, its failed tasks run again."""
-    return await _control(a, a.store.resume(a.field("run_id"), who=_who(a)))
+    return await _control(a, a.store.runs.resume(a.field("run_id"), who=_who(a)))

@@ -50,10 +50,12 @@ from pydantic.json_schema import models_json_schema
 
 from executor.loader import DagImportError
 from executor.params import BadConf
+from executor.rows import TaskRow
 from executor.store import Store
 from executor.store.catalogue import UnknownDag
 from executor.store.events import MAX_BATCH, StoredEvent, UnknownEvent
 from executor.store.people import RespondError
+from executor.store.viewrows import RunRow
 from triggers.events import NAME_RULE, EventError, check_name
 from triggers.limits import MAX_SERIALIZED_BYTES
 from triggers.people import MAX_COMMENT, AnswerError
@@ -273,14 +275,14 @@ async def send_events(call: Call) -> tuple[int, BaseModel]:
     batch = isinstance(call.raw, dict) and "events" in call.raw
     events = call.body(EventBatchIn).events if batch else [call.body(EventIn)]
     try:
-        sent = await call.store.send_events(
+        sent = await call.store.events.send_events(
             [(e.name, e.payload) for e in events], source=f"api:{call.who}"
         )
     except EventError as exc:
         raise ApiError(413 if exc.too_large else 400, str(exc), exc.field) from None
     stored = []
     for s in sent:
-        woke = _event_out(await call.store.get_event(s.id)).woke if s.woke else []
+        woke = _event_out(await call.store.events.get_event(s.id)).woke if s.woke else []
         stored.append(SentEventOut(id=s.id, name=s.name, sent_at=s.sent_at, woke=woke))
     return 201, SentOut(events=stored)
 
@@ -294,7 +296,7 @@ async def list_events(call: Call) -> tuple[int, BaseModel]:
     name = call.request.query.get("name") or None
     limit = _int_query(call, "limit", 50, 1, 1000)
     try:
-        events = await call.store.list_events(name, limit=limit)
+        events = await call.store.events.list_events(name, limit=limit)
     except UnknownEvent as exc:
         raise ApiError(404, str(exc), exc.field) from None
     return 200, EventsOut(events=[_event_out(e) for e in events])
@@ -308,7 +310,7 @@ async def get_event(call: Call) -> tuple[int, BaseModel]:
     except ValueError:
         raise ApiError(400, "id must be a number", "id") from None
     try:
-        return 200, _event_out(await call.store.get_event(event_id))
+        return 200, _event_out(await call.store.events.get_event(event_id))
     except UnknownEvent as exc:
         raise ApiError(404, str(exc), "id") from None
 
@@ -345,19 +347,20 @@ async def start_run(call: Call) -> tuple[int, BaseModel]:
        response=RunStatusOut, errors=(404,))  # fmt: skip
 async def get_run(call: Call) -> tuple[int, BaseModel]:
     run_id = call.param("run_id")
-    info = await call.store.run_info(run_id)
+    info = await call.store.views.run_info(run_id)
     if info is None:
         raise ApiError(404, f"there is no run {run_id!r}", "run_id")
-    tasks = [TaskOut(task_id=t["task_id"], map_index=t["map_index"], state=t["state"])
-             for t in await call.store.run_tasks(run_id)]  # fmt: skip
-    return 200, RunStatusOut(run_id=run_id, dag_id=info["dag_id"], state=info["state"],
-                             logical_date=str(info["logical_date"]), tasks=tasks)  # fmt: skip
+    run = RunRow.of(info)
+    tasks = [TaskOut(task_id=t.task_id, map_index=t.map_index, state=t.state)
+             for t in TaskRow.all(await call.store.views.run_tasks(run_id))]  # fmt: skip
+    return 200, RunStatusOut(run_id=run_id, dag_id=run.dag_id, state=run.state,
+                             logical_date=str(run.logical_date), tasks=tasks)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ serving
 
 
-# ---------------------------------------------------------- people in the loop (issue 19)
+# -------------------------------------------------------------------- people in the loop
 
 
 class ResponseIn(_Model):
@@ -410,7 +413,7 @@ async def respond(call: Call) -> tuple[int, BaseModel]:
         answer.pop("comment", None)
     assert call.who is not None  # a write route: authorized
     try:
-        done = await call.store.respond(
+        done = await call.store.answers.respond(
             call.param("run_id"), call.param("task_id"), answer, who=call.who,
             map_index=given.map_index,
         )  # fmt: skip
@@ -429,7 +432,7 @@ async def respond(call: Call) -> tuple[int, BaseModel]:
 @route("GET", "/needs-you", summary="The requests waiting for a person's answer",
        response=NeedsYouOut)  # fmt: skip
 async def needs_you(call: Call) -> tuple[int, BaseModel]:
-    count, requests = await call.store.needs_you()
+    count, requests = await call.store.answers.needs_you()
     return 200, NeedsYouOut(
         count=count,
         requests=[

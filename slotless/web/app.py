@@ -26,8 +26,10 @@ from html import escape
 from aiohttp import web
 
 from executor.store import Store
+from executor.store.viewrows import HeldRow
 
 from ..status import collect
+from ..views import task_name
 from . import pages
 from . import people as people_page
 from .actions import ACTIONS, Act, Refused
@@ -129,7 +131,7 @@ async def index(request: web.Request) -> web.Response:
 
 
 async def dags(request: web.Request) -> web.Response:
-    data = await request.app[STORE].dags_page()
+    data = await request.app[STORE].views.dags_page()
     if _polled(request):
         return _json(pages.live_dags(data))
     main, live = pages.dags_page(data, request.app[AUTH].writes(request))
@@ -139,15 +141,17 @@ async def dags(request: web.Request) -> web.Response:
 async def run(request: web.Request) -> web.Response:
     store = request.app[STORE]
     run_id = request.match_info["run_id"]
-    g = await store.run_graph(run_id)
+    g = await store.views.run_graph(run_id)
     if g is None:
         return _not_found(request, f"There is no run {run_id!r}.")
     if _polled(request):
         return _json(pages.live_run(g, store.clock()))
-    # Ready tasks a pool or a queue holds back say so in their box (issue 14).
-    for r, why in await store.held_back_tasks(0, run_id):
-        name = r["task_id"] if r["map_index"] < 0 else f"{r['task_id']}[{r['map_index']}]"
-        g.waits.setdefault(name, why.removeprefix("waiting for "))
+    # Ready tasks a pool or a queue holds back say so in their box.
+    for r, why in await store.pools.held_back_tasks(0, run_id):
+        held = HeldRow.of(r)
+        g.waits.setdefault(
+            task_name(held.task_id, held.map_index), why.removeprefix("waiting for ")
+        )
     main, live = pages.run_page(g, store.clock(), request.app[AUTH].writes(request))
     return _html(request, run_id, main, live)
 
@@ -157,21 +161,21 @@ async def task(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
     task_id = request.match_info["task_id"]
     index = int(request.match_info.get("index", -1))
-    d = await store.task_detail(run_id, task_id, index)
+    d = await store.views.task_detail(run_id, task_id, index)
     if d is None:
-        if await store.run_info(run_id) is None:
+        if await store.views.run_info(run_id) is None:
             return _not_found(request, f"There is no run {run_id!r}.")
-        name = pages.task_name(task_id, index)
+        name = task_name(task_id, index)
         return _not_found(request, f"Run {run_id!r} has no task {name!r}.")
     if _polled(request):
         return _json(pages.live_task(d))
     main, live = pages.task_page(d, store.clock(), request.app[AUTH].writes(request))
-    return _html(request, f"{pages.task_name(task_id, index)} - {run_id}", main, live)
+    return _html(request, f"{task_name(task_id, index)} - {run_id}", main, live)
 
 
 async def needs_you(request: web.Request) -> web.Response:
     """Requests waiting for a person's answer (people.py), each with its form."""
-    count, requests = await request.app[STORE].needs_you()
+    count, requests = await request.app[STORE].answers.needs_you()
     if _polled(request):
         return _json({"count": count, "tasks": [r.task_row for r in requests]})
     w = request.app[AUTH].writes(request)
@@ -181,7 +185,7 @@ async def needs_you(request: web.Request) -> web.Response:
 
 
 async def api_status(request: web.Request) -> web.Response:
-    return web.json_response(await collect(request.app[STORE], 50))
+    return web.json_response((await collect(request.app[STORE], 50)).to_json())
 
 
 # -- writes ------------------------------------------------------------------------------
@@ -294,7 +298,7 @@ async def _needs_count(request: web.Request, handler: Handler) -> web.StreamResp
     """The header's "Needs you" count, on every HTML page (one indexed count)."""
     if request.method == "GET" and not request.path.startswith("/api/"):
         try:
-            count, _ = await request.app[STORE].needs_you(limit=0)
+            count, _ = await request.app[STORE].answers.needs_you(limit=0)
             request[NEEDS] = count
         except Exception:  # the page still shows without its count
             log.exception("counting the requests that need a person")

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from html import escape
 
-from executor.store import Row
+from executor.rows import TaskRow
 
 BOX_W, BOX_H = 220, 66
 GAP_X, GAP_Y = 70, 18
@@ -81,7 +81,7 @@ def layout(task_ids: Sequence[str], edges: Sequence[tuple[str, str]]) -> dict[st
 
 
 def svg(
-    tasks: Sequence[Row],
+    tasks: Sequence[TaskRow],
     edges: Sequence[tuple[str, str]],
     mapped: dict[str, dict[str, int]],
     href: Callable[[str], str],
@@ -89,8 +89,8 @@ def svg(
 ) -> str:
     """The graph; ``notes`` adds a third line to a box (e.g. what a DEFERRED task waits for)."""
     notes = notes or {}
-    by_id = {t["task_id"]: t for t in tasks}
-    pos = layout([t["task_id"] for t in tasks], edges)
+    by_id = {t.task_id: t for t in tasks}
+    pos = layout([t.task_id for t in tasks], edges)
     cols = 1 + max((c for c, _ in pos.values()), default=0)
     rows = 1 + max((r for _, r in pos.values()), default=0)
     width = 2 * PAD + cols * BOX_W + (cols - 1) * GAP_X
@@ -114,11 +114,11 @@ def svg(
         parts.append(f'<path class="edge" d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>')
     for task_id, t in by_id.items():
         x, y = xy(task_id)
-        state = t["state"]
+        state = t.state
         counts = mapped.get(task_id)
         label = task_id if len(task_id) <= 26 else task_id[:25] + "\u2026"
         note = notes.get(task_id, "")
-        if counts is not None or t["map_total"] is not None:
+        if counts is not None or t.map_total is not None:
             counts = counts or {}
             total = sum(counts.values())
             sub = f"{MARK.get(state, '')} {state} \u00b7 mapped \u00d7{total}"
@@ -145,11 +145,11 @@ def svg(
     return "".join(parts)
 
 
-def box_sub(t: Row) -> str:
+def box_sub(t: TaskRow) -> str:
     """The line under an unmapped task's id: its state, and its attempt past the first."""
-    sub = f"{MARK.get(t['state'], '')} {t['state']}"
-    if t["attempt"] > 1:
-        sub += f" \u00b7 attempt {t['attempt']}/{t['max_attempts']}"
+    sub = f"{MARK.get(t.state, '')} {t.state}"
+    if t.attempt > 1:
+        sub += f" \u00b7 attempt {t.attempt}/{t.max_attempts}"
     return sub
 
 

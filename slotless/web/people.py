@@ -222,7 +222,9 @@ async def respond(a: Act) -> str:
     if comment:
         answer["comment"] = comment
     try:
-        done = await a.store.respond(run_id, task_id, answer, who=a.who, map_index=map_index)
+        done = await a.store.answers.respond(
+            run_id, task_id, answer, who=a.who, map_index=map_index
+        )
     except RespondError as exc:
         raise AnswerRefused(f"{exc}; nothing was changed", exc.field) from None
     except AnswerError as exc:
@@ -239,7 +241,7 @@ async def _answer(a: Act, run_id: str, task_id: str, map_index: int) -> dict[str
         return {"choose": chosen if len(chosen) > 1 else chosen[0]}
     texts = {k.removeprefix(FORM_PREFIX): v for k, v in a.form.items()
              if k.startswith(FORM_PREFIX) and isinstance(v, str)}  # fmt: skip
-    wait = await a.store.person_request(run_id, task_id, map_index)
+    wait = await a.store.answers.person_request(run_id, task_id, map_index)
     if isinstance(wait, Form):
         return {"form": wait.coerce(texts)}
     if isinstance(wait, Choice):

@@ -83,17 +83,19 @@ def flaky(ctx):
 async def create_run(db_url: str, dag_file: Path) -> str:
     store = await open_store(db_url)
     try:
-        return await store.create_run(load_dag(dag_file), date(2026, 6, 1), dag_file=str(dag_file))
+        return await store.runs.create_run(
+            load_dag(dag_file), date(2026, 6, 1), dag_file=str(dag_file)
+        )
     finally:
         await store.close()
 
 
 async def callback_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
-    return [dict(r) for r in await store.run_callbacks(run_id)]
+    return [dict(r) for r in await store.callbacks.run_callbacks(run_id)]
 
 
 async def task_log(store: Store, run_id: str, task_id: str) -> str:
-    rows = await store.task_log(run_id, task_id) or []
+    rows = await store.views.task_log(run_id, task_id) or []
     return "\n".join(str(r["message"]) for r in rows)
 
 
@@ -161,7 +163,7 @@ async def test_retries_and_failure_are_delivered_once_despite_a_sigkilled_worker
         assert "attempt 1 starts" in by_event["on_retry", 1]["tail"]
         assert "attempt 3 starts" in by_event["on_failure", 3]["tail"]
         assert by_event["on_failure", 3]["pid"] == second.pid
-        info = await store.run_info(run_id)
+        info = await store.views.run_info(run_id)
         assert info is not None and info["state"] == "FAILED"
         log = await task_log(store, run_id, "flaky")
         assert "on_failure: worker lost while delivering" in log
@@ -244,7 +246,7 @@ async def test_failing_hanging_and_unreachable_handlers_are_logged_and_change_no
         # The worker lives on, its slots still serve (a new run of the DAG completes its
         # first task), although a thread still sleeps in `hangs`.
         assert worker.poll() is None
-        states = {r["task_id"]: r["state"] for r in await store.run_tasks(run_id)}
+        states = {r["task_id"]: r["state"] for r in await store.views.run_tasks(run_id)}
         assert states == {
             "first": "SUCCESS",
             "second": "SUCCESS",
@@ -281,7 +283,7 @@ async def test_failing_hanging_and_unreachable_handlers_are_logged_and_change_no
         run2 = await create_run(url, dag_file)
 
         async def first_done() -> bool:
-            found = {r["task_id"]: r["state"] for r in await store.run_tasks(run2)}
+            found = {r["task_id"]: r["state"] for r in await store.views.run_tasks(run2)}
             return found.get("first") == "SUCCESS"
 
         await async_wait_until(first_done, 30, interval=0.1, what="a new run's first task")

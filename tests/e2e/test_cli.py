@@ -235,7 +235,9 @@ def make_newer(db_path: Path, db_url: str, tmp_path: Path) -> None:
     async def seed() -> None:
         store = await open_store(db_url)
         try:
-            await store.create_run(load_dag(write_dag(tmp_path, GOOD, "seed.py")), date.today())
+            await store.runs.create_run(
+                load_dag(write_dag(tmp_path, GOOD, "seed.py")), date.today()
+            )
         finally:
             await store.close()
 

@@ -86,13 +86,13 @@ def after(ctx):
 async def new_run(store: Store, path: Path, dag_id: str) -> str:
     from datetime import date
 
-    return await store.create_run(
+    return await store.runs.create_run(
         load_dag(str(path), dag_id), date(2026, 4, 25), dag_file=str(path)
     )
 
 
 async def run_state(store: Store, run_id: str) -> str:
-    info = await store.run_info(run_id)
+    info = await store.views.run_info(run_id)
     assert info is not None
     return str(info["state"])
 
@@ -113,7 +113,7 @@ async def test_a_failed_run_is_retried_from_the_cli_and_succeeds(tmp_path: Path)
         assert out.stdout.strip() == f"{run_id}: cleared settle, total; the run is RUNNING"
         await async_wait_until(lambda: _ended(store, run_id), 30, what="the retried run's end")
         assert await run_state(store, run_id) == "SUCCESS"
-        [total] = [r for r in await store.run_tasks(run_id) if r["task_id"] == "total"]
+        [total] = [r for r in await store.views.run_tasks(run_id) if r["task_id"] == "total"]
         assert json.loads(total["output"]) == [10, 20, 30]
         # Mark the fan-in with an output of our own; the JSON form says what changed.
         out = cli("mark", run_id, "total", "success", "--output", '{"by": "hand"}', "--db", url,
@@ -195,7 +195,7 @@ async def test_cancel_ends_waits_and_running_tasks_of_one_run_only(
         assert await waiting(kept, 5, 1)
         # Its results are discarded: the cancelled tasks stay as the cancel left them.
         assert (await states_of(store, doomed))["slow0"] == "FAILED"
-        log = await store.task_log(doomed, "slow0")
+        log = await store.views.task_log(doomed, "slow0")
         assert log is not None and any("cancelled by cli:" in e["message"] for e in log)
         # Cancelling again changes nothing and says so.
         again = cli("cancel", doomed, "--db", url)
@@ -231,12 +231,12 @@ async def test_bad_input_is_one_line_and_changes_nothing(tmp_path: Path) -> None
 
 async def held(store: Store, n: int) -> bool:
     """Whether the (one) triggerer says it holds ``n`` waits, as of its last heartbeat."""
-    rows = await store.list_triggerers()
-    return len(rows) == 1 and rows[0]["triggers"] == n
+    rows = await store.views.list_triggerers()
+    return len(rows) == 1 and rows[0].triggers == n
 
 
 async def states_of(store: Store, run_id: str) -> dict[str, str]:
-    return {r["task_id"]: r["state"] for r in await store.run_tasks(run_id)}
+    return {r["task_id"]: r["state"] for r in await store.views.run_tasks(run_id)}
 
 
 async def _ended(store: Store, run_id: str) -> bool:

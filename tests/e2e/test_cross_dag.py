@@ -1,4 +1,4 @@
-"""Cross-DAG dependencies: runs have logical dates; Store.external_states answers many
+"""Cross-DAG dependencies: runs have logical dates; Views.external_states answers many
 "has DAG X (or its task T) reached a state for date D" questions in one query; and
 `slotless run FILE --logical-date` creates a run for a given date."""
 
@@ -13,6 +13,7 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import TypeVar
 
+from support.exchanging import claim
 from support.helpers import REPO, FakeClock, cli, cli_env, run_to_end, sql, wait_until, write_dag
 
 from executor import DAG
@@ -55,12 +56,12 @@ async def count_statements(store: Store, coro: Awaitable[T]) -> tuple[T, list[st
 
 async def test_many_questions_answered_in_one_query(store: Store) -> None:
     good, bad = ingest_dag(), ingest_dag(fail=True)
-    today = await store.create_run(good, DAY)
+    today = await store.runs.create_run(good, DAY)
     await run_to_end(store, today, dags={"ingest": good})
-    yesterday = await store.create_run(bad, DAY - timedelta(days=1))
+    yesterday = await store.runs.create_run(bad, DAY - timedelta(days=1))
     await run_to_end(store, yesterday, dags={"ingest": bad})
-    running = await store.create_run(DAG("report"), DAY)  # no tasks: ends at once
-    waiting = await store.create_run(ingest_dag(), DAY + timedelta(days=1))  # not served
+    running = await store.runs.create_run(DAG("report"), DAY)  # no tasks: ends at once
+    waiting = await store.runs.create_run(ingest_dag(), DAY + timedelta(days=1))  # not served
 
     # The caller turns "the day before D" into a date; the store only matches dates.
     offset = -1
@@ -77,7 +78,7 @@ async def test_many_questions_answered_in_one_query(store: Store) -> None:
         q("ingest", DAY, "no_such_task"),  # 9: the run exists, the task does not
         q("report", DAY),  # 10
     ]
-    answers, statements = await count_statements(store, store.external_states(questions))
+    answers, statements = await count_statements(store, store.views.external_states(questions))
     assert len(statements) == 1, statements  # one query for all questions
     got = [(a["q"], a["state"], a["run_id"]) for a in answers]
     assert got == [
@@ -97,12 +98,12 @@ async def test_many_questions_answered_in_one_query(store: Store) -> None:
 
 async def test_a_thousand_questions_are_still_one_query(store: Store) -> None:
     await run_to_end(
-        store, await store.create_run(ingest_dag(), DAY), dags={"ingest": ingest_dag()}
+        store, await store.runs.create_run(ingest_dag(), DAY), dags={"ingest": ingest_dag()}
     )
     questions = [
         q("ingest", DAY - timedelta(days=i), "load" if i % 2 else None) for i in range(1000)
     ]
-    answers, statements = await count_statements(store, store.external_states(questions))
+    answers, statements = await count_statements(store, store.views.external_states(questions))
     assert len(statements) == 1
     assert len(answers) == 1000
     assert [a["q"] for a in answers] == list(range(1000))
@@ -114,13 +115,13 @@ async def test_the_latest_run_of_a_date_answers(db_url: str, clock: FakeClock) -
     store = await open_store(db_url, clock=clock)
     try:
         dag = ingest_dag()
-        first = await store.create_run(dag, DAY)
+        first = await store.runs.create_run(dag, DAY)
         clock.advance(60)
-        second = await store.create_run(dag, DAY)  # a re-run of the same date
-        [fetch] = [r for r in await store.claim("w", 10) if r.run_id == first]
-        (answer,) = await store.external_states([q("ingest", DAY)])
+        second = await store.runs.create_run(dag, DAY)  # a re-run of the same date
+        [fetch] = [r for r in await claim(store, "w", 10) if r.run_id == first]
+        (answer,) = await store.views.external_states([q("ingest", DAY)])
         assert (answer["run_id"], answer["state"]) == (second, "RUNNING")
-        (task,) = await store.external_states([q("ingest", DAY, "fetch")])
+        (task,) = await store.views.external_states([q("ingest", DAY, "fetch")])
         assert (task["run_id"], task["state"]) == (second, "RUNNING")
         assert fetch.run_id == first
     finally:
@@ -135,10 +136,10 @@ async def test_runs_created_in_the_same_instant_answer_with_the_newest(
     store = await open_store(db_url, clock=clock)
     try:
         dag = ingest_dag()
-        older = await store.create_run(dag, DAY, run_id="ingest:older")
-        newer = await store.create_run(dag, DAY, run_id="ingest:newer")
+        older = await store.runs.create_run(dag, DAY, run_id="ingest:older")
+        newer = await store.runs.create_run(dag, DAY, run_id="ingest:newer")
         # only the older run's first task is running
-        await store.claim("w", 1)
+        await claim(store, "w", 1)
         rows = sql(
             db_url[len("sqlite:///") :],
             "SELECT run_id, state FROM task WHERE task_id = 'fetch' ORDER BY id",
@@ -147,7 +148,7 @@ async def test_runs_created_in_the_same_instant_answer_with_the_newest(
             {"run_id": older, "state": "RUNNING"},
             {"run_id": newer, "state": "PENDING"},
         ]
-        (answer,) = await store.external_states([q("ingest", DAY, "fetch")])
+        (answer,) = await store.views.external_states([q("ingest", DAY, "fetch")])
         assert (answer["run_id"], answer["state"]) == (newer, "PENDING")
     finally:
         await store.close()
@@ -203,7 +204,7 @@ async def test_a_date_from_the_command_line_is_what_other_dags_ask_about(tmp_pat
     run_id = json.loads(proc.stdout)["run_id"]
     store = await open_store(url)
     try:
-        answers = await store.external_states(
+        answers = await store.views.external_states(
             [q("upstream", DAY, "publish"), q("upstream", DAY + timedelta(days=1), "publish")]
         )
     finally:

@@ -39,7 +39,7 @@ def create_runs(db_url: str, files: dict[str, Path]) -> dict[str, str]:
         store = await open_store(db_url)
         try:
             return {
-                name: await store.create_run(
+                name: await store.runs.create_run(
                     load_dag(path, cached=False), date(2026, 6, 1), dag_file=str(path)
                 )
                 for name, path in files.items()

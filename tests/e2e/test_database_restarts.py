@@ -46,7 +46,9 @@ def create_run(url: str, dag_file: Path, dag_id: str) -> str:
     async def go() -> str:
         store = await open_store(url)
         try:
-            return await store.create_run(load_dag(dag_file, dag_id), DAY, dag_file=str(dag_file))
+            return await store.runs.create_run(
+                load_dag(dag_file, dag_id), DAY, dag_file=str(dag_file)
+            )
         finally:
             await store.close()
 

@@ -163,18 +163,18 @@ async def make_db(db: str) -> None:
 
 async def start_run(db: str, path: Path, dag_id: str) -> tuple[Store, str]:
     store = await open_store(db)
-    run_id = await store.create_run(load_dag(str(path), dag_id), DAY, dag_file=str(path))
+    run_id = await store.runs.create_run(load_dag(str(path), dag_id), DAY, dag_file=str(path))
     return store, run_id
 
 
 async def states(store: Store, run_id: str) -> dict[str, str]:
-    return {t["task_id"]: t["state"] for t in await store.run_tasks(run_id)}
+    return {t["task_id"]: t["state"] for t in await store.views.run_tasks(run_id)}
 
 
 async def transitions_to(store: Store, run_id: str, state: str) -> dict[str, int]:
     """task id -> how many transitions into ``state`` its log holds."""
     counts: dict[str, int] = {}
-    tasks = await store.run_tasks(run_id)  # before the read: its lock is not reentrant
+    tasks = await store.views.run_tasks(run_id)  # before the read: its lock is not reentrant
     async with store.db.read() as tx:
         for t in tasks:
             events = await tx.fetch("task_events", task_row=t["id"])
@@ -220,17 +220,17 @@ async def test_one_event_per_pair_wakes_exactly_its_hundred_waits_without_a_trig
                 got[f"w{i}"] == ("SUCCESS" if i % PAIRS <= b else "DEFERRED") for i in range(n)
             ), services.logs()
         # Each output is its own pair's payload.
-        outputs = {t["task_id"]: t["output"] for t in await store.run_tasks(run_id)}
+        outputs = {t["task_id"]: t["output"] for t in await store.views.run_tasks(run_id)}
         assert all(json.loads(outputs[f"w{i}"])["batch"] == i % PAIRS for i in range(n))
         # A new triggerer takes over every shard and fires nothing again.
         services.start("triggerer2", "triggerer", "--lease-ttl", "3")
 
         async def taken_over() -> bool:
-            return any(t["shards"] == 64 for t in await store.list_triggerers())
+            return any(t.shards == 64 for t in await store.views.list_triggerers())
 
         await async_wait_until(taken_over, timeout=60, what="the new triggerer holding 64 shards")
         assert set((await transitions_to(store, run_id, "SUCCESS")).values()) == {1}
-        info = await store.run_info(run_id)
+        info = await store.views.run_info(run_id)
         assert info is not None and info["state"] == "SUCCESS"
         listed = cli(
             "events", "list", "batch.ready", "--json", "--limit", "20", "--db", services.db
@@ -275,7 +275,7 @@ async def test_an_event_before_the_wait_after_it_and_one_matching_nothing(
             return (await states(store, run_id))["too_early"] not in ("PENDING", "RUNNING")
 
         await async_wait_until(too_early_settled, timeout=60, what="too_early deferred")
-        tasks = {t["task_id"]: t for t in await store.run_tasks(run_id)}
+        tasks = {t["task_id"]: t for t in await store.views.run_tasks(run_id)}
         assert json.loads(tasks["early"]["output"])["url"] == "s3://x/1"
         assert tasks["too_early"]["state"] == "DEFERRED"  # lookback=0: not for it
         log = cli("logs", run_id, "early", "--db", services.db)
@@ -294,7 +294,7 @@ async def test_an_event_before_the_wait_after_it_and_one_matching_nothing(
         gone = body["events"][0]["id"]
 
         async def pruned() -> bool:
-            return all(e.id != gone for e in await store.list_events(limit=1000))
+            return all(e.id != gone for e in await store.events.list_events(limit=1000))
 
         await async_wait_until(pruned, timeout=60, what="the unmatched event pruned")
         assert (await states(store, run_id))["too_early"] == "DEFERRED"
@@ -339,7 +339,7 @@ async def test_bad_events_are_refused_naming_the_field_and_nothing_is_stored(
     assert unknown.returncode == 2 and "never.sent" in unknown.stderr
     store = await open_store(services.db)
     try:
-        assert await store.list_events() == []
+        assert await store.events.list_events() == []
     finally:
         await store.close()
 

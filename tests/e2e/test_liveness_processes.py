@@ -196,7 +196,7 @@ async def split_between_two(
     inbox, record = tmp_path / "in", tmp_path / "checks.log"
     inbox.mkdir()
     dag = waits_dag(inbox, record, n)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     worker = Worker(store, slots=16, dags={dag.dag_id: dag}, poll_interval=0.05)
     serving = asyncio.create_task(worker.run())
     await asyncio.to_thread(
@@ -327,7 +327,7 @@ def create_run(db_url: str, dag_file: Path) -> str:
     async def go() -> str:
         store = await open_store(db_url)
         try:
-            return await store.create_run(load_dag(dag_file), DAY, dag_file=str(dag_file))
+            return await store.runs.create_run(load_dag(dag_file), DAY, dag_file=str(dag_file))
         finally:
             await store.close()
 

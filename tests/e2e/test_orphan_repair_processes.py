@@ -32,7 +32,7 @@ def create_run(db_url: str, path: Path, dag_id: str) -> str:
     async def go() -> str:
         store = await open_store(db_url)
         try:
-            return await store.create_run(
+            return await store.runs.create_run(
                 load_dag(path, dag_id, cached=False), date(2026, 6, 1), dag_file=str(path)
             )
         finally:

@@ -158,11 +158,11 @@ def post(url: str, body: Any, token: str | None, raw: bytes | None = None) -> tu
 
 
 async def start_run(store: Store, path: Path, dag_id: str, day: date = DAY) -> str:
-    return await store.create_run(load_dag(str(path), dag_id), day, dag_file=str(path))
+    return await store.runs.create_run(load_dag(str(path), dag_id), day, dag_file=str(path))
 
 
 async def states(store: Store, run_id: str) -> dict[str, str]:
-    return {t["task_id"]: t["state"] for t in await store.run_tasks(run_id)}
+    return {t["task_id"]: t["state"] for t in await store.views.run_tasks(run_id)}
 
 
 async def wait_states(store: Store, run_id: str, want: dict[str, str], timeout: float = 60) -> None:
@@ -174,7 +174,7 @@ async def wait_states(store: Store, run_id: str, want: dict[str, str], timeout: 
 
 
 async def answers_in_log(store: Store, run_id: str, task_id: str) -> list[str]:
-    log = await store.task_log(run_id, task_id) or []
+    log = await store.views.task_log(run_id, task_id) or []
     return [e["message"] for e in log if "answered by" in e["message"]]
 
 
@@ -267,7 +267,7 @@ async def test_in_chromium_needs_you_approve_reject_and_a_bad_form_value(tmp_pat
                 "getComputedStyle(document.querySelector('[data-k=state]')).backgroundColor"
             )
         assert colour == "rgb(200, 230, 201)"  # .st-SUCCESS: green
-        tasks = {t["task_id"]: t for t in await store.run_tasks(approved)}
+        tasks = {t["task_id"]: t for t in await store.views.run_tasks(approved)}
         assert json.loads(tasks["publish"]["output"]) == {"published": True}
         assert json.loads(tasks["book"]["output"]) == 120
         assert json.loads(tasks["sign_off"]["output"])["by"] == "alice"
@@ -404,11 +404,11 @@ async def test_past_its_timeout_a_wait_takes_its_default_or_fails_by_the_trigger
             {"defaulted": "SUCCESS", "after_a": "SUCCESS", "unanswered": "FAILED",
              "after_b": "UPSTREAM_FAILED"},
         )  # fmt: skip
-        tasks = {t["task_id"]: t for t in await store.run_tasks(run_id)}
+        tasks = {t["task_id"]: t for t in await store.views.run_tasks(run_id)}
         out = json.loads(tasks["defaulted"]["output"])
         assert out["chosen"] == "y" and out["by"] == "default" and out["default"] is True
         assert json.loads(tasks["after_a"]["output"]) == "y"
-        log = [e["message"] for e in await store.task_log(run_id, "unanswered") or []]
+        log = [e["message"] for e in await store.views.task_log(run_id, "unanswered") or []]
         assert any(m.startswith("sensor timeout") for m in log), log
     finally:
         await store.close()
@@ -442,7 +442,7 @@ async def test_notify_tells_the_respondents_with_a_link_to_the_page(
         assert got.path == "/ask"
         text = got.json["title"] + "\n" + got.json["message"]
         assert "needs answer" in text and "Sign off 2026-11-24" in text, text
-        row = (await store.run_tasks(run_id))[0]["id"]
+        row = (await store.views.run_tasks(run_id))[0]["id"]
         assert f"https://slotless.example.com/needs-you#task-{row}" in text, text
         assert "alice" in text
     finally:

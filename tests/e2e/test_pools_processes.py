@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from support import backends
+from support.exchanging import run_counts
 from support.helpers import cli, start_worker, stop_process, write_dag
 
 from executor.loader import load_dag
@@ -80,7 +81,7 @@ def infer(ctx):
 
 
 async def ended(store: Store, run_id: str) -> str | None:
-    info = await store.run_info(run_id)
+    info = await store.views.run_info(run_id)
     return info["state"] if info is not None and info["state"] in RUN_TERMINAL else None
 
 
@@ -115,7 +116,7 @@ async def test_three_workers_never_run_more_of_a_pool_than_its_slots(
     ]
     samples: list[int] = []
     try:
-        run_id = await store.create_run(
+        run_id = await store.runs.create_run(
             load_dag(dag_file), date(2026, 6, 1), dag_file=str(dag_file)
         )
         loop = asyncio.get_running_loop()
@@ -128,7 +129,7 @@ async def test_three_workers_never_run_more_of_a_pool_than_its_slots(
                 assert w.poll() is None, f"a worker died: {log.read_text()}"
             assert loop.time() < deadline, f"the run did not end; samples {samples[-20:]}"
             await asyncio.sleep(0.05)
-        counts = await store.run_counts(run_id)
+        counts = await run_counts(store, run_id)
         listed = json.loads(ok(cli("pools", "list", "--json", "--db", db_url)))
     finally:
         for w in workers:
@@ -160,7 +161,7 @@ async def test_a_gpu_worker_and_a_default_worker_split_a_run_by_queue(
     default = start_worker(db_url, "--poll-interval", "0.1", log=default_log)
     gpu: subprocess.Popen[bytes] | None = None
     try:
-        run_id = await store.create_run(
+        run_id = await store.runs.create_run(
             load_dag(dag_file), date(2026, 6, 1), dag_file=str(dag_file)
         )
         # Only the default worker runs: the gpu tasks wait, and status says why.
@@ -176,7 +177,7 @@ async def test_a_gpu_worker_and_a_default_worker_split_a_run_by_queue(
             await asyncio.sleep(0.2)
         assert held["train"] == "waiting for a worker of queue gpu (no live worker serves it)"
         assert served == {"default": True, "gpu": False}
-        assert (await store.run_counts(run_id)).get("PENDING") == 3
+        assert (await run_counts(store, run_id)).get("PENDING") == 3
         gpu = start_worker(db_url, "--queues", "gpu", "--poll-interval", "0.1", log=gpu_log)
         deadline = loop.time() + 90
         while (state := await ended(store, run_id)) is None:
@@ -184,7 +185,7 @@ async def test_a_gpu_worker_and_a_default_worker_split_a_run_by_queue(
             assert gpu.poll() is None, gpu_log.read_text()
             assert loop.time() < deadline, "the run did not end"
             await asyncio.sleep(0.1)
-        pids = {t["task_id"]: json.loads(t["output"]) for t in await store.run_tasks(run_id)}
+        pids = {t["task_id"]: json.loads(t["output"]) for t in await store.views.run_tasks(run_id)}
     finally:
         for p in (default, gpu):
             if p is not None:

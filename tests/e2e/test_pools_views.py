@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from support.exchanging import claim
 from support.helpers import cli, cli_env, free_port, start_cli, stop_process
 from support.ops import http_get, wait_for_http
 
@@ -26,14 +27,14 @@ def noop(ctx: Any) -> None:
 
 async def full_pool(store: Store) -> str:
     """A run with warehouse (1 slot) full, one more of it ready, and a gpu task ready."""
-    await store.set_pool("warehouse", 1)
-    await store.add_queue("gpu")
+    await store.pools.set_pool("warehouse", 1)
+    await store.pools.add_queue("gpu")
     dag = DAG("views")
     dag.task(noop, task_id="load_a", pool="warehouse")
     dag.task(noop, task_id="load_b", pool="warehouse")
     dag.task(noop, task_id="train", queue="gpu")
-    run_id = await store.create_run(dag, date(2026, 6, 1))
-    [claimed] = await store.claim("w", 10)
+    run_id = await store.runs.create_run(dag, date(2026, 6, 1))
+    [claimed] = await claim(store, "w", 10)
     assert claimed.task_id == "load_a"
     return run_id
 

@@ -159,7 +159,7 @@ async def test_workers_and_triggerers_survive_sigkill(pg_url: str, tmp_path: Pat
         for i in range(2):
             procs[f"t{i}"] = start("triggerer", pg_url, logs / f"t{i}.log", "--lease-ttl", "3")
         began = time.monotonic()
-        run_id = await store.create_run(dag, date(2026, 4, 25), dag_file=str(dag_file))
+        run_id = await store.runs.create_run(dag, date(2026, 4, 25), dag_file=str(dag_file))
 
         async def count(sql: str, *args: Any) -> int:
             return await conn.fetchval(sql, *args)

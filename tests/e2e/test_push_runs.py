@@ -40,7 +40,7 @@ def dags(interval: float) -> tuple[DAG, DAG]:
 
 
 async def state_of(store, run_id: str, task_id: str) -> str | None:
-    rows = await store.run_tasks(run_id)
+    rows = await store.views.run_tasks(run_id)
     return next((r["state"] for r in rows if r["task_id"] == task_id), None)
 
 
@@ -50,7 +50,7 @@ async def test_postgres_wakes_the_wait_when_the_run_ends(
     store = await open_store(pg_url)
     up, down = dags(interval=3600.0)  # only a push can wake it within the test
     try:
-        waiting = await store.create_run(down, DAY)
+        waiting = await store.runs.create_run(down, DAY)
         async with serving(store, up, down, config={"push": True, "push_retry": 0.2}) as h:
             trig = h.triggerer
             assert trig is not None
@@ -73,7 +73,7 @@ async def test_postgres_wakes_the_wait_when_the_run_ends(
             await async_wait_until(lambda: trig.push.live(KEY), what="LISTEN is live again")
 
             checks = trig.checks_done
-            await store.create_run(up, DAY)
+            await store.runs.create_run(up, DAY)
 
             async def resumed() -> bool:
                 return await state_of(store, waiting, "wait_for_up") == "SUCCESS"
@@ -88,7 +88,7 @@ async def test_postgres_wakes_the_wait_when_the_run_ends(
 async def test_sqlite_keeps_polling(store, caplog) -> None:
     up, down = dags(interval=0.2)
     caplog.set_level(logging.INFO, logger="slotless.triggerer.push")
-    waiting = await store.create_run(down, DAY)
+    waiting = await store.runs.create_run(down, DAY)
     async with serving(store, up, down, config={"push": True}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -96,7 +96,7 @@ async def test_sqlite_keeps_polling(store, caplog) -> None:
             lambda: "sends no notifications" in caplog.text, what="the source declined"
         )
         assert not trig.push.live(KEY)
-        await store.create_run(up, DAY)
+        await store.runs.create_run(up, DAY)
 
         async def resumed() -> bool:
             return await state_of(store, waiting, "wait_for_up") == "SUCCESS"

@@ -126,7 +126,7 @@ async def test_one_consumer_wakes_every_wait_and_no_listing_while_idle(
     n = 40
     keys = [f"in/{i:03d}.csv" for i in range(n - 2)] + ["glob/*.csv", "pre/"]
     dag = s3_waits("push_s3", bucket, keys)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -156,7 +156,7 @@ async def test_a_notified_key_is_answered_by_its_notification_not_a_listing(
     moto.seed(bucket, [f"in/other-{i:03d}.csv" for i in range(50)])  # beside the waits
     keys = [f"in/{i:02d}.csv" for i in range(10)]
     dag = s3_waits("push_s3_exact", bucket, keys)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -191,7 +191,7 @@ async def test_a_queue_that_disappears_falls_back_to_polling(
     bucket, url = events
     caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
     dag = s3_waits("push_s3_gone", bucket, ["a.csv"], interval=0.3)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True, "push_retry": 60.0}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -211,7 +211,7 @@ async def test_garbage_on_the_queue_fails_nothing_and_falls_back_to_polling(
     bucket, url = events
     caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
     dag = s3_waits("push_s3_garbage", bucket, ["a.csv", "b.csv"], interval=0.3)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True, "push_retry": 60.0}) as h:
         trig = h.triggerer
         assert trig is not None

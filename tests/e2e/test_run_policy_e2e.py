@@ -18,6 +18,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 from support import backends
+from support.exchanging import claim, complete
 from support.helpers import (
     async_wait_until,
     attempt_of,
@@ -144,18 +145,18 @@ def after(ctx):
 
 
 async def states_of(store: Store, run_id: str) -> dict[str, str]:
-    return {r["task_id"]: r["state"] for r in await store.run_tasks(run_id)}
+    return {r["task_id"]: r["state"] for r in await store.views.run_tasks(run_id)}
 
 
 async def run_row(store: Store, run_id: str) -> dict:
-    info = await store.run_info(run_id)
+    info = await store.views.run_info(run_id)
     assert info is not None
     return dict(info)
 
 
 async def held(store: Store, n: int) -> bool:
-    rows = await store.list_triggerers()
-    return len(rows) == 1 and rows[0]["triggers"] == n
+    rows = await store.views.list_triggerers()
+    return len(rows) == 1 and rows[0].triggers == n
 
 
 def services(url: str, tmp_path: Path, *worker_args: str) -> list:
@@ -167,11 +168,11 @@ def services(url: str, tmp_path: Path, *worker_args: str) -> list:
 
 async def new_run(store: Store, path: Path, dag_id: str, day: date | None = None) -> str:
     when = day or datetime.now(UTC).date()
-    return await store.create_run(load_dag(str(path), dag_id), when, dag_file=str(path))
+    return await store.runs.create_run(load_dag(str(path), dag_id), when, dag_file=str(path))
 
 
 async def events(store: Store, run_id: str, task_id: str, kind: str) -> list[dict]:
-    return [dict(e) for e in await store.task_log(run_id, task_id) or [] if e["kind"] == kind]
+    return [dict(e) for e in await store.views.task_log(run_id, task_id) or [] if e["kind"] == kind]
 
 
 async def test_fail_fast_with_100_running_and_deferred_tasks(url: str, tmp_path: Path) -> None:
@@ -340,7 +341,7 @@ async def test_a_late_file_is_noticed_at_expected_by_and_the_sensor_still_succee
             assert await tx.fetch("run_waits_of", run_id=run_id) == []
 
         async def delivered() -> list[str]:
-            rows = await store.run_callbacks(run_id)
+            rows = await store.callbacks.run_callbacks(run_id)
             done = all(r["state"] == "DONE" for r in rows)
             return sorted(r["event"] for r in rows) if done else []
 
@@ -388,8 +389,8 @@ async def test_the_web_page_shows_a_paused_run_as_needing_attention_and_resumes_
                      "paused.py")  # fmt: skip
     store = await open_store(url)
     run_id = await new_run(store, path, "paused")
-    for row in await store.claim("test", 5):
-        await store.complete([Failed(**attempt_of(row), message="the bank file is late")])
+    for row in await claim(store, "test", 5):
+        await complete(store, [Failed(**attempt_of(row), message="the bank file is late")])
     assert (await run_row(store, run_id))["state"] == "PAUSED"
     await store.close()
     port = free_port()

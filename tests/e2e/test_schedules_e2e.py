@@ -196,7 +196,7 @@ def load(ctx):
     store = await open_store(url)
 
     async def armed_at() -> float:
-        waits = await store.start_waits()
+        waits = await store.catalogue.start_waits()
         return waits[0]["armed_at"] if waits else 0.0
 
     try:

@@ -38,7 +38,7 @@ def upstream(dag_id: str) -> DAG:
 
 class CountingContext(CheckContext):
     def __init__(self, store) -> None:
-        super().__init__(store.external_states)
+        super().__init__(store.views.external_states)
         self.queries = 0
 
     async def external_states(self, questions):
@@ -48,11 +48,11 @@ class CountingContext(CheckContext):
 
 async def test_all_questions_answered_by_one_query(store):
     up = upstream("up_" + secrets.token_hex(3))
-    ok = await store.create_run(up, date(2024, 1, 1))
+    ok = await store.runs.create_run(up, date(2024, 1, 1))
     assert (await run_to_end(store, ok, dags={up.dag_id: up}))["state"] == "SUCCESS"
-    bad = await store.create_run(up, date(2024, 1, 2))
+    bad = await store.runs.create_run(up, date(2024, 1, 2))
     assert (await run_to_end(store, bad, dags={up.dag_id: up}))["state"] == "FAILED"
-    await store.create_run(up, date(2024, 1, 3))  # created, not run: still RUNNING
+    await store.runs.create_run(up, date(2024, 1, 3))  # created, not run: still RUNNING
 
     def t(day: str, **kw) -> ExternalDagRunTrigger:
         return ExternalDagRunTrigger(dag_id=up.dag_id, logical_date=day, **kw)
@@ -131,11 +131,11 @@ async def test_e2e_waits_for_yesterdays_run_then_fires(store):
 
     async def upstream_runs(run_id: str) -> None:
         async def deferred() -> bool:
-            rows = await store.run_tasks(run_id)
+            rows = await store.views.run_tasks(run_id)
             return any(r["task_id"] == "wait_for_up" and r["state"] == "DEFERRED" for r in rows)
 
         await async_wait_until(deferred, what="the sensor to defer")
-        await store.create_run(up, date(2024, 1, 3))  # yesterday of 2024-01-04
+        await store.runs.create_run(up, date(2024, 1, 3))  # yesterday of 2024-01-04
 
     run_id, info = await run_dag(
         store, down, logical_date=date(2024, 1, 4), during=upstream_runs, extra_dags=[up]
@@ -147,12 +147,12 @@ async def test_e2e_waits_for_yesterdays_run_then_fires(store):
 
 async def test_e2e_failed_upstream_fails_the_task_naming_the_run(store):
     up = upstream("up_" + secrets.token_hex(3))
-    bad = await store.create_run(up, date.fromisoformat(BAD_DAY))
+    bad = await store.runs.create_run(up, date.fromisoformat(BAD_DAY))
     assert (await run_to_end(store, bad, dags={up.dag_id: up}))["state"] == "FAILED"
     down = waiting_dag(up.dag_id, task_id="load")
     run_id, info = await run_dag(store, down, logical_date=date.fromisoformat(BAD_DAY))
     assert info["state"] == "FAILED"
     log = await task_log(store, run_id, "wait_for_up")
     assert f"task 'load' of run {bad} of DAG '{up.dag_id}'" in log and "is FAILED" in log
-    states = {t["task_id"]: t["state"] for t in await store.run_tasks(run_id)}
+    states = {t["task_id"]: t["state"] for t in await store.views.run_tasks(run_id)}
     assert states == {"wait_for_up": "FAILED", "report": "UPSTREAM_FAILED"}

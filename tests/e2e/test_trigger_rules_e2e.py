@@ -115,7 +115,7 @@ async def test_every_rule_against_every_mix_of_ended_parents(
     store: Store, db_path, rule: str, order: str
 ) -> None:
     dag = rule_dag(rule, order)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=1)
     states = task_states(db_path, run_id)
 
@@ -186,7 +186,7 @@ async def test_early_rules_fire_while_another_parent_is_still_running(
     def early(ctx):
         return "early"
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=3)
     assert task_states(db_path, run_id) == {
         "quick_ok": "SUCCESS",

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from pydantic import ValidationError
+from support.exchanging import run_counts
 from support.helpers import async_wait_until
 from support.servers import MotoS3Server, all_events_text, run_dag, s3_conn_uri, task_log
 
@@ -318,7 +319,8 @@ def sensor_dag(trigger: S3KeyTrigger, timeout: float = 30.0) -> DAG:
 
 async def deferred(store, run_id: str) -> bool:
     return any(
-        t["task_id"] == "wait" and t["state"] == "DEFERRED" for t in await store.run_tasks(run_id)
+        t["task_id"] == "wait" and t["state"] == "DEFERRED"
+        for t in await store.views.run_tasks(run_id)
     )
 
 
@@ -336,7 +338,7 @@ async def test_e2e_sensor_fires_when_the_key_lands(s3, store):
 
     run_id, info = await run_dag(store, dag, during=land, timeout=30)
     assert info["state"] == "SUCCESS", await all_events_text(store, run_id)
-    tasks = {t["task_id"]: t for t in await store.run_tasks(run_id)}
+    tasks = {t["task_id"]: t for t in await store.views.run_tasks(run_id)}
     assert tasks["use"]["state"] == "SUCCESS"
     log = await task_log(store, run_id, "wait")
     assert "DEFERRED" in log and f"s3://{bucket}/in/2024-01-02.csv" in log
@@ -383,7 +385,7 @@ async def test_e2e_300_sensors_make_one_listing_per_prefix_per_cycle(s3, store) 
 
     async def measure_then_land(run_id: str) -> None:
         async def all_deferred() -> bool:
-            return (await store.run_counts(run_id)).get("DEFERRED", 0) == 300
+            return (await run_counts(store, run_id)).get("DEFERRED", 0) == 300
 
         await async_wait_until(all_deferred, what="300 sensors to defer")
         start = (int(time.time() / interval) + 2) * interval  # a whole cycle from now on
@@ -420,7 +422,7 @@ async def test_e2e_server_down_retried_logged_until_the_sensor_times_out(store, 
     assert "failed (TransientError: S3 unreachable" in log and "retry 1 in" in log, log
     assert "sensor timeout" in log
     assert log.count("retry ") >= 2  # retried with backoff, each retry in the task's log
-    tasks = {t["task_id"]: t["state"] for t in await store.run_tasks(run_id)}
+    tasks = {t["task_id"]: t["state"] for t in await store.views.run_tasks(run_id)}
     assert tasks == {"wait": "FAILED", "use": "UPSTREAM_FAILED"}
     assert SECRET not in await all_events_text(store, run_id)
 

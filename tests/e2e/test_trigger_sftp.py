@@ -328,7 +328,7 @@ async def test_e2e_sensor_fires_when_the_file_lands(server, store):
 
     async def land(run_id: str) -> None:
         async def deferred() -> bool:
-            rows = await store.run_tasks(run_id)
+            rows = await store.views.run_tasks(run_id)
             return any(t["task_id"] == "wait" and t["state"] == "DEFERRED" for t in rows)
 
         await async_wait_until(deferred, what="the sensor to defer")

@@ -1,7 +1,7 @@
 """Triggerers as real processes (``slotless triggerer``) sharing one SQLite file: a SIGKILL
 with 1,000 waits held, a restart, and two triggerers splitting and rebalancing the shards.
 
-Runs are created in the test with Store.create_run and served by an in-process worker; the
+Runs are created in the test with Runs.create_run and served by an in-process worker; the
 waits are files in tmp_path, so the moment each condition holds is the test's to choose.
 """
 
@@ -189,7 +189,7 @@ async def test_sigkill_with_1000_waits_another_triggerer_takes_over(
     inbox = tmp_path / "in"
     inbox.mkdir()
     dag = waits_dag(inbox, n)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with worker_serving(store, dag):
         await async_wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=60)
         first = triggerers.start()
@@ -230,7 +230,7 @@ async def test_a_restarted_triggerer_fails_no_deferred_task(
     inbox = tmp_path / "in"
     inbox.mkdir()
     dag = waits_dag(inbox, n)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with worker_serving(store, dag):
         await async_wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=30)
         first = triggerers.start()
@@ -262,7 +262,7 @@ async def test_two_triggerers_split_the_shards_and_rebalance(
     inbox.mkdir()
     # Every condition is waited on by three tasks: duplicates must stay on one triggerer.
     dag = waits_dag(inbox, n, name_of=lambda i: f"{i % (n // 3)}.flag")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with worker_serving(store, dag):
         await async_wait_until(lambda: states(db_path, run_id)["DEFERRED"] == n, timeout=30)
         a = triggerers.start()

@@ -19,6 +19,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 from support.browser import devtools
+from support.exchanging import claim, complete
 from support.helpers import (
     async_wait_until,
     attempt_of,
@@ -101,15 +102,16 @@ def ui(tmp_path_factory: pytest.TempPathFactory):
 async def _shouty_run(url: str, path: Path) -> str:
     store = await open_store(url)
     try:
-        run_id = await store.create_run(load_dag(str(path), None), date(2026, 5, 1))
+        run_id = await store.runs.create_run(load_dag(str(path), None), date(2026, 5, 1))
         for _ in range(2):
-            [row] = await store.claim("test", 1)
-            await store.complete(
+            [row] = await claim(store, "test", 1)
+            await complete(
+                store,
                 [
                     Succeeded(**attempt_of(row), output_json=json.dumps(XSS))
                     if row.task_id == "shout"
                     else Failed(**attempt_of(row), message=f"RuntimeError: {XSS}")
-                ]
+                ],
             )
         return run_id
     finally:
@@ -405,11 +407,11 @@ async def test_in_chromium_clear_a_failed_task_and_see_it_run_again_and_turn_gre
     store = await open_store(url)
     procs = [(start_cli("worker", "--db", url, log=tmp_path / "worker.log"), "worker")]
     try:
-        run_id = await store.create_run(load_dag(str(path), "flip"), date(2026, 5, 1),
+        run_id = await store.runs.create_run(load_dag(str(path), "flip"), date(2026, 5, 1),
                                         dag_file=str(path))  # fmt: skip
 
         async def failed() -> bool:
-            info = await store.run_info(run_id)
+            info = await store.views.run_info(run_id)
             return info is not None and info["state"] == "FAILED"
 
         await async_wait_until(failed, 30, what="the run's failure")
@@ -439,9 +441,9 @@ async def test_in_chromium_clear_a_failed_task_and_see_it_run_again_and_turn_gre
                 "getComputedStyle(document.querySelector('[data-k=state]')).backgroundColor"
             )
         assert colour == "rgb(200, 230, 201)"  # .st-SUCCESS, #c8e6c9: the badge turned green
-        info = await store.run_info(run_id)
+        info = await store.views.run_info(run_id)
         assert info is not None and info["state"] == "SUCCESS"
-        log_rows = await store.task_log(run_id, "work")
+        log_rows = await store.views.task_log(run_id, "work")
         assert log_rows is not None
         assert any(e["message"].startswith("cleared by web:") for e in log_rows)
     finally:

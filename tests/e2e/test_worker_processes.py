@@ -25,7 +25,7 @@ def create_run(db_url: str, dag_file: Path) -> str:
     async def go() -> str:
         store = await open_store(db_url)
         try:
-            return await store.create_run(
+            return await store.runs.create_run(
                 load_dag(dag_file), date(2026, 6, 1), dag_file=str(dag_file)
             )
         finally:

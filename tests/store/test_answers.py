@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 from support import backends
+from support.exchanging import claim, complete
 from support.helpers import FakeClock, attempt_of, ops
 
 from executor import DAG
@@ -51,25 +52,25 @@ def gate_dag() -> DAG:
 
 async def waiting(store: Store, wait: BaseTrigger, timeout: float = 3600.0) -> str:
     """A run whose ``gate`` is DEFERRED on ``wait``; its run id."""
-    run_id = await store.create_run(gate_dag(), DAY)
+    run_id = await store.runs.create_run(gate_dag(), DAY)
     # (Another run's ready tasks may be claimed with it: they stay RUNNING, untouched.)
-    (row,) = [r for r in await store.claim("w", 20) if r.run_id == run_id]
+    (row,) = [r for r in await claim(store, "w", 20) if r.run_id == run_id]
     d = deferral(wait, method=None, method_kwargs={}, wait_started_at=store.clock(),
                  timeout=timeout)  # fmt: skip
-    await store.complete([Deferred(**attempt_of(row), deferral=d)])
+    await complete(store, [Deferred(**attempt_of(row), deferral=d)])
     return run_id
 
 
 async def states(store: Store, run_id: str) -> dict[str, str]:
-    return {t["task_id"]: t["state"] for t in await store.run_tasks(run_id)}
+    return {t["task_id"]: t["state"] for t in await store.views.run_tasks(run_id)}
 
 
 async def log_of(store: Store, run_id: str, task_id: str) -> list[str]:
-    return [e["message"] for e in await store.task_log(run_id, task_id, -1) or []]
+    return [e["message"] for e in await store.views.task_log(run_id, task_id, -1) or []]
 
 
 async def output(store: Store, run_id: str, task_id: str) -> Any:
-    for t in await store.run_tasks(run_id):
+    for t in await store.views.run_tasks(run_id):
         if t["task_id"] == task_id:
             return json.loads(t["output"]) if t["output"] else None
     raise AssertionError(task_id)
@@ -80,9 +81,11 @@ async def test_approve_runs_the_downstream_and_a_second_answer_is_told_who(
 ) -> None:
     run_id = await waiting(store, Approval(subject="Publish?", respondents=["alice", "bob"]))
     assert (await states(store, run_id))["gate"] == "DEFERRED"
-    count, pending = await store.needs_you()
+    count, pending = await store.answers.needs_you()
     assert count == 1 and pending[0].task_id == "gate" and pending[0].wait.subject == "Publish?"
-    done = await store.respond(run_id, "gate", {"approve": True, "comment": "ok"}, who="alice")
+    done = await store.answers.respond(
+        run_id, "gate", {"approve": True, "comment": "ok"}, who="alice"
+    )
     assert done.state == "SUCCESS" and done.skipped == []
     got = await states(store, run_id)
     assert got["gate"] == "SUCCESS" and got["publish"] == "PENDING" and got["left"] == "PENDING"
@@ -90,14 +93,14 @@ async def test_approve_runs_the_downstream_and_a_second_answer_is_told_who(
     assert out["approved"] is True and out["by"] == "alice" and out["comment"] == "ok"
     assert any("answered by alice" in m for m in await log_of(store, run_id, "gate"))
     with pytest.raises(NotWaiting, match=r"already answered by alice at \d{4}-\d\d-\d\dT"):
-        await store.respond(run_id, "gate", {"approve": False}, who="bob")
-    assert (await store.needs_you())[0] == 0
+        await store.answers.respond(run_id, "gate", {"approve": False}, who="bob")
+    assert (await store.answers.needs_you())[0] == 0
     assert (await states(store, run_id)) == got
 
 
 async def test_reject_skips_the_downstream_or_fails_with_fail_on_reject(store: Store) -> None:
     run_id = await waiting(store, Approval(subject="Publish?"))
-    done = await store.respond(run_id, "gate", {"approve": False}, who="carol")
+    done = await store.answers.respond(run_id, "gate", {"approve": False}, who="carol")
     assert done.state == "SUCCESS" and sorted(done.skipped) == ["left", "publish"]
     got = await states(store, run_id)
     assert got == {"gate": "SUCCESS", "publish": "SKIPPED", "announce": "SKIPPED",
@@ -105,7 +108,7 @@ async def test_reject_skips_the_downstream_or_fails_with_fail_on_reject(store: S
     assert (await output(store, run_id, "gate"))["approved"] is False
 
     strict = await waiting(store, Approval(subject="Publish?", fail_on_reject=True))
-    done = await store.respond(strict, "gate", {"approve": False}, who="carol")
+    done = await store.answers.respond(strict, "gate", {"approve": False}, who="carol")
     assert done.state == "FAILED"
     got = await states(store, strict)
     assert got["gate"] == "FAILED" and got["publish"] == "UPSTREAM_FAILED"
@@ -114,8 +117,8 @@ async def test_reject_skips_the_downstream_or_fails_with_fail_on_reject(store: S
 async def test_branch_choice_runs_the_chosen_and_skips_the_others(store: Store) -> None:
     run_id = await waiting(store, BranchChoice(subject="Which?", options=["publish", "left"]))
     with pytest.raises(AnswerError, match="not one of"):
-        await store.respond(run_id, "gate", {"choose": "announce"}, who="dan")
-    done = await store.respond(run_id, "gate", {"choose": "left"}, who="dan")
+        await store.answers.respond(run_id, "gate", {"choose": "announce"}, who="dan")
+    done = await store.answers.respond(run_id, "gate", {"choose": "left"}, who="dan")
     assert done.skipped == ["publish"]
     got = await states(store, run_id)
     assert got["left"] == "PENDING" and got["publish"] == "SKIPPED" and got["announce"] == "SKIPPED"
@@ -127,9 +130,9 @@ async def test_a_choice_and_a_form_validate_the_answer_and_a_bad_one_changes_not
 ) -> None:
     run_id = await waiting(store, Choice(subject="Size?", options=["s", "m", "l"], multiple=True))
     with pytest.raises(AnswerError) as bad:
-        await store.respond(run_id, "gate", {"choose": ["s", "xl"]}, who="eve")
+        await store.answers.respond(run_id, "gate", {"choose": ["s", "xl"]}, who="eve")
     assert bad.value.field == "choose"
-    done = await store.respond(run_id, "gate", {"choose": ["s", "l"]}, who="eve")
+    done = await store.answers.respond(run_id, "gate", {"choose": ["s", "l"]}, who="eve")
     assert done.output["chosen"] == ["s", "l"]
 
     form = await waiting(store, Form(subject="Settle", model=Settlement))
@@ -143,10 +146,10 @@ async def test_a_choice_and_a_form_validate_the_answer_and_a_bad_one_changes_not
         ("not an object", "body"),
     ]:
         with pytest.raises(AnswerError) as err:
-            await store.respond(form, "gate", answer, who="eve")
+            await store.answers.respond(form, "gate", answer, who="eve")
         assert err.value.field == field, (answer, err.value)
     assert await states(store, form) == before
-    done = await store.respond(form, "gate", {"form": {"amount": 120}}, who="eve")
+    done = await store.answers.respond(form, "gate", {"form": {"amount": 120}}, who="eve")
     assert done.output["form"] == {"amount": 120}
 
 
@@ -154,13 +157,13 @@ async def test_refusals_name_what_is_wrong_and_change_nothing(store: Store) -> N
     run_id = await waiting(store, Approval(subject="Publish?", respondents=["alice"]))
     before = await states(store, run_id)
     with pytest.raises(UnknownTask, match="no run"):
-        await store.respond("nope", "gate", {"approve": True}, who="alice")
+        await store.answers.respond("nope", "gate", {"approve": True}, who="alice")
     with pytest.raises(UnknownTask, match="no task 'nope'"):
-        await store.respond(run_id, "nope", {"approve": True}, who="alice")
+        await store.answers.respond(run_id, "nope", {"approve": True}, who="alice")
     with pytest.raises(NotWaiting, match="not waiting for a person \\(it is PENDING\\)"):
-        await store.respond(run_id, "publish", {"approve": True}, who="alice")
+        await store.answers.respond(run_id, "publish", {"approve": True}, who="alice")
     with pytest.raises(NotAllowed, match="'mallory' may not answer"):
-        await store.respond(run_id, "gate", {"approve": True}, who="mallory")
+        await store.answers.respond(run_id, "gate", {"approve": True}, who="mallory")
     assert await states(store, run_id) == before
     assert not any("answered" in m for m in await log_of(store, run_id, "gate"))
 
@@ -182,7 +185,7 @@ async def test_the_timeout_takes_the_default_answer_or_fails_without_one(
     assert any("default answer" in m for m in await log_of(store, with_default, "gate"))
     assert (await states(store, without))["gate"] == "FAILED"
     with pytest.raises(NotWaiting, match="already answered by default"):
-        await store.respond(with_default, "gate", {"approve": True}, who="alice")
+        await store.answers.respond(with_default, "gate", {"approve": True}, who="alice")
 
 
 async def test_two_answers_at_once_one_wins_the_other_is_told_who(url: str) -> None:
@@ -191,8 +194,8 @@ async def test_two_answers_at_once_one_wins_the_other_is_told_who(url: str) -> N
     try:
         run_id = await waiting(first, Approval(subject="Publish?"))
         results = await asyncio.gather(
-            first.respond(run_id, "gate", {"approve": True}, who="alice"),
-            second.respond(run_id, "gate", {"approve": False}, who="bob"),
+            first.answers.respond(run_id, "gate", {"approve": True}, who="alice"),
+            second.answers.respond(run_id, "gate", {"approve": False}, who="bob"),
             return_exceptions=True,
         )
         won = [r for r in results if not isinstance(r, BaseException)]
@@ -215,7 +218,7 @@ async def test_a_branch_option_that_is_not_a_child_skips_nothing_but_the_childre
     run_id = await waiting(
         store, BranchChoice(subject="Which?", options=["publish", "left", "announce"])
     )
-    done = await store.respond(run_id, "gate", {"choose": "left"}, who="dan")
+    done = await store.answers.respond(run_id, "gate", {"choose": "left"}, who="dan")
     assert done.skipped == ["publish"]  # a child not chosen; announce follows by its rule
     got = await states(store, run_id)
     assert got["left"] == "PENDING" and got["publish"] == "SKIPPED"
@@ -223,18 +226,18 @@ async def test_a_branch_option_that_is_not_a_child_skips_nothing_but_the_childre
 
 async def test_a_rejection_with_fail_on_reject_is_told_to_a_second_answer(store: Store) -> None:
     run_id = await waiting(store, Approval(subject="Publish?", fail_on_reject=True))
-    await store.respond(run_id, "gate", {"approve": False}, who="carol")
+    await store.answers.respond(run_id, "gate", {"approve": False}, who="carol")
     with pytest.raises(NotWaiting, match="already answered by carol"):
-        await store.respond(run_id, "gate", {"approve": True}, who="dan")
+        await store.answers.respond(run_id, "gate", {"approve": True}, who="dan")
 
 
 async def test_a_task_that_deferred_with_a_method_resumes_with_the_answer(store: Store) -> None:
-    run_id = await store.create_run(gate_dag(), DAY)
-    (row,) = [r for r in await store.claim("w", 20) if r.run_id == run_id]
+    run_id = await store.runs.create_run(gate_dag(), DAY)
+    (row,) = [r for r in await claim(store, "w", 20) if r.run_id == run_id]
     d = deferral(Approval(subject="Go?"), method="resume", method_kwargs={},
                  wait_started_at=store.clock(), timeout=60.0)  # fmt: skip
-    await store.complete([Deferred(**attempt_of(row), deferral=d)])
-    done = await store.respond(run_id, "gate", {"approve": False}, who="erin")
+    await complete(store, [Deferred(**attempt_of(row), deferral=d)])
+    done = await store.answers.respond(run_id, "gate", {"approve": False}, who="erin")
     assert done.state == "PENDING" and done.skipped == []
     got = await states(store, run_id)
     assert got["gate"] == "PENDING" and got["publish"] == "PENDING"

@@ -45,11 +45,11 @@ async def test_one_run_per_interval_keyed_as_the_schedule_queued_over_max_active
 ) -> None:
     clock.set(T0.timestamp())
     await catalogued(store, tmp_path)
-    spec = await store.start_spec("hourly")
+    spec = await store.catalogue.start_spec("hourly")
     assert spec.schedule is not None
     intervals = list(spec.schedule.intervals(T0 - timedelta(days=1), T0))
     assert len(intervals) == 5  # from start_date, 07:00, to 11:00
-    done = await store.backfill(spec, intervals, max_active=2)
+    done = await store.runs.backfill(spec, intervals, max_active=2)
     assert [b.how for b in done] == ["created"] * 5
     assert [b.run_key for b in done] == [scheduled_run_key(iv) for iv in intervals]
     assert [b.state for b in done] == ["RUNNING", "RUNNING", "QUEUED", "QUEUED", "QUEUED"]
@@ -60,7 +60,7 @@ async def test_one_run_per_interval_keyed_as_the_schedule_queued_over_max_active
     assert first["logical_date"] == "2026-11-20"
 
     # Again: every interval found, nothing created.
-    again = await store.backfill(spec, intervals, max_active=2)
+    again = await store.runs.backfill(spec, intervals, max_active=2)
     assert [(b.how, b.run_id) for b in again] == [("existing", b.run_id) for b in done]
 
     # The schedule (catchup from 07:00) fires for the same intervals: nothing created.
@@ -68,7 +68,9 @@ async def test_one_run_per_interval_keyed_as_the_schedule_queued_over_max_active
     assert waits, "the catalogue armed the schedule"
     await ops(store).triggerer_commit(TriggererBatch(fires=[Fire(waits, "null", "fired")]))
     assert len(await all_runs(store)) == 5
-    assert (await store.runs_states([b.run_id for b in done])) == {b.run_id: b.state for b in done}
+    assert (await store.views.runs_states([b.run_id for b in done])) == {
+        b.run_id: b.state for b in done
+    }
 
 
 async def test_a_failed_interval_is_rerun_once_only_when_asked(
@@ -76,25 +78,25 @@ async def test_a_failed_interval_is_rerun_once_only_when_asked(
 ) -> None:
     clock.set(T0.timestamp())
     await catalogued(store, tmp_path)
-    spec = await store.start_spec("hourly")
+    spec = await store.catalogue.start_spec("hourly")
     assert spec.schedule is not None
     nine = list(spec.schedule.intervals(T0 - timedelta(hours=3), T0 - timedelta(hours=2)))
     assert [iv.start.hour for iv in nine] == [9]
-    [first] = await store.backfill(spec, nine, max_active=1)
+    [first] = await store.runs.backfill(spec, nine, max_active=1)
     assert (await run_to_end(store, first.run_id))["state"] == "FAILED"
 
-    [left] = await store.backfill(spec, nine, max_active=1)
+    [left] = await store.runs.backfill(spec, nine, max_active=1)
     assert (left.how, left.run_id, left.state) == ("existing", first.run_id, "FAILED")
 
-    [rerun] = await store.backfill(spec, nine, max_active=1, rerun_failed=True)
+    [rerun] = await store.runs.backfill(spec, nine, max_active=1, rerun_failed=True)
     assert rerun.how == "rerun" and rerun.rerun_of == first.run_id
     assert rerun.run_key == first.run_key + "~rerun-1" and rerun.state == "RUNNING"
     # Asked again while the rerun goes on: the rerun is the interval's run, found.
-    [going] = await store.backfill(spec, nine, max_active=1, rerun_failed=True)
+    [going] = await store.runs.backfill(spec, nine, max_active=1, rerun_failed=True)
     assert (going.how, going.run_id, going.rerun_of) == ("existing", rerun.run_id, None)
 
     assert (await run_to_end(store, rerun.run_id))["state"] == "FAILED"
-    [second] = await store.backfill(spec, nine, max_active=1, rerun_failed=True)
+    [second] = await store.runs.backfill(spec, nine, max_active=1, rerun_failed=True)
     assert second.run_key == first.run_key + "~rerun-2" and second.rerun_of == rerun.run_id
     assert len(await all_runs(store)) == 3
     row = next(r for r in await all_runs(store) if r["run_id"] == second.run_id)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from support import backends
+from support.exchanging import claim, complete
 from support.helpers import FakeClock, attempt_of, ops
 from test_store_backends import ALL_SHARDS, deferred, failure, outcome
 
@@ -30,10 +31,13 @@ def hook(ctx: Any) -> None:
 
 
 async def callbacks(store: Store, run_id: str) -> list[tuple[str | None, str, int | None]]:
-    return [(r["task_id"], r["event"], r["attempt"]) for r in await store.run_callbacks(run_id)]
+    return [
+        (r["task_id"], r["event"], r["attempt"])
+        for r in await store.callbacks.run_callbacks(run_id)
+    ]
 
 
-async def claim(store: Store, owner: str, n: int = 10) -> list[Any]:
+async def claim_callback_rows(store: Store, owner: str, n: int = 10) -> list[Any]:
     async with store.db.write() as tx:
         return await claim_callbacks(tx, owner, n, store.clock())
 
@@ -42,25 +46,25 @@ async def test_retries_then_failure_write_one_row_per_event(store: Store) -> Non
     dag = DAG("flaky", on_retry=hook, on_run_failure=hook)
     dag.task(hook, task_id="flaky", retries=2, on_failure=hook)
     dag.task(hook, task_id="quiet")  # the DAG's on_retry only; it succeeds: no row
-    run_id = await store.create_run(dag, DAY)
-    rows = {r.task_id: r for r in await store.claim("w", 5)}
+    run_id = await store.runs.create_run(dag, DAY)
+    rows = {r.task_id: r for r in await claim(store, "w", 5)}
     assert (
         rows["flaky"].hooks
         == notifications.HOOK_BITS["on_retry"] | (notifications.HOOK_BITS["on_failure"])
     )
-    await store.complete([failure(rows["flaky"], "boom 1"), outcome(rows["quiet"])])
+    await complete(store, [failure(rows["flaky"], "boom 1"), outcome(rows["quiet"])])
     stale = failure(rows["flaky"], "boom 1 again")  # a replayed report: moves nothing
-    await store.complete([stale])
+    await complete(store, [stale])
     for n in (2, 3):
-        [row] = await store.claim("w", 5)
-        await store.complete([failure(row, f"boom {n}")])
+        [row] = await claim(store, "w", 5)
+        await complete(store, [failure(row, f"boom {n}")])
     assert await callbacks(store, run_id) == [
         ("flaky", "on_retry", 1),
         ("flaky", "on_retry", 2),
         ("flaky", "on_failure", 3),
         (None, "on_run_failure", None),
     ]
-    messages = [r["message"] for r in await store.run_callbacks(run_id)]
+    messages = [r["message"] for r in await store.callbacks.run_callbacks(run_id)]
     assert "boom 1" in messages[0] and "boom 3" in messages[2]
 
 
@@ -70,16 +74,18 @@ async def test_claimed_once_and_taken_back_from_a_silent_worker(
     dag = DAG("ok", on_success=hook)
     dag.task(hook, task_id="a")
     dag.task(hook, task_id="b")
-    await store.create_run(dag, DAY)
-    rows = await store.claim("w", 5)
-    await store.complete([outcome(r) for r in rows])
-    first, second = await asyncio.gather(claim(store, "w1", 1), claim(store, "w2", 5))
+    await store.runs.create_run(dag, DAY)
+    rows = await claim(store, "w", 5)
+    await complete(store, [outcome(r) for r in rows])
+    first, second = await asyncio.gather(
+        claim_callback_rows(store, "w1", 1), claim_callback_rows(store, "w2", 5)
+    )
     assert len(first) + len(second) == 2
     assert {c.id for c in first}.isdisjoint(c.id for c in second)
-    assert await claim(store, "w3") == []
+    assert await claim_callback_rows(store, "w3") == []
     clock.advance(60)
-    assert await store.reap_callbacks(30) == 2
-    again = await claim(store, "w3")
+    assert await store.callbacks.reap_callbacks(30) == 2
+    again = await claim_callback_rows(store, "w3")
     assert sorted(c.id for c in again) == sorted(c.id for c in first + second)
     assert all(c.tries == 2 for c in again)
     # the task's log says the first worker was lost while delivering
@@ -93,13 +99,16 @@ async def test_a_gone_workers_callbacks_are_taken_back_with_its_attempts(store: 
     dag = DAG("ok", on_success=hook)
     dag.task(hook, task_id="a")
     dag.task(hook, task_id="b")
-    await store.create_run(dag, DAY)
-    rows = await store.claim("w", 5)
-    await store.complete([outcome(r) for r in rows])
-    gone, other = await claim(store, "dead-worker#1", 1), await claim(store, "live-worker#1", 1)
+    await store.runs.create_run(dag, DAY)
+    rows = await claim(store, "w", 5)
+    await complete(store, [outcome(r) for r in rows])
+    gone, other = (
+        await claim_callback_rows(store, "dead-worker#1", 1),
+        await claim_callback_rows(store, "live-worker#1", 1),
+    )
     assert len(gone) == len(other) == 1
-    assert await store.reap_worker("dead-worker", "its process is gone") == 1
-    again = await claim(store, "live-worker#2")
+    assert await store.exchange.reap_worker("dead-worker", "its process is gone") == 1
+    again = await claim_callback_rows(store, "live-worker#2")
     assert [c.id for c in again] == [gone[0].id]  # the live worker's row stays its own
     assert again[0].tries == 2
     async with store.db.read() as tx:
@@ -114,16 +123,17 @@ async def test_sensor_timeout_raises_its_event(
     dag.sensor("wait", FileTrigger(path=str(tmp_path / "never")), timeout=5)
     soft = DAG("soft", on_sensor_timeout=hook, on_failure=hook)
     soft.sensor("wait", FileTrigger(path=str(tmp_path / "never")), timeout=5, soft_fail=True)
-    hard_run = await store.create_run(dag, DAY)
-    soft_run = await store.create_run(soft, DAY)
-    rows = await store.claim("w", 5)
-    await store.complete(
+    hard_run = await store.runs.create_run(dag, DAY)
+    soft_run = await store.runs.create_run(soft, DAY)
+    rows = await claim(store, "w", 5)
+    await complete(
+        store,
         [
             deferred(
                 r, str(tmp_path / "never"), clock.now, timeout=5.0, soft_fail=r.run_id == soft_run
             )
             for r in rows
-        ]
+        ],
     )
     clock.advance(6)
     assert len(await ops(store).expire_waits(ALL_SHARDS)) == 2
@@ -135,21 +145,21 @@ async def test_sensor_timeout_raises_its_event(
 
 
 async def test_record_with_a_key_records_once_and_ends_as_told(store: Store) -> None:
-    run_id = await store.create_run(DAG("d"), DAY)
+    run_id = await store.runs.create_run(DAG("d"), DAY)
     for _ in range(2):
         async with store.db.write() as tx:
             await notifications.record(
                 tx, "late", run_id=run_id, now=store.clock(), message="late!",
                 context={"expected_by": "05:30"}, key=f"late:{run_id}",
             )  # fmt: skip
-    [row] = await claim(store, "w")
+    [row] = await claim_callback_rows(store, "w")
     assert (row.event, row.message, row.context) == ("late", "late!", {"expected_by": "05:30"})
-    assert await store.callback_delivered(row, "w", ["callback"])
-    assert not await store.callback_delivered(row, "someone-else", ["x"])
-    assert await store.end_callback(
+    assert await store.callbacks.callback_delivered(row, "w", ["callback"])
+    assert not await store.callbacks.callback_delivered(row, "someone-else", ["x"])
+    assert await store.callbacks.end_callback(
         row, "w", state="DONE", done=["callback"], error=None, ready_at=None, log_lines=[]
     )
-    [stored] = await store.run_callbacks(run_id)
+    [stored] = await store.callbacks.run_callbacks(run_id)
     assert (stored["state"], json.loads(stored["delivered"])) == ("DONE", ["callback"])
 
 
@@ -170,12 +180,12 @@ async def test_a_run_with_no_hooks_writes_no_row(url: str) -> None:
     try:
         dag = DAG("plain")
         dag.task(hook, task_id="a", retries=1)
-        run_id = await s.create_run(dag, DAY)
-        [row] = await s.claim("w", 5)
-        await s.complete([failure(row, "boom")])
-        [row] = await s.claim("w", 5)
-        await s.complete([outcome(row)])
-        assert await s.run_callbacks(run_id) == []
+        run_id = await s.runs.create_run(dag, DAY)
+        [row] = await claim(s, "w", 5)
+        await complete(s, [failure(row, "boom")])
+        [row] = await claim(s, "w", 5)
+        await complete(s, [outcome(row)])
+        assert await s.callbacks.run_callbacks(run_id) == []
         assert attempt_of(row)["attempt"] == 2
     finally:
         await s.close()
@@ -213,11 +223,11 @@ async def test_a_run_the_triggerer_starts_from_the_catalogue_keeps_its_hooks(
     [run] = await all_runs(store)
     assert run["hooks"] == notifications.HOOK_BITS["on_run_failure"]
     assert run["dag_file"]  # the worker imports the file for the callables
-    [row] = await store.claim("w", 5)
+    [row] = await claim(store, "w", 5)
     assert row.hooks == notifications.HOOK_BITS["on_retry"]
-    await store.complete([failure(row, "no")])
-    [row] = await store.claim("w", 5)
-    await store.complete([failure(row, "no")])
+    await complete(store, [failure(row, "no")])
+    [row] = await claim(store, "w", 5)
+    await complete(store, [failure(row, "no")])
     assert [e for _, e, _ in await callbacks(store, run["run_id"])] == [
         "on_retry",
         "on_run_failure",
@@ -227,23 +237,23 @@ async def test_a_run_the_triggerer_starts_from_the_catalogue_keeps_its_hooks(
 async def test_a_tasks_events_are_claimed_in_order(store: Store, clock: FakeClock) -> None:
     dag = DAG("ordered", on_retry=hook, on_failure=hook)
     dag.task(hook, task_id="flaky", retries=1)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     for n in (1, 2):
-        [row] = await store.claim("w", 5)
-        await store.complete([failure(row, f"boom {n}")])
+        [row] = await claim(store, "w", 5)
+        await complete(store, [failure(row, f"boom {n}")])
     assert [e for _, e, _ in await callbacks(store, run_id)] == ["on_retry", "on_failure"]
-    [first] = await claim(store, "w1")
+    [first] = await claim_callback_rows(store, "w1")
     assert first.event == "on_retry"
-    assert await claim(store, "w2") == []  # on_failure waits for on_retry to end
-    await store.end_callback(
+    assert await claim_callback_rows(store, "w2") == []  # on_failure waits for on_retry to end
+    await store.callbacks.end_callback(
         first, "w1", state="PENDING", done=[], error="x", ready_at=clock.now + 5, log_lines=[]
     )
-    assert await claim(store, "w2") == []  # a retried one still holds it back
+    assert await claim_callback_rows(store, "w2") == []  # a retried one still holds it back
     clock.advance(6)
-    [again] = await claim(store, "w2")
+    [again] = await claim_callback_rows(store, "w2")
     assert again.id == first.id
-    await store.end_callback(
+    await store.callbacks.end_callback(
         again, "w2", state="DONE", done=["callback"], error=None, ready_at=None, log_lines=[]
     )
-    [last] = await claim(store, "w2")
+    [last] = await claim_callback_rows(store, "w2")
     assert last.event == "on_failure"

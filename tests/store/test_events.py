@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from support import backends
+from support.exchanging import claim, complete
 from support.helpers import FakeClock, attempt_of, ops
 
 from executor import DAG
@@ -53,15 +54,15 @@ async def defer_all(
     dag_id: str = "waits",
 ) -> tuple[str, dict[str, int]]:  # fmt: skip
     """A run of ``n`` tasks, each DEFERRED on ``trigger_for(i)``; (run id, task id -> row)."""
-    run_id = await store.create_run(waiting_dag(n, dag_id), DAY)
-    claimed = await store.claim("w", n + 1)
+    run_id = await store.runs.create_run(waiting_dag(n, dag_id), DAY)
+    claimed = await claim(store, "w", n + 1)
     rows = {r.task_id: r for r in claimed}
-    await store.complete([wait_on(rows[f"w{i}"], trigger_for(i), now, method) for i in range(n)])
+    await complete(store, [wait_on(rows[f"w{i}"], trigger_for(i), now, method) for i in range(n)])
     return run_id, {t: r.id for t, r in rows.items()}
 
 
 async def states(store: Store, run_id: str) -> dict[str, str]:
-    return {t["task_id"]: t["state"] for t in await store.run_tasks(run_id)}
+    return {t["task_id"]: t["state"] for t in await store.views.run_tasks(run_id)}
 
 
 async def row(store: Store, run_id: str, task_id: str) -> dict[str, Any]:
@@ -91,7 +92,9 @@ async def test_an_event_after_the_wait_wakes_a_sensor_with_its_payload(
     # A triggerer never loads an event wait: nothing to check, only a timeout to keep.
     assert await ops(store).load_triggers(range(64)) == []
     clock.advance(5)
-    sent = await store.send_event("export.ready", {"partner": "p0", "url": "s3://x/1"}, source="t")
+    sent = await store.events.send_event(
+        "export.ready", {"partner": "p0", "url": "s3://x/1"}, source="t"
+    )
     assert sent.woke == [rows["w0"]]
     woken = await row(store, run_id, "w0")
     assert woken["state"] == "SUCCESS"
@@ -99,12 +102,12 @@ async def test_an_event_after_the_wait_wakes_a_sensor_with_its_payload(
     got = await states(store, run_id)
     assert got["w1"] == "DEFERRED" and got["after"] == "PENDING"
     # Its downstream became claimable in the same transaction.
-    assert [r.task_id for r in await store.claim("w", 10)] == ["after"]
+    assert [r.task_id for r in await claim(store, "w", 10)] == ["after"]
     # Sent again: the wait has ended, nothing moves twice.
-    assert (await store.send_event("export.ready", {"partner": "p0"})).woke == []
-    [listed] = await store.list_events("export.ready", limit=1)
+    assert (await store.events.send_event("export.ready", {"partner": "p0"})).woke == []
+    [listed] = await store.events.list_events("export.ready", limit=1)
     assert listed.woke == []
-    [first] = [e for e in await store.list_events("export.ready") if e.id == sent.id]
+    [first] = [e for e in await store.events.list_events("export.ready") if e.id == sent.id]
     assert [(w.task_id, w.run_id) for w in first.woke] == [("w0", run_id)]
 
 
@@ -116,9 +119,9 @@ async def test_an_event_resumes_a_task_that_deferred_with_a_method(
         method="resume",
     )  # fmt: skip
     # Equality of JSON values: "7" and true are not 7.
-    assert (await store.send_event("job.done", {"job": "7"})).woke == []
-    assert (await store.send_event("job.done", {"job": True})).woke == []
-    assert (await store.send_event("job.done", {"job": 7, "ok": 1})).woke == [rows["w0"]]
+    assert (await store.events.send_event("job.done", {"job": "7"})).woke == []
+    assert (await store.events.send_event("job.done", {"job": True})).woke == []
+    assert (await store.events.send_event("job.done", {"job": 7, "ok": 1})).woke == [rows["w0"]]
     woken = await row(store, run_id, "w0")
     assert woken["state"] == "PENDING" and woken["ready_at"] is not None
     assert json.loads(woken["event"]) == {"job": 7, "ok": 1}
@@ -128,14 +131,15 @@ async def test_an_event_sent_before_the_wait_counts_within_the_lookback(
     store: Store, clock: FakeClock
 ) -> None:
     dag = waiting_dag(3)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     clock.advance(10)
-    early = await store.send_event("export.ready", {"partner": "acme", "n": 1})
-    newer = await store.send_event("export.ready", {"partner": "acme", "n": 2})
+    early = await store.events.send_event("export.ready", {"partner": "acme", "n": 1})
+    newer = await store.events.send_event("export.ready", {"partner": "acme", "n": 2})
     assert early.woke == newer.woke == []
     clock.advance(2)  # sent 2 s before the sensors defer
-    rows = {r.task_id: r for r in await store.claim("w", 10)}
-    await store.complete(
+    rows = {r.task_id: r for r in await claim(store, "w", 10)}
+    await complete(
+        store,
         [
             # Default lookback: since the run started -> the newest matching event.
             wait_on(
@@ -151,7 +155,7 @@ async def test_an_event_sent_before_the_wait_counts_within_the_lookback(
             wait_on(
                 rows["w2"], EventTrigger(name="export.ready", match={"partner": "other"}), clock.now
             ),
-        ]
+        ],
     )
     got = await states(store, run_id)
     assert (got["w0"], got["w1"], got["w2"]) == ("SUCCESS", "DEFERRED", "DEFERRED")
@@ -159,7 +163,7 @@ async def test_an_event_sent_before_the_wait_counts_within_the_lookback(
     async with store.db.read() as tx:
         log = [e["message"] for e in await tx.fetch("task_events", task_row=rows["w0"].id)]
     assert any("2.0 s before the wait began" in m for m in log), log
-    [ev] = [e for e in await store.list_events("export.ready") if e.id == newer.id]
+    [ev] = [e for e in await store.events.list_events("export.ready") if e.id == newer.id]
     assert [w.task_id for w in ev.woke] == ["w0"]
 
 
@@ -169,11 +173,11 @@ async def test_an_event_wakes_a_task_once_even_when_it_waits_again(
     """A task that waits on the same event again does not see the event that woke it."""
     trigger = EventTrigger(name="tick", match={})
     run_id, rows = await defer_all(store, 1, lambda i: trigger, clock.now, method="again")
-    await store.send_event("tick", {"n": 1})
-    [again] = [r for r in await store.claim("w", 10) if r.task_id == "w0"]
-    await store.complete([wait_on(again, trigger, clock.now, method="again")])
+    await store.events.send_event("tick", {"n": 1})
+    [again] = [r for r in await claim(store, "w", 10) if r.task_id == "w0"]
+    await complete(store, [wait_on(again, trigger, clock.now, method="again")])
     assert (await row(store, run_id, "w0"))["state"] == "DEFERRED"
-    assert (await store.send_event("tick", {"n": 2})).woke == [rows["w0"]]
+    assert (await store.events.send_event("tick", {"n": 2})).woke == [rows["w0"]]
 
 
 async def test_a_thousand_waits_on_ten_matches_each_woken_once(
@@ -188,7 +192,7 @@ async def test_a_thousand_waits_on_ten_matches_each_woken_once(
     )  # fmt: skip
     woke: dict[int, list[int]] = {}
     for b in range(pairs):
-        sent = await store.send_event("batch.ready", {"batch": b, "kind": "x", "extra": [b]})
+        sent = await store.events.send_event("batch.ready", {"batch": b, "kind": "x", "extra": [b]})
         woke[b] = sent.woke
         got = await states(store, run_id)
         for i in range(pairs * per):
@@ -225,7 +229,7 @@ async def test_a_bad_event_is_refused_naming_the_field_and_nothing_is_stored(
     store: Store, name: str, payload: Any, field: str
 ) -> None:
     with pytest.raises(EventError) as info:
-        await store.send_event(name, payload)
+        await store.events.send_event(name, payload)
     assert info.value.field == field
     assert info.value.too_large == (field == "payload" and "blob" in payload)
     assert await count(store, "event") == 0
@@ -233,20 +237,20 @@ async def test_a_bad_event_is_refused_naming_the_field_and_nothing_is_stored(
 
 async def test_one_bad_event_refuses_its_whole_batch(store: Store) -> None:
     with pytest.raises(EventError) as info:
-        await store.send_events([("a", 1), ("b c", 2)])
+        await store.events.send_events([("a", 1), ("b c", 2)])
     assert info.value.field == "events[1].name"
     with pytest.raises(EventError):
-        await store.send_events([("a", i) for i in range(MAX_BATCH + 1)])
+        await store.events.send_events([("a", i) for i in range(MAX_BATCH + 1)])
     assert await count(store, "event") == 0
-    assert len(await store.send_events([("a", i) for i in range(3)])) == 3
+    assert len(await store.events.send_events([("a", i) for i in range(3)])) == 3
 
 
 async def test_listing_an_unknown_name_is_an_error(store: Store, clock: FakeClock) -> None:
     with pytest.raises(UnknownEvent):
-        await store.list_events("never.sent")
+        await store.events.list_events("never.sent")
     # A name that a wait is on, but with no event yet, is known: an empty list.
     await defer_all(store, 1, lambda i: EventTrigger(name="soon"), clock.now)
-    assert await store.list_events("soon") == []
+    assert await store.events.list_events("soon") == []
 
 
 # ---------------------------------------------------------------------------- retention
@@ -255,15 +259,15 @@ async def test_listing_an_unknown_name_is_an_error(store: Store, clock: FakeCloc
 async def test_events_past_their_retention_are_pruned_in_batches(
     store: Store, clock: FakeClock
 ) -> None:
-    await store.send_events([("old", i) for i in range(25)])
+    await store.events.send_events([("old", i) for i in range(25)])
     clock.advance(100)
-    kept = await store.send_event("new", 1)
+    kept = await store.events.send_event("new", 1)
     assert await prune_events(store.db, before=clock.now - 50, batch=10) == 25
-    assert [e.id for e in await store.list_events()] == [kept.id]
+    assert [e.id for e in await store.events.list_events()] == [kept.id]
     # Through the triggerer's store, as its minutely cleanup calls it.
     clock.advance(100)
     assert await ops(store).prune_events(retention=50) == 1
-    assert await store.list_events() == []
+    assert await store.events.list_events() == []
 
 
 # ---------------------------------------------------------------------- the race, on PG
@@ -278,15 +282,15 @@ async def test_events_and_waits_racing_never_miss_each_other(
     opened = [await open_store(url, clock=clock) for _ in range(4)]
     try:
         a, b, c, d = opened
-        run_id = await a.create_run(waiting_dag(n), DAY)
-        rows = {r.task_id: r for r in await a.claim("w", n + 1)}
+        run_id = await a.runs.create_run(waiting_dag(n), DAY)
+        rows = {r.task_id: r for r in await claim(a, "w", n + 1)}
 
         async def defer(i: int, s: Store) -> None:
             trigger = EventTrigger(name="race", match={"i": i})
-            await s.complete([wait_on(rows[f"w{i}"], trigger, clock.now)])
+            await complete(s, [wait_on(rows[f"w{i}"], trigger, clock.now)])
 
         async def send(i: int, s: Store) -> None:
-            await s.send_event("race", {"i": i})
+            await s.events.send_event("race", {"i": i})
 
         jobs = []
         for i in range(n):
@@ -295,7 +299,7 @@ async def test_events_and_waits_racing_never_miss_each_other(
         await asyncio.gather(*jobs)
         got = await states(a, run_id)
         assert {got[f"w{i}"] for i in range(n)} == {"SUCCESS"}, got
-        total = sum(len(e.woke) for e in await a.list_events("race", limit=1000))
+        total = sum(len(e.woke) for e in await a.events.list_events("race", limit=1000))
         assert total == n
     finally:
         for s in opened:
@@ -329,17 +333,17 @@ async def test_the_race_widened_on_postgresql_is_still_not_lost(
     finally:
         await conn.close()
     try:
-        run_id = await a.create_run(waiting_dag(2), DAY)
-        rows = {r.task_id: r for r in await a.claim("w", 10)}
+        run_id = await a.runs.create_run(waiting_dag(2), DAY)
+        rows = {r.task_id: r for r in await claim(a, "w", 10)}
 
         async def defer(i: int, delay: float) -> None:
             await asyncio.sleep(delay)
             trigger = EventTrigger(name=f"slow{i}", match={"i": i})
-            await a.complete([wait_on(rows[f"w{i}"], trigger, clock.now)])
+            await complete(a, [wait_on(rows[f"w{i}"], trigger, clock.now)])
 
         async def send(i: int, delay: float) -> None:
             await asyncio.sleep(delay)
-            await b.send_event(f"slow{i}", {"i": i})
+            await b.events.send_event(f"slow{i}", {"i": i})
 
         # The event first, the wait 0.1 s into its sleep; then the other way round (a name
         # of its own each, so that the wait's field set is new to the event's writer).

@@ -13,8 +13,8 @@ import pytest
 from support import backends, pg
 from support.helpers import REPO, async_wait_until, cli_env
 
+from executor.driver.liveness import LockTaken, lock_key
 from executor.store import open_database
-from executor.store.liveness import LockTaken, lock_key
 
 backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
 pg_url = pg.pg_url  # fixture

@@ -11,6 +11,7 @@ from datetime import date
 
 import pytest
 from support import backends
+from support.exchanging import claim
 from support.helpers import async_wait_until, raw_sql
 from support.triggers import FLAGS, FlagTrigger, serving
 
@@ -74,8 +75,8 @@ async def deferred(url: str, run_id: str) -> None:
 
 async def test_deferred_with_trigger_row_missing_or_null_is_failed(live_store, url) -> None:
     gone, null = waiting_dag("gone", "never-gone"), waiting_dag("null", "never-null")
-    run_gone = await live_store.create_run(gone, DAY)
-    run_null = await live_store.create_run(null, DAY)
+    run_gone = await live_store.runs.create_run(gone, DAY)
+    run_null = await live_store.runs.create_run(null, DAY)
     async with serving(live_store, gone, null, config={"reload_every": 3600}) as h:
         await deferred(url, run_gone)
         await deferred(url, run_null)
@@ -100,8 +101,8 @@ async def test_deferred_with_trigger_row_missing_or_null_is_failed(live_store, u
 async def test_own_timeout_holds_whatever_the_trigger_row(live_store, url) -> None:
     # No reconcile during the test: the timeout sweep alone must end both.
     gone, null = waiting_dag("t_gone", "never-1"), waiting_dag("t_null", "never-2")
-    run_gone = await live_store.create_run(gone, DAY)
-    run_null = await live_store.create_run(null, DAY)
+    run_gone = await live_store.runs.create_run(gone, DAY)
+    run_null = await live_store.runs.create_run(null, DAY)
     async with serving(live_store, gone, null, config={"reload_every": 3600}):
         await deferred(url, run_gone)
         await deferred(url, run_null)
@@ -125,8 +126,8 @@ async def test_own_timeout_holds_whatever_the_trigger_row(live_store, url) -> No
 
 async def test_no_fire_from_memory_for_a_deleted_row_or_a_passed_timeout(live_store, url) -> None:
     gone, late = waiting_dag("m_gone", "fires-gone"), waiting_dag("m_late", "fires-late")
-    run_gone = await live_store.create_run(gone, DAY)
-    run_late = await live_store.create_run(late, DAY)
+    run_gone = await live_store.runs.create_run(gone, DAY)
+    run_late = await live_store.runs.create_run(late, DAY)
     async with serving(
         live_store, gone, late, config={"reload_every": 3600, "timeouts_every": 3600}
     ) as h:
@@ -162,8 +163,8 @@ async def test_unwaited_trigger_rows_deleted_and_unknown_owners_retried(live_sto
     def job(ctx):
         return 1
 
-    run_id = await live_store.create_run(dag, DAY)
-    claimed = await live_store.claim("worker-that-vanished", 1)
+    run_id = await live_store.runs.create_run(dag, DAY)
+    claimed = await claim(live_store, "worker-that-vanished", 1)
     assert [c.task_id for c in claimed] == ["job"]
     await raw_sql(url, f"UPDATE task SET owner = NULL WHERE run_id = '{run_id}'")
     await raw_sql(

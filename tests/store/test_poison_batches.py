@@ -15,8 +15,8 @@ from support.helpers import async_wait_until
 from support.triggers import FLAGS, FlagTrigger, serving
 
 from executor import DAG
+from executor.driver.faults import is_transient, split_apart
 from executor.store import Store, open_store
-from executor.store.faults import is_transient, split_apart
 from triggers.registry import register
 
 pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures
@@ -54,11 +54,11 @@ async def pg_store(pg_url: str) -> AsyncIterator[Store]:
 
 
 async def states(store: Store, run_id: str) -> dict[str, str]:
-    return {r["task_id"]: r["state"] for r in await store.run_tasks(run_id)}
+    return {r["task_id"]: r["state"] for r in await store.views.run_tasks(run_id)}
 
 
 async def messages(store: Store, run_id: str, task_id: str) -> str:
-    rows = await store.task_log(run_id, task_id)
+    rows = await store.views.task_log(run_id, task_id)
     return "\n".join(str(r["message"]) for r in rows or [])
 
 
@@ -92,7 +92,7 @@ async def test_a_bad_outcome_fails_its_task_and_the_others_go_through(pg_store) 
     def after_good(ctx):
         return 3
 
-    run_id = await pg_store.create_run(dag, DAY)
+    run_id = await pg_store.runs.create_run(dag, DAY)
     async with serving(pg_store, dag, triggerer=False, slots=4):
 
         async def settled() -> bool:
@@ -110,7 +110,7 @@ async def test_a_bad_fire_fails_its_wait_and_the_others_fire(pg_store) -> None:
     dag = DAG("poison_flush")
     dag.sensor("bad", NulTrigger(name="nul-fires", poke_interval=0.05), mode="deferrable")
     dag.sensor("good", FlagTrigger(name="ok-fires", poke_interval=0.05), mode="deferrable")
-    run_id = await pg_store.create_run(dag, DAY)
+    run_id = await pg_store.runs.create_run(dag, DAY)
     async with serving(pg_store, dag) as h:
 
         async def both_deferred() -> bool:
@@ -136,7 +136,7 @@ async def test_a_bad_deferral_in_a_batch_fails_its_task_and_the_others_defer(pg_
     dag.sensor("bad", NulDeferTrigger(name="never-a"), mode="deferrable")
     for i in range(5):
         dag.sensor(f"good{i}", FlagTrigger(name=f"never-{i % 3}"), mode="deferrable")
-    run_id = await pg_store.create_run(dag, DAY)
+    run_id = await pg_store.runs.create_run(dag, DAY)
     async with serving(pg_store, dag, triggerer=False, slots=8):
 
         async def settled() -> bool:

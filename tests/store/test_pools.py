@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from support import backends
+from support.exchanging import claim, complete
 from support.helpers import FakeClock, attempt_of
 
 from executor import DAG
@@ -64,8 +65,8 @@ async def test_racing_claimers_never_overshoot_a_pool(store: Store, url: str) ->
     """Six claimers on their own connections, 120 tasks in a pool of 4 beside 60 others:
     the pool's RUNNING rows, sampled throughout from a seventh connection, never exceed 4,
     and every task is claimed exactly once."""
-    await store.set_pool("warehouse", 4)
-    run_id = await store.create_run(pool_dag("race", 120, others=60), DAY)
+    await store.pools.set_pool("warehouse", 4)
+    run_id = await store.runs.create_run(pool_dag("race", 120, others=60), DAY)
     claimers = [await open_store(url) for _ in range(6)]
     sampler = await open_store(url)
     seen: list[int] = []
@@ -81,7 +82,7 @@ async def test_racing_claimers_never_overshoot_a_pool(store: Store, url: str) ->
         rng = random.Random(name)
         idle = 0
         while idle < 40:
-            rows = await s.claim(f"{name}#{len(claimed)}", rng.randint(1, 5))
+            rows = await claim(s, f"{name}#{len(claimed)}", rng.randint(1, 5))
             claimed.extend(r.id for r in rows)
             if not rows:
                 idle += 1
@@ -89,7 +90,7 @@ async def test_racing_claimers_never_overshoot_a_pool(store: Store, url: str) ->
                 continue
             idle = 0
             await asyncio.sleep(rng.uniform(0, 0.01))  # hold the slots a moment
-            await s.complete([done(r) for r in rows])
+            await complete(s, [done(r) for r in rows])
 
     try:
         watcher = asyncio.create_task(sample())
@@ -104,83 +105,83 @@ async def test_racing_claimers_never_overshoot_a_pool(store: Store, url: str) ->
     assert len(claimed) == 180 and len(set(claimed)) == 180
     assert max(seen) <= 4, f"the pool held {max(seen)} slots of 4"
     assert max(seen) >= 2  # the test raced: the pool was really shared
-    assert (await store.run_info(run_id))["state"] == "SUCCESS"  # type: ignore[index]
+    assert (await store.views.run_info(run_id))["state"] == "SUCCESS"  # type: ignore[index]
 
 
 async def test_a_claim_takes_what_fits_and_the_rest_waits_for_the_pool(store: Store) -> None:
-    await store.set_pool("warehouse", 2)
+    await store.pools.set_pool("warehouse", 2)
     dag = pool_dag("fit", 5, others=3)
     dag.task(noop, task_id="big", pool="warehouse", pool_slots=2, priority=10)
-    run_id = await store.create_run(dag, DAY)
-    first = await store.claim("w1", 10)
+    run_id = await store.runs.create_run(dag, DAY)
+    first = await claim(store, "w1", 10)
     # The 2-slot task comes first (priority), fills the pool; the default tasks still come.
     assert sorted(r.task_id for r in first) == ["big", "d000", "d001", "d002"]
     assert await running_in(store, "warehouse") == 2
-    assert await store.claim("w2", 10) == []
-    held = await store.held_back_tasks(20)
+    assert await claim(store, "w2", 10) == []
+    held = await store.pools.held_back_tasks(20)
     assert len(held) == 5
     assert {why for _, why in held} == {"waiting for pool warehouse (2/2 used)"}
-    assert next(p for p in await store.pools() if p.name == "warehouse").used == 2
-    await store.complete([done(r) for r in first])
-    second = await store.claim("w3", 10)
+    assert next(p for p in await store.pools.pools() if p.name == "warehouse").used == 2
+    await complete(store, [done(r) for r in first])
+    second = await claim(store, "w3", 10)
     assert len(second) == 2 and all(r.task_id.startswith("p") for r in second)
     assert await state_of(store, run_id, "p004") == "PENDING"
 
 
 async def test_a_pool_grown_or_shrunk_applies_at_the_next_claim(store: Store) -> None:
-    await store.set_pool("warehouse", 1)
-    await store.create_run(pool_dag("resize", 6), DAY)
-    assert len(await store.claim("w", 10)) == 1
-    await store.set_pool("warehouse", 3)
-    assert len(await store.claim("w", 10)) == 2
-    await store.set_pool("warehouse", 0)  # shrunk below use: running ones go on, none starts
-    assert await store.claim("w", 10) == []
-    [(_, why), *_] = await store.held_back_tasks(10)
+    await store.pools.set_pool("warehouse", 1)
+    await store.runs.create_run(pool_dag("resize", 6), DAY)
+    assert len(await claim(store, "w", 10)) == 1
+    await store.pools.set_pool("warehouse", 3)
+    assert len(await claim(store, "w", 10)) == 2
+    await store.pools.set_pool("warehouse", 0)  # shrunk below use: running ones go on, none starts
+    assert await claim(store, "w", 10) == []
+    [(_, why), *_] = await store.pools.held_back_tasks(10)
     assert why == "waiting for pool warehouse (3/0 used)"
 
 
 async def test_only_running_rows_hold_slots(store: Store, clock: FakeClock) -> None:
     """A deferral, a retry, a reaped attempt and a cancelled run each free their slot."""
-    await store.set_pool("warehouse", 1)
+    await store.pools.set_pool("warehouse", 1)
     dag = DAG("frees")
     dag.task(noop, task_id="a", pool="warehouse", retries=1)
     dag.task(noop, task_id="b", pool="warehouse")
     dag.task(noop, task_id="c", pool="warehouse", retries=1)
     dag.task(noop, task_id="d", pool="warehouse")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
 
-    [a] = await store.claim("w", 10)
-    assert a.task_id == "a" and await store.claim("w", 10) == []
+    [a] = await claim(store, "w", 10)
+    assert a.task_id == "a" and await claim(store, "w", 10) == []
     # a defers (a sensor handing its wait to the triggerer): DEFERRED holds no slot.
     d = deferral(
         FileTrigger(path="/nonexistent/x"), method=None, method_kwargs={},
         wait_started_at=clock(), timeout=60.0, soft_fail=False,
     )  # fmt: skip
-    await store.complete([Deferred(**attempt_of(a), deferral=d)])
+    await complete(store, [Deferred(**attempt_of(a), deferral=d)])
     assert await state_of(store, run_id, "a") == "DEFERRED"
-    [b] = await store.claim("w", 10)
+    [b] = await claim(store, "w", 10)
     assert b.task_id == "b"
     # b fails for good... and c, retried, goes RETRYING: neither holds a slot.
-    await store.complete([Failed(**attempt_of(b), message="boom", retry_delay=0.0)])
-    [c] = await store.claim("w", 10)
+    await complete(store, [Failed(**attempt_of(b), message="boom", retry_delay=0.0)])
+    [c] = await claim(store, "w", 10)
     assert c.task_id == "c"
-    await store.complete([Failed(**attempt_of(c), message="boom", retry_delay=60.0)])
+    await complete(store, [Failed(**attempt_of(c), message="boom", retry_delay=60.0)])
     assert await state_of(store, run_id, "c") == "RETRYING"
-    [d_row] = await store.claim("w", 10)
+    [d_row] = await claim(store, "w", 10)
     assert d_row.task_id == "d"
     # d's worker goes silent: reaped, its slot is free again.
     clock.advance(31)
-    assert await store.reap(30) == 1
+    assert await store.exchange.reap(30) == 1
     assert await running_in(store, "warehouse") == 0
     clock.advance(60)  # c's retry is due: it takes the slot
-    [c2] = await store.claim("w", 10)
+    [c2] = await claim(store, "w", 10)
     assert c2.task_id == "c" and await running_in(store, "warehouse") == 1
-    await store.cancel(run_id, who="test", reason="done")
+    await store.runs.cancel(run_id, who="test", reason="done")
     assert await running_in(store, "warehouse") == 0
 
 
 async def test_mapped_instances_hold_their_templates_pool(store: Store) -> None:
-    await store.set_pool("warehouse", 2)
+    await store.pools.set_pool("warehouse", 2)
     dag = DAG("mapped")
 
     @dag.task
@@ -191,13 +192,13 @@ async def test_mapped_instances_hold_their_templates_pool(store: Store) -> None:
     def each(ctx: Any) -> int:
         return int(ctx.item)
 
-    run_id = await store.create_run(dag, DAY)
-    [src] = await store.claim("w", 10)
-    await store.complete([Succeeded(**attempt_of(src), output_json=json.dumps([1, 2, 3, 4, 5]),
+    run_id = await store.runs.create_run(dag, DAY)
+    [src] = await claim(store, "w", 10)
+    await complete(store, [Succeeded(**attempt_of(src), output_json=json.dumps([1, 2, 3, 4, 5]),
                                     skip_children=[])])  # fmt: skip
     # The template is RUNNING while its instances run, and holds no slot.
     assert await state_of(store, run_id, "each") == "RUNNING"
-    rows = await store.claim("w", 10)
+    rows = await claim(store, "w", 10)
     assert [r.map_index for r in rows] == [0, 1]
     assert await running_in(store, "warehouse") == 2
 
@@ -206,31 +207,31 @@ async def test_mapped_instances_hold_their_templates_pool(store: Store) -> None:
 
 
 async def test_a_worker_claims_only_its_queues(store: Store) -> None:
-    await store.add_queue("gpu")
+    await store.pools.add_queue("gpu")
     dag = DAG("routed")
     dag.task(noop, task_id="train", queue="gpu")
     dag.task(noop, task_id="report")
-    await store.create_run(dag, DAY)
-    assert [r.task_id for r in await store.claim("cpu", 10)] == ["report"]
-    assert await store.claim("cpu", 10) == []
-    held = await store.held_back_tasks(10)
+    await store.runs.create_run(dag, DAY)
+    assert [r.task_id for r in await claim(store, "cpu", 10)] == ["report"]
+    assert await claim(store, "cpu", 10) == []
+    held = await store.pools.held_back_tasks(10)
     assert [(r["task_id"], why) for r, why in held] == [
         ("train", "waiting for a worker of queue gpu (no live worker serves it)")
     ]
-    await store.worker_beat("gpu-worker", ["gpu"], 4, ttl=30)
-    assert await store.held_back_tasks(10) == []
-    assert {q.name: q.workers for q in await store.queues()} == {"default": 0, "gpu": 1}
-    assert [r.task_id for r in await store.claim("gpu-worker", 10, ["gpu"])] == ["train"]
-    await store.worker_leave("gpu-worker")
-    assert {q.name: q.workers for q in await store.queues()}["gpu"] == 0
+    await store.exchange.worker_beat("gpu-worker", ["gpu"], 4, ttl=30)
+    assert await store.pools.held_back_tasks(10) == []
+    assert {q.name: q.workers for q in await store.pools.queues()} == {"default": 0, "gpu": 1}
+    assert [r.task_id for r in await claim(store, "gpu-worker", 10, ["gpu"])] == ["train"]
+    await store.exchange.worker_leave("gpu-worker")
+    assert {q.name: q.workers for q in await store.pools.queues()}["gpu"] == 0
 
 
 async def test_a_registry_row_expires_with_its_ttl(store: Store, clock: FakeClock) -> None:
-    await store.add_queue("gpu")
-    await store.worker_beat("w", ["gpu", "default"], 8, ttl=10)
-    assert {q.name: q.workers for q in await store.queues()} == {"default": 1, "gpu": 1}
+    await store.pools.add_queue("gpu")
+    await store.exchange.worker_beat("w", ["gpu", "default"], 8, ttl=10)
+    assert {q.name: q.workers for q in await store.pools.queues()} == {"default": 1, "gpu": 1}
     clock.advance(11)  # killed without leaving: no longer live
-    assert {q.name: q.workers for q in await store.queues()} == {"default": 0, "gpu": 0}
+    assert {q.name: q.workers for q in await store.pools.queues()} == {"default": 0, "gpu": 0}
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -241,25 +242,25 @@ async def test_unknown_pools_and_queues_are_refused_naming_them(store: Store) ->
     dag.task(noop, task_id="load", pool="warehuose")
     dag.task(noop, task_id="train", queue="gpu")
     with pytest.raises(DagError) as err:
-        await store.create_run(dag, DAY)
+        await store.runs.create_run(dag, DAY)
     assert "unknown pool 'warehuose' (task load)" in str(err.value)
     assert "unknown queue 'gpu' (task train)" in str(err.value)
-    assert await store.list_runs() == []  # nothing stored
-    await store.set_pool("warehuose", 1)
-    await store.add_queue("gpu")
-    await store.create_run(dag, DAY)
+    assert await store.views.recent_runs(20) == []  # nothing stored
+    await store.pools.set_pool("warehuose", 1)
+    await store.pools.add_queue("gpu")
+    await store.runs.create_run(dag, DAY)
 
 
 async def test_the_catalogue_breaks_a_file_naming_an_unknown_pool(store: Store) -> None:
     dag = DAG("catalogued")
     dag.task(noop, task_id="load", pool="warehouse")
     declared = DeclaredDag(**_declared(dag, dag.dag_id))  # type: ignore[arg-type]
-    error = await store.record_parse("/dags/c.py", 1.0, [declared], None)
+    error = await store.catalogue.record_parse("/dags/c.py", 1.0, [declared], None)
     assert error is not None and "unknown pool 'warehouse' (task load)" in error
     # parsed again at the next scan (mtime forgotten), and accepted once the pool exists
-    assert (await store.catalogue_files())["/dags/c.py"] is None
-    await store.set_pool("warehouse", 2)
-    assert await store.record_parse("/dags/c.py", 1.0, [declared], None) is None
+    assert (await store.catalogue.catalogue_files())["/dags/c.py"] is None
+    await store.pools.set_pool("warehouse", 2)
+    assert await store.catalogue.record_parse("/dags/c.py", 1.0, [declared], None) is None
 
 
 @pytest.mark.parametrize(
@@ -274,42 +275,42 @@ async def test_the_catalogue_breaks_a_file_naming_an_unknown_pool(store: Store) 
 )
 async def test_bad_pool_settings_are_refused(store: Store, name: str, slots: Any, why: str) -> None:
     with pytest.raises(PoolError, match=why):
-        await store.set_pool(name, slots)
-    assert [p.name for p in await store.pools()] == ["default"]
+        await store.pools.set_pool(name, slots)
+    assert [p.name for p in await store.pools.pools()] == ["default"]
 
 
 async def test_a_pool_in_use_cannot_be_deleted(store: Store) -> None:
-    await store.set_pool("warehouse", 1)
-    await store.add_queue("gpu")
+    await store.pools.set_pool("warehouse", 1)
+    await store.pools.add_queue("gpu")
     dag = DAG("inuse")
     dag.task(noop, task_id="a", pool="warehouse", queue="gpu")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     with pytest.raises(PoolError, match="named by 1 unfinished task"):
-        await store.delete_pool("warehouse")
+        await store.pools.delete_pool("warehouse")
     with pytest.raises(PoolError, match="named by 1 unfinished task"):
-        await store.delete_queue("gpu")
+        await store.pools.delete_queue("gpu")
     with pytest.raises(PoolError, match="no pool 'nope'"):
-        await store.delete_pool("nope")
-    await store.cancel(run_id, who="test", reason="")
-    await store.delete_pool("warehouse")
-    await store.delete_queue("gpu")
-    assert [p.name for p in await store.pools()] == ["default"]
+        await store.pools.delete_pool("nope")
+    await store.runs.cancel(run_id, who="test", reason="")
+    await store.pools.delete_pool("warehouse")
+    await store.pools.delete_queue("gpu")
+    assert [p.name for p in await store.pools.pools()] == ["default"]
 
 
 async def test_a_deleted_pool_holds_its_tasks_back_saying_so(store: Store) -> None:
-    await store.set_pool("etl", 1)
+    await store.pools.set_pool("etl", 1)
     dag = DAG("gone")
     dag.task(noop, task_id="a", pool="etl")
     async with store.db.write() as tx:  # deleted behind the store's back (an old database)
         await tx.execute("pool_delete", name="etl")
     with pytest.raises(DagError):
-        await store.create_run(dag, DAY)
-    await store.set_pool("etl", 1)
-    await store.create_run(dag, DAY)
+        await store.runs.create_run(dag, DAY)
+    await store.pools.set_pool("etl", 1)
+    await store.runs.create_run(dag, DAY)
     async with store.db.write() as tx:
         await tx.execute("pool_delete", name="etl")
-    assert await store.claim("w", 10) == []
-    [(_, why)] = await store.held_back_tasks(10)
+    assert await claim(store, "w", 10) == []
+    [(_, why)] = await store.pools.held_back_tasks(10)
     assert why == "waiting for pool etl (no such pool: slotless pools set etl SLOTS)"
 
 
@@ -322,9 +323,9 @@ async def state_of(store: Store, run_id: str, task_id: str, map_index: int = -1)
 
 async def test_a_worker_found_dead_stops_serving_its_queues_at_once(store: Store) -> None:
     # The liveness lock said so: no TTL passes, its queues go with its attempts.
-    await store.add_queue("gpu")
-    await store.worker_beat("gpu-worker", ["gpu"], 4, ttl=3600)
-    await store.worker_beat("cpu-worker", ["default"], 8, ttl=3600)
-    await store.reap_worker("gpu-worker", "its process is gone")
-    assert {q.name: q.workers for q in await store.queues()} == {"default": 1, "gpu": 0}
-    assert await store.other_workers("me") == ["cpu-worker"]
+    await store.pools.add_queue("gpu")
+    await store.exchange.worker_beat("gpu-worker", ["gpu"], 4, ttl=3600)
+    await store.exchange.worker_beat("cpu-worker", ["default"], 8, ttl=3600)
+    await store.exchange.reap_worker("gpu-worker", "its process is gone")
+    assert {q.name: q.workers for q in await store.pools.queues()} == {"default": 1, "gpu": 0}
+    assert await store.exchange.other_workers("me") == ["cpu-worker"]

@@ -48,45 +48,45 @@ async def runs(store: Store) -> list[dict]:
 
 
 async def task_count(store: Store, run_id: str) -> int:
-    return len(await store.run_tasks(run_id))
+    return len(await store.views.run_tasks(run_id))
 
 
 async def test_a_key_creates_one_run_and_returns_it_again(store: Store) -> None:
     dag = two_tasks()
-    first = await store.start_run(dag, DAY, run_key="2026-04-25")
-    again = await store.start_run(dag, DAY, run_key="2026-04-25", conf={"x": 1})
+    first = await store.runs.start_run(dag, DAY, run_key="2026-04-25")
+    again = await store.runs.start_run(dag, DAY, run_key="2026-04-25", conf={"x": 1})
     assert first.created and not again.created
     assert again.run_id == first.run_id and again.run_key == "2026-04-25"
     [row] = await runs(store)
     assert (row["run_key"], row["conf"]) == ("2026-04-25", None)  # the first one's conf stays
     assert await task_count(store, first.run_id) == 2  # no second set of tasks either
     # create_run is the same operation, returning the run id.
-    assert await store.create_run(dag, DAY, run_key="2026-04-25") == first.run_id
+    assert await store.runs.create_run(dag, DAY, run_key="2026-04-25") == first.run_id
 
 
 async def test_manual_runs_of_one_date_are_distinct_and_keep_the_dates_key_free(
     store: Store,
 ) -> None:
     dag = two_tasks()
-    a = await store.start_run(dag, DAY)
-    b = await store.start_run(dag, DAY)
+    a = await store.runs.start_run(dag, DAY)
+    b = await store.runs.start_run(dag, DAY)
     assert a.created and b.created and a.run_id != b.run_id
     assert a.run_key.startswith("2026-04-25~manual-") and a.run_key != b.run_key
-    scheduled = await store.start_run(dag, DAY, run_key="2026-04-25")
+    scheduled = await store.runs.start_run(dag, DAY, run_key="2026-04-25")
     assert scheduled.created
     # Another DAG may use the same key.
     other = DAG("other")
-    assert (await store.start_run(other, DAY, run_key="2026-04-25")).created
+    assert (await store.runs.start_run(other, DAY, run_key="2026-04-25")).created
     assert len(await runs(store)) == 4
 
 
 async def test_conf_is_stored_and_becomes_ctx_params(store: Store) -> None:
     dag = two_tasks({"days": 1, "region": "eu"})
-    run_id = await store.create_run(dag, DAY, conf={"days": 7})
+    run_id = await store.runs.create_run(dag, DAY, conf={"days": 7})
     [row] = await runs(store)
     assert json.loads(row["conf"]) == {"days": 7}
     assert (await run_to_end(store, run_id, dags={"keyed": dag}))["state"] == "SUCCESS"
-    first = next(t for t in await store.run_tasks(run_id) if t["task_id"] == "first")
+    first = next(t for t in await store.views.run_tasks(run_id) if t["task_id"] == "first")
     assert json.loads(first["output"]) == {"days": 7, "region": "eu"}
 
 
@@ -98,11 +98,11 @@ async def test_a_model_validates_the_conf_and_a_bad_conf_stores_nothing(store: S
         ({"region": "eu", "colour": "red"}, "unknown param 'colour'"),
     ):
         with pytest.raises(BadConf, match=says):
-            await store.create_run(dag, DAY, conf=bad, run_key=f"k{len(bad)}")
+            await store.runs.create_run(dag, DAY, conf=bad, run_key=f"k{len(bad)}")
     assert await runs(store) == []
-    run_id = await store.create_run(dag, DAY, conf={"region": "us", "days": "3"})
+    run_id = await store.runs.create_run(dag, DAY, conf={"region": "us", "days": "3"})
     assert (await run_to_end(store, run_id, dags={"keyed": dag}))["state"] == "SUCCESS"
-    first = next(t for t in await store.run_tasks(run_id) if t["task_id"] == "first")
+    first = next(t for t in await store.views.run_tasks(run_id) if t["task_id"] == "first")
     assert json.loads(first["output"]) == {"days": 3, "region": "us"}
 
 
@@ -115,7 +115,9 @@ async def test_two_stores_creating_one_key_at_once_create_one_run(url: str) -> N
     try:
         for round_ in range(5):
             key = f"2026-04-{round_ + 1:02d}"
-            started = await asyncio.gather(*(s.start_run(dag, DAY, run_key=key) for s in stores))
+            started = await asyncio.gather(
+                *(s.runs.start_run(dag, DAY, run_key=key) for s in stores)
+            )
             assert sorted(s.created for s in started) == [False, True]
             assert started[0].run_id == started[1].run_id
             assert await task_count(stores[0], started[0].run_id) == 2

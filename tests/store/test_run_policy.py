@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from support import backends
+from support.exchanging import claim, complete
 from support.helpers import FakeClock, attempt_of, held_as_loaded, loaded_waits, ops
 
 from executor import DAG
@@ -67,11 +68,11 @@ async def fire(store: Store, waits: dict[int, int]) -> None:
 
 
 async def states(store: Store, run_id: str) -> dict[str, str]:
-    return {r["task_id"]: r["state"] for r in await store.run_tasks(run_id)}
+    return {r["task_id"]: r["state"] for r in await store.views.run_tasks(run_id)}
 
 
 async def log_of(store: Store, run_id: str, task_id: str, kind: str) -> list[str]:
-    rows = await store.task_log(run_id, task_id) or []
+    rows = await store.views.task_log(run_id, task_id) or []
     return [r["message"] for r in rows if r["kind"] == kind]
 
 
@@ -79,7 +80,7 @@ async def test_a_run_wait_is_loaded_under_its_key_and_counted_in_its_shards_chec
     store: Store, clock: FakeClock
 ) -> None:
     clock.set(T0)
-    await store.create_run(settlements(deadline="06:00"), DAY)
+    await store.runs.create_run(settlements(deadline="06:00"), DAY)
     waits = await run_waits(store)
     assert len(waits) == 2 and {unpack(key)[0] for key in waits} == {WaitKind.RUN}
     table = await held_as_loaded(store)
@@ -91,8 +92,8 @@ async def test_deadline_and_expected_by_are_moments_on_the_dags_clock_fired_once
     store: Store, clock: FakeClock
 ) -> None:
     clock.set(T0)
-    run_id = await store.create_run(settlements(deadline="06:00"), DAY)
-    run = await store.run_info(run_id)
+    run_id = await store.runs.create_run(settlements(deadline="06:00"), DAY)
+    run = await store.views.run_info(run_id)
     assert run is not None
     # A manual run of 2026-11-20: 06:00 and 05:30 that day, India time.
     assert run["deadline_at"] == datetime(2026, 11, 20, 6, 0, tzinfo=KOLKATA).timestamp()
@@ -105,7 +106,7 @@ async def test_deadline_and_expected_by_are_moments_on_the_dags_clock_fired_once
 
     clock.set(datetime(2026, 11, 20, 6, 0, 1, tzinfo=KOLKATA).timestamp())
     await fire(store, waits)
-    run = await store.run_info(run_id)
+    run = await store.views.run_info(run_id)
     assert run is not None and run["deadline_missed_at"] == clock()
     assert run["state"] == "RUNNING"  # a deadline tells; it does not stop the run
     [late] = await log_of(store, run_id, "wait_for_file", "late")
@@ -115,7 +116,7 @@ async def test_deadline_and_expected_by_are_moments_on_the_dags_clock_fired_once
     # A replayed fire (a takeover, a batch written twice) finds its waits gone.
     clock.advance(5)
     await fire(store, waits)
-    run = await store.run_info(run_id)
+    run = await store.views.run_info(run_id)
     assert run is not None and run["deadline_missed_at"] == clock() - 5
     assert len(await log_of(store, run_id, "wait_for_file", "late")) == 1
     assert await run_waits(store) == {}
@@ -126,22 +127,22 @@ async def test_a_fire_after_the_run_or_the_sensor_ended_does_nothing(
 ) -> None:
     clock.set(T0)
     dag = settlements(deadline="06:00")
-    ended = await store.create_run(dag, DAY)
-    sensed = await store.create_run(dag, DAY)
+    ended = await store.runs.create_run(dag, DAY)
+    sensed = await store.runs.create_run(dag, DAY)
     waits = await run_waits(store)
     assert len(waits) == 4
     # One run ends before its deadline: its waits are dropped with it.
-    await store.mark(ended, "wait_for_file", "success", downstream=True)
-    assert (await store.run_info(ended))["state"] == "SUCCESS"  # type: ignore[index]
+    await store.runs.mark(ended, "wait_for_file", "success", downstream=True)
+    assert (await store.views.run_info(ended))["state"] == "SUCCESS"  # type: ignore[index]
     assert await wait_rows(store, ended) == []
     # The other's sensor saw its condition: not late, though its run is still going.
-    await store.mark(sensed, "wait_for_file", "success")
+    await store.runs.mark(sensed, "wait_for_file", "success")
     clock.set(datetime(2026, 11, 20, 7, 0, tzinfo=KOLKATA).timestamp())
     await fire(store, waits)
-    assert (await store.run_info(ended))["deadline_missed_at"] is None  # type: ignore[index]
+    assert (await store.views.run_info(ended))["deadline_missed_at"] is None  # type: ignore[index]
     assert await log_of(store, ended, "wait_for_file", "late") == []
     assert await log_of(store, sensed, "wait_for_file", "late") == []
-    info = await store.run_info(sensed)
+    info = await store.views.run_info(sensed)
     assert info is not None and info["deadline_missed_at"] == clock()
 
 
@@ -160,7 +161,7 @@ async def test_a_scheduled_runs_times_count_from_when_it_became_due(
             NewRun(DAY, scheduled_run_key(iv), interval=iv),
             clock(),
         )
-    run = await store.run_info(started.run_id)
+    run = await store.views.run_info(started.run_id)
     assert run is not None
     # The run of the 20th became due at midnight: it must end by 06:00 on the 21st.
     assert run["deadline_at"] == datetime(2026, 11, 21, 6, 0, tzinfo=KOLKATA).timestamp()
@@ -172,26 +173,26 @@ async def test_dagrun_timeout_cancels_the_run_saying_so_and_starts_when_the_run_
     clock.set(T0)
     dag = DAG("slow", dagrun_timeout="3h")
     dag.task(noop, task_id="crunch")
-    first = (await store.start_run(dag, DAY, max_active=1)).run_id
-    second = await store.start_run(dag, DAY, max_active=1)
+    first = (await store.runs.start_run(dag, DAY, max_active=1)).run_id
+    second = await store.runs.start_run(dag, DAY, max_active=1)
     assert second.state == "QUEUED"
     assert [w["kind"] for w in await wait_rows(store, first)] == ["timeout"]
     assert await wait_rows(store, second.run_id) == []  # its clock starts when it runs
-    [claimed] = await store.claim("w1", 1)
+    [claimed] = await claim(store, "w1", 1)
     assert claimed.run_id == first
 
     clock.advance(3 * 3600 + 1)
     await fire(store, await run_waits(store))
-    run = await store.run_info(first)
+    run = await store.views.run_info(first)
     assert run is not None and run["state"] == "CANCELLED"
     assert run["state_reason"] == "cancelled by dagrun_timeout: the run did not end within 3h"
     assert await states(store, first) == {"crunch": "FAILED"}
     [why] = [m for m in await log_of(store, first, "crunch", "transition") if "timeout" in m]
     assert "dagrun_timeout" in why
     # The attempt's late report changes nothing; the queued run started, its clock too.
-    await store.complete([Succeeded(**attempt_of(claimed), output_json="1")])
+    await complete(store, [Succeeded(**attempt_of(claimed), output_json="1")])
     assert await states(store, first) == {"crunch": "FAILED"}
-    assert (await store.run_info(second.run_id))["state"] == "RUNNING"  # type: ignore[index]
+    assert (await store.views.run_info(second.run_id))["state"] == "RUNNING"  # type: ignore[index]
     [timeout] = await wait_rows(store, second.run_id)
     assert timeout["kind"] == "timeout" and timeout["due_at"] == clock() + 3 * 3600
 
@@ -226,14 +227,14 @@ async def test_fail_fast_stops_the_run_at_its_first_failed_task(
     store: Store, clock: FakeClock
 ) -> None:
     clock.set(T0)
-    run_id = await store.create_run(wide("fail_fast"), DAY)
-    claimed = {r.task_id: r for r in await store.claim("w1", 4)}
+    run_id = await store.runs.create_run(wide("fail_fast"), DAY)
+    claimed = {r.task_id: r for r in await claim(store, "w1", 4)}
     assert sorted(claimed) == ["fails", "long1", "long2", "sensor"]
-    await store.complete([Deferred(**attempt_of(claimed["sensor"]), deferral=deferral(clock()))])
-    await store.complete(
-        [Failed(**attempt_of(claimed["fails"]), message="the bank file is corrupt")]
+    await complete(store, [Deferred(**attempt_of(claimed["sensor"]), deferral=deferral(clock()))])
+    await complete(
+        store, [Failed(**attempt_of(claimed["fails"]), message="the bank file is corrupt")]
     )
-    run = await store.run_info(run_id)
+    run = await store.views.run_info(run_id)
     assert run is not None and run["state"] == "FAILED"
     assert run["state_reason"] == "fail_fast: fails failed"
     assert await states(store, run_id) == {
@@ -245,57 +246,57 @@ async def test_fail_fast_stops_the_run_at_its_first_failed_task(
         "after_long": "SKIPPED",
         "later": "SKIPPED",
     }
-    assert await store.claim("w2", 10) == []  # nothing new starts
+    assert await claim(store, "w2", 10) == []  # nothing new starts
     released = await ops(store).released_waits(0)
     assert [r["task_row"] for r in released] == [claimed["sensor"].id]
     # The stopped attempts' reports change nothing.
-    await store.complete([Succeeded(**attempt_of(claimed["long1"]), output_json="1")])
+    await complete(store, [Succeeded(**attempt_of(claimed["long1"]), output_json="1")])
     assert (await states(store, run_id))["long1"] == "FAILED"
 
 
 async def test_continue_lets_the_other_branches_run(store: Store, clock: FakeClock) -> None:
     clock.set(T0)
-    run_id = await store.create_run(wide("continue"), DAY)
-    claimed = {r.task_id: r for r in await store.claim("w1", 2)}
+    run_id = await store.runs.create_run(wide("continue"), DAY)
+    claimed = {r.task_id: r for r in await claim(store, "w1", 2)}
     assert sorted(claimed) == ["fails", "sensor"]
-    await store.complete([Failed(**attempt_of(claimed["fails"]), message="boom")])
-    assert (await store.run_info(run_id))["state"] == "RUNNING"  # type: ignore[index]
-    assert {r.task_id for r in await store.claim("w1", 10)} == {"long1", "long2", "later"}
+    await complete(store, [Failed(**attempt_of(claimed["fails"]), message="boom")])
+    assert (await store.views.run_info(run_id))["state"] == "RUNNING"  # type: ignore[index]
+    assert {r.task_id for r in await claim(store, "w1", 10)} == {"long1", "long2", "later"}
 
 
 async def test_pause_holds_the_run_until_resumed_then_it_succeeds(
     store: Store, clock: FakeClock
 ) -> None:
     clock.set(T0)
-    run_id = await store.create_run(wide("pause"), DAY)
-    claimed = {r.task_id: r for r in await store.claim("w1", 3)}
+    run_id = await store.runs.create_run(wide("pause"), DAY)
+    claimed = {r.task_id: r for r in await claim(store, "w1", 3)}
     assert sorted(claimed) == ["fails", "long1", "sensor"]
-    await store.complete([Failed(**attempt_of(claimed["fails"]), message="boom")])
-    run = await store.run_info(run_id)
+    await complete(store, [Failed(**attempt_of(claimed["fails"]), message="boom")])
+    run = await store.views.run_info(run_id)
     assert run is not None and run["state"] == "PAUSED"
     assert "fails failed" in run["state_reason"]
-    assert await store.claim("w2", 10) == []  # long2 and later were about to start: held
+    assert await claim(store, "w2", 10) == []  # long2 and later were about to start: held
     # What was running goes on to its end; its children wait for the resume.
-    await store.complete([Succeeded(**attempt_of(claimed["long1"]), output_json="1")])
-    await store.complete([Succeeded(**attempt_of(claimed["sensor"]), output_json="1")])
-    assert await store.claim("w2", 10) == []
+    await complete(store, [Succeeded(**attempt_of(claimed["long1"]), output_json="1")])
+    await complete(store, [Succeeded(**attempt_of(claimed["sensor"]), output_json="1")])
+    assert await claim(store, "w2", 10) == []
     assert (await states(store, run_id))["after_fails"] == "PENDING"  # not upstream-failed
 
     with pytest.raises(ControlError, match="no run 'no-such-run'"):
-        await store.resume("no-such-run")
-    done = await store.resume(run_id, who="alice", reason="bank file fixed")
+        await store.runs.resume("no-such-run")
+    done = await store.runs.resume(run_id, who="alice", reason="bank file fixed")
     assert done.run_state == "RUNNING" and done.tasks == ["fails"]
-    run = await store.run_info(run_id)
+    run = await store.views.run_info(run_id)
     assert run is not None and run["state_reason"] == "resumed by alice: bank file fixed"
-    again = await store.claim("w3", 10)
+    again = await claim(store, "w3", 10)
     assert sorted(r.task_id for r in again) == ["fails", "later", "long2"]
     with pytest.raises(ControlError, match="RUNNING, not PAUSED"):  # twice: refused
-        await store.resume(run_id)
+        await store.runs.resume(run_id)
     pending = list(again)
     while pending:
-        await store.complete([Succeeded(**attempt_of(r), output_json="1") for r in pending])
-        pending = await store.claim("w3", 10)
-    run = await store.run_info(run_id)
+        await complete(store, [Succeeded(**attempt_of(r), output_json="1") for r in pending])
+        pending = await claim(store, "w3", 10)
+    run = await store.views.run_info(run_id)
     assert run is not None and run["state"] == "SUCCESS"
     assert set((await states(store, run_id)).values()) == {"SUCCESS"}
 
@@ -307,12 +308,12 @@ async def test_a_paused_run_resumed_without_retrying_lets_the_failure_flow(
     dag = DAG("chain", on_task_failure="pause")
     dag.task(noop, task_id="a")
     dag.task(noop, task_id="b", parents=["a"])
-    run_id = await store.create_run(dag, DAY)
-    [a] = await store.claim("w1", 1)
-    await store.complete([Failed(**attempt_of(a), message="boom")])
-    assert (await store.run_info(run_id))["state"] == "PAUSED"  # type: ignore[index]
+    run_id = await store.runs.create_run(dag, DAY)
+    [a] = await claim(store, "w1", 1)
+    await complete(store, [Failed(**attempt_of(a), message="boom")])
+    assert (await store.views.run_info(run_id))["state"] == "PAUSED"  # type: ignore[index]
     # The failed task was the last to end: the run stays PAUSED until a person decides.
-    done = await store.resume(run_id, retry_failed=False)
+    done = await store.runs.resume(run_id, retry_failed=False)
     assert done.run_state == "FAILED"
     assert await states(store, run_id) == {"a": "FAILED", "b": "UPSTREAM_FAILED"}
 
@@ -324,17 +325,17 @@ async def test_clearing_a_paused_runs_failed_task_resumes_it(
     dag = DAG("chain", on_task_failure="pause")
     dag.task(noop, task_id="a")
     dag.task(noop, task_id="b", parents=["a"])
-    run_id = await store.create_run(dag, DAY)
-    [a] = await store.claim("w1", 1)
-    await store.complete([Failed(**attempt_of(a), message="boom")])
-    done = await store.clear(run_id, ["a"])
+    run_id = await store.runs.create_run(dag, DAY)
+    [a] = await claim(store, "w1", 1)
+    await complete(store, [Failed(**attempt_of(a), message="boom")])
+    done = await store.runs.clear(run_id, ["a"])
     assert done.run_state == "RUNNING"
-    [again] = await store.claim("w1", 1)
+    [again] = await claim(store, "w1", 1)
     assert again.task_id == "a" and again.attempt == 1
     # Cancelling a paused run is allowed too (a person gives up on it).
-    await store.complete([Failed(**attempt_of(again), message="still broken")])
-    assert (await store.run_info(run_id))["state"] == "PAUSED"  # type: ignore[index]
-    assert (await store.cancel(run_id)).run_state == "CANCELLED"
+    await complete(store, [Failed(**attempt_of(again), message="still broken")])
+    assert (await store.views.run_info(run_id))["state"] == "PAUSED"  # type: ignore[index]
+    assert (await store.runs.cancel(run_id)).run_state == "CANCELLED"
     assert await states(store, run_id) == {"a": "FAILED", "b": "SKIPPED"}
 
 
@@ -348,8 +349,8 @@ async def test_fail_fast_racing_a_worker_claiming_a_task_of_the_run_stops_that_c
     dag.task(noop, task_id="fails", priority=9)
     dag.task(noop, task_id="other")
     dag.task(noop, task_id="third")
-    run_id = await store.create_run(dag, DAY)
-    [fails] = await store.claim("w1", 1)
+    run_id = await store.runs.create_run(dag, DAY)
+    [fails] = await claim(store, "w1", 1)
     other = await open_store(url, clock=clock)
     try:
         async with other.db.write() as tx:  # worker 2 claims, and has not committed yet
@@ -361,7 +362,7 @@ async def test_fail_fast_racing_a_worker_claiming_a_task_of_the_run_stops_that_c
                 message="claimed by w2", owner="w2#0",
             )  # fmt: skip
             failing = asyncio.create_task(
-                store.complete([Failed(**attempt_of(fails), message="boom")])
+                complete(store, [Failed(**attempt_of(fails), message="boom")])
             )
             await asyncio.sleep(0.2)  # the failure waits for this claim's locks (or not yet)
         await failing
@@ -371,8 +372,8 @@ async def test_fail_fast_racing_a_worker_claiming_a_task_of_the_run_stops_that_c
     states_now = await states(store, run_id)
     assert states_now["fails"] == "FAILED" and states_now[row.task_id] == "FAILED"
     assert set(states_now.values()) <= {"FAILED", "SKIPPED"}
-    assert (await store.run_info(run_id))["state"] == "FAILED"  # type: ignore[index]
-    assert await store.claim("w3", 10) == []
+    assert (await store.views.run_info(run_id))["state"] == "FAILED"  # type: ignore[index]
+    assert await claim(store, "w3", 10) == []
 
 
 async def test_moments_already_past_are_not_armed_and_a_reopened_run_arms_what_is_ahead(
@@ -381,15 +382,15 @@ async def test_moments_already_past_are_not_armed_and_a_reopened_run_arms_what_i
     clock.set(T0)
     dag = settlements(deadline="06:00", dagrun_timeout="1h")
     # A run of an earlier day (a backfill, a late run by hand): its moments have passed.
-    old = await store.create_run(dag, date(2026, 11, 1))
+    old = await store.runs.create_run(dag, date(2026, 11, 1))
     assert [w["kind"] for w in await wait_rows(store, old)] == ["timeout"]
     # Today's run ends before its deadline; cleared later, still before 05:30: all armed
     # again, the timeout from the clear.
-    run_id = await store.create_run(dag, DAY)
-    await store.mark(run_id, "wait_for_file", "success", downstream=True)
+    run_id = await store.runs.create_run(dag, DAY)
+    await store.runs.mark(run_id, "wait_for_file", "success", downstream=True)
     assert await wait_rows(store, run_id) == []
     clock.set(datetime(2026, 11, 20, 5, 0, tzinfo=KOLKATA).timestamp())
-    await store.clear(run_id, ["load"])
+    await store.runs.clear(run_id, ["load"])
     kinds = {w["kind"]: w["due_at"] for w in await wait_rows(store, run_id)}
     assert kinds == {
         "late": datetime(2026, 11, 20, 5, 30, tzinfo=KOLKATA).timestamp(),

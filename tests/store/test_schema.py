@@ -13,8 +13,8 @@ from support.helpers import sql
 
 import schema
 from executor import DAG
+from executor.driver.sqlite import _statements
 from executor.store import SchemaTooNew, open_store
-from executor.store.sqlite import _statements
 
 REAL = schema.migrations("sqlite")
 
@@ -82,10 +82,10 @@ async def test_older_database_is_migrated(db_path: Path, db_url: str, monkeypatc
 
     store = await open_store(db_url)
     try:
-        assert (await store.run_info("old:run") or {})["state"] == "SUCCESS"
+        assert (await store.views.run_info("old:run") or {})["state"] == "SUCCESS"
         dag = DAG("after_upgrade")
         dag.task(lambda ctx: None, task_id="t")
-        run_id = await store.create_run(dag, date(2026, 1, 1))  # the new schema works
+        run_id = await store.runs.create_run(dag, date(2026, 1, 1))  # the new schema works
     finally:
         await store.close()
     assert versions(db_path) == [(m.version, m.name) for m in (*REAL, extra)]

@@ -17,17 +17,20 @@ from typing import Any
 
 import pytest
 from support import backends
+from support.exchanging import claim, complete, run_counts
 from support.helpers import FakeClock, async_wait_until, attempt_of, ops, raw_sql, run_to_end
 from support.pg import create_schema, drop_schema, with_params
 
 from executor import DAG
+from executor.driver.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
 from executor.outcomes import Deferred, Failed, Outcome, Succeeded
 from executor.rows import MovedTask
+from executor.schedules import Schedule
 from executor.sensing import deferral
 from executor.store import SchemaTooNew, Store, open_store
 from executor.store.catalogue import DeclaredDag, UnknownDag
-from executor.store.db import TASKS_CHANNEL, TRIGGERS_CHANNEL, Row
-from executor.store.jobs import _record
+from executor.store.recording import record_outcomes
+from executor.store.viewrows import DeferredRow
 from triggerer.store import Fire, TriggererBatch
 from triggerer.waitref import pack
 from triggers.base import SHARDS
@@ -109,39 +112,41 @@ def etl_dag() -> DAG:
 
 
 async def test_create_run_makes_roots_claimable_once(store: Store, clock: FakeClock) -> None:
-    run_id = await store.create_run(etl_dag(), DAY)
-    claimed = await store.claim("w1", 10)
+    run_id = await store.runs.create_run(etl_dag(), DAY)
+    claimed = await claim(store, "w1", 10)
     assert ids(claimed) == ["extract"]
     row = claimed[0]
     assert (row.state, row.owner, row.started_at) == ("RUNNING", "w1", clock.now)
-    assert await store.claim("w2", 10) == []
-    assert await store.run_counts(run_id) == {"RUNNING": 1, "PENDING": 3}
+    assert await claim(store, "w2", 10) == []
+    assert await run_counts(store, run_id) == {"RUNNING": 1, "PENDING": 3}
     assert await transitions(store, row.id) == [("PENDING", "RUNNING")]
 
 
 async def test_exchange_records_success_and_claims_the_children(store: Store) -> None:
-    run_id = await store.create_run(etl_dag(), DAY)
-    [extract] = await store.claim("w1", 10)
-    children = await store.exchange([outcome(extract, output={"n": 3})], "w1#1", 10)
+    run_id = await store.runs.create_run(etl_dag(), DAY)
+    [extract] = await claim(store, "w1", 10)
+    children = await store.exchange.exchange([outcome(extract, output={"n": 3})], "w1#1", 10)
     assert ids(children) == ["transform_a", "transform_b"]
     assert all(r.owner == "w1#1" for r in children)
-    assert await store.parent_outputs(children[0]) == {"extract": {"n": 3}}
+    assert await store.exchange.parent_outputs(children[0]) == {"extract": {"n": 3}}
     # The claim read them too, in its own transaction (no second read before the attempt).
     assert [r.inputs for r in children] == [{"extract": {"n": 3}}] * 2
-    [load] = await store.exchange([outcome(r, output=r.task_id) for r in children], "w2", 10)
+    [load] = await store.exchange.exchange(
+        [outcome(r, output=r.task_id) for r in children], "w2", 10
+    )
     assert load.task_id == "load"
     both = {"transform_a": "transform_a", "transform_b": "transform_b"}
-    assert await store.parent_outputs(load) == load.inputs == both
-    await store.complete([outcome(load)])
-    info = await store.run_info(run_id)
+    assert await store.exchange.parent_outputs(load) == load.inputs == both
+    await complete(store, [outcome(load)])
+    info = await store.views.run_info(run_id)
     assert info is not None and info["state"] == "SUCCESS" and info["tasks_unfinished"] == 0
-    assert await store.run_counts(run_id) == {"SUCCESS": 4}
+    assert await run_counts(store, run_id) == {"SUCCESS": 4}
     assert await transitions(store, load.id) == [
         ("PENDING", "RUNNING"),
         ("RUNNING", "SUCCESS"),
     ]
-    [(run, counts)] = await store.list_runs()
-    assert run["run_id"] == run_id and counts == {"SUCCESS": 4}
+    [(run, counts)] = await store.views.recent_runs(20)
+    assert run.run_id == run_id and counts == {"SUCCESS": 4}
 
 
 async def test_a_failure_retries_after_its_delay_then_fails_the_run(
@@ -150,20 +155,20 @@ async def test_a_failure_retries_after_its_delay_then_fails_the_run(
     dag = DAG("flaky")
     dag.task(noop, task_id="flaky", retries=1)
     dag.task(noop, task_id="after", parents=["flaky"])
-    run_id = await store.create_run(dag, DAY)
-    [row] = await store.claim("w", 5)
-    await store.complete([failure(row, "boom", retry_delay=30.0)])
+    run_id = await store.runs.create_run(dag, DAY)
+    [row] = await claim(store, "w", 5)
+    await complete(store, [failure(row, "boom", retry_delay=30.0)])
     retrying = await row_of(store, run_id, "flaky")
     assert (retrying["state"], retrying["attempt"]) == ("RETRYING", 2)
     assert retrying["ready_at"] == pytest.approx(clock.now + 30.0)
-    assert await store.claim("w", 5) == []  # not due yet
+    assert await claim(store, "w", 5) == []  # not due yet
     clock.advance(31)
-    [again] = await store.claim("w", 5)
+    [again] = await claim(store, "w", 5)
     assert (again.task_id, again.state, again.attempt) == ("flaky", "RUNNING", 2)
-    await store.complete([failure(again, "boom again")])
+    await complete(store, [failure(again, "boom again")])
     assert await state_of(store, run_id, "flaky") == "FAILED"
     assert await state_of(store, run_id, "after") == "UPSTREAM_FAILED"
-    info = await store.run_info(run_id)
+    info = await store.views.run_info(run_id)
     assert info is not None and info["state"] == "FAILED"
     assert await transitions(store, again.id) == [
         ("PENDING", "RUNNING"),
@@ -174,11 +179,11 @@ async def test_a_failure_retries_after_its_delay_then_fails_the_run(
 
 
 async def test_a_stale_report_changes_nothing(store: Store) -> None:
-    run_id = await store.create_run(etl_dag(), DAY)
-    [row] = await store.claim("w1", 5)
+    run_id = await store.runs.create_run(etl_dag(), DAY)
+    [row] = await claim(store, "w1", 5)
     stale = outcome(row)
     stale.owner = "someone-else"
-    await store.complete([stale])
+    await complete(store, [stale])
     assert await state_of(store, run_id, "extract") == "RUNNING"
 
 
@@ -188,15 +193,15 @@ async def test_the_branch_not_taken_is_skipped(store: Store) -> None:
     dag.task(noop, task_id="left", parents=["choose"])
     dag.task(noop, task_id="right", parents=["choose"])
     dag.task(noop, task_id="after_right", parents=["right"])
-    run_id = await store.create_run(dag, DAY)
-    [choose] = await store.claim("w", 5)
+    run_id = await store.runs.create_run(dag, DAY)
+    [choose] = await claim(store, "w", 5)
     chosen = outcome(choose, output="left", skip_children=["right"])
-    [left] = await store.exchange([chosen], "w", 5)
+    [left] = await store.exchange.exchange([chosen], "w", 5)
     assert left.task_id == "left"
     assert await state_of(store, run_id, "right") == "SKIPPED"
     assert await state_of(store, run_id, "after_right") == "SKIPPED"
-    await store.complete([outcome(left)])
-    info = await store.run_info(run_id)
+    await complete(store, [outcome(left)])
+    info = await store.views.run_info(run_id)
     assert info is not None and info["state"] == "SUCCESS"
 
 
@@ -205,9 +210,9 @@ async def test_a_fan_out_expands_runs_and_fans_in_in_index_order(store: Store) -
     dag.task(noop, task_id="source")
     dag.task(noop, task_id="each", expand="source", retries=2)
     dag.task(noop, task_id="total", parents=["each"])
-    run_id = await store.create_run(dag, DAY)
-    [source] = await store.claim("w", 10)
-    instances = await store.exchange([outcome(source, output=[10, 20, 30])], "w", 10)
+    run_id = await store.runs.create_run(dag, DAY)
+    [source] = await claim(store, "w", 10)
+    instances = await store.exchange.exchange([outcome(source, output=[10, 20, 30])], "w", 10)
     assert sorted((r.map_index, json.loads(str(r.item))) for r in instances) == [
         (0, 10),
         (1, 20),
@@ -217,22 +222,22 @@ async def test_a_fan_out_expands_runs_and_fans_in_in_index_order(store: Store) -
     assert await state_of(store, run_id, "each") == "RUNNING"  # the template
     # finish them out of order; the fan-in sees them in index order
     done = [outcome(r, output=json.loads(str(r.item)) * 2) for r in reversed(instances)]
-    [total] = await store.exchange(done, "w", 10)
+    [total] = await store.exchange.exchange(done, "w", 10)
     assert total.task_id == "total"
-    assert await store.parent_outputs(total) == total.inputs == {"each": [20, 40, 60]}
+    assert await store.exchange.parent_outputs(total) == total.inputs == {"each": [20, 40, 60]}
     assert await state_of(store, run_id, "each") == "SUCCESS"
-    assert await store.mapped_counts(run_id) == {"each": {"SUCCESS": 3}}
-    await store.complete([outcome(total)])
-    assert await store.run_counts(run_id) == {"SUCCESS": 5}
+    assert await store.views.mapped_counts(run_id) == {"each": {"SUCCESS": 3}}
+    await complete(store, [outcome(total)])
+    assert await run_counts(store, run_id) == {"SUCCESS": 5}
 
 
 async def test_an_empty_fan_out_skips_the_mapped_task(store: Store) -> None:
     dag = DAG("empty")
     dag.task(noop, task_id="source")
     dag.task(noop, task_id="each", expand="source")
-    run_id = await store.create_run(dag, DAY)
-    [source] = await store.claim("w", 10)
-    assert await store.exchange([outcome(source, output=[])], "w", 10) == []
+    run_id = await store.runs.create_run(dag, DAY)
+    [source] = await claim(store, "w", 10)
+    assert await store.exchange.exchange([outcome(source, output=[])], "w", 10) == []
     assert await state_of(store, run_id, "each") == "SKIPPED"
 
 
@@ -255,18 +260,16 @@ async def test_run_progress_reads_one_runs_counts_mapped_tasks_waits_and_retries
     dag.task(noop, task_id="each", expand="source", retries=1)
     dag.task(noop, task_id="wait")
     dag.task(noop, task_id="after", parents=["each", "wait"])
-    run_id = await store.create_run(dag, DAY, run_id="this")
-    other = await store.create_run(dag, DAY, run_id="other")
-    p = await store.run_progress(run_id)
+    run_id = await store.runs.create_run(dag, DAY, run_id="this")
+    other = await store.runs.create_run(dag, DAY, run_id="other")
+    p = await store.views.run_progress(run_id)
     assert p is not None and p.counts == {"PENDING": 4}
-    assert [(m["task_id"], m["expand_from"], m["map_total"]) for m in p.mapped] == [
-        ("each", "source", None)
-    ]
-    rows = {(r.run_id, r.task_id): r for r in await store.claim("w", 10)}
+    assert [(m.task_id, m.expand_from, m.map_total) for m in p.mapped] == [("each", "source", None)]
+    rows = {(r.run_id, r.task_id): r for r in await claim(store, "w", 10)}
     flag = str(tmp_path / "ready.flag")
-    await store.complete([deferred(rows["other", "wait"], flag, clock.now)])
+    await complete(store, [deferred(rows["other", "wait"], flag, clock.now)])
     started = clock.now
-    instances = await store.exchange(
+    instances = await store.exchange.exchange(
         [
             outcome(rows["this", "source"], output=[1, 2, 3]),
             deferred(rows["this", "wait"], flag, started),
@@ -276,35 +279,35 @@ async def test_run_progress_reads_one_runs_counts_mapped_tasks_waits_and_retries
     )
     ours = sorted((r for r in instances if r.run_id == run_id), key=lambda r: r.map_index)
     clock.advance(5)
-    await store.complete(
-        [outcome(ours[0]), failure(ours[1], "boom\nsecond line", retry_delay=30.0)]
+    await complete(
+        store, [outcome(ours[0]), failure(ours[1], "boom\nsecond line", retry_delay=30.0)]
     )
 
-    p = await store.run_progress(run_id)
-    assert p is not None and p.run["run_id"] == run_id and p.now == clock.now
+    p = await store.views.run_progress(run_id)
+    assert p is not None and p.run.run_id == run_id and p.now == clock.now
     assert p.counts == {"SUCCESS": 2, "DEFERRED": 1, "RETRYING": 1, "RUNNING": 1, "PENDING": 1}
     [each] = p.mapped
-    assert (each["task_id"], each["map_total"], each["n_done"], each["n_failed"]) == (
+    assert (each.task_id, each.map_total, each.n_done, each.n_failed) == (
         "each",
         3,
         1,
         0,
     )
     [wait] = p.waits  # not the other run's
-    assert (wait["task_id"], wait["state"], wait["wait_started_at"]) == (
+    assert (wait.task_id, wait.state, wait.wait_started_at) == (
         "wait",
         "DEFERRED",
         started,
     )
-    assert wait["description"] == FileTrigger(path=flag).describe()
-    assert wait["last_message"] is None
+    assert isinstance(wait, DeferredRow)  # a DEFERRED wait has no last check
+    assert wait.description == FileTrigger(path=flag).describe()
     [retrying] = p.retrying
-    assert (retrying["task_id"], retrying["map_index"], retrying["attempt"]) == ("each", 1, 2)
-    assert retrying["retrying_since"] == clock.now
-    assert retrying["ready_at"] == pytest.approx(clock.now + 30.0)
-    assert retrying["last_error"] == "attempt 1 of 2 failed: boom\nsecond line; retrying in 30.0 s"
-    assert (await store.run_progress(run_id, n=0)).waits == []  # type: ignore[union-attr]
-    assert await store.run_progress("nope") is None
+    assert (retrying.task_id, retrying.map_index, retrying.attempt) == ("each", 1, 2)
+    assert retrying.retrying_since == clock.now
+    assert retrying.ready_at == pytest.approx(clock.now + 30.0)
+    assert retrying.last_error == "attempt 1 of 2 failed: boom\nsecond line; retrying in 30.0 s"
+    assert (await store.views.run_progress(run_id, n=0)).waits == []  # type: ignore[union-attr]
+    assert await store.views.run_progress("nope") is None
     assert other != run_id
 
 
@@ -313,14 +316,14 @@ async def test_a_late_event_does_not_wake_a_task_now_waiting_on_another_trigger(
 ) -> None:
     """A hand-over can deliver an event twice; by then the task may have resumed and
     deferred again, on a new trigger. The late copy must change nothing."""
-    run_id = await store.create_run(sensor_dag(tmp_path), DAY)
-    submit = {r.task_id: r for r in await store.claim("w", 10)}["submit"]
-    await store.complete([deferred(submit, str(tmp_path / "one"), clock.now, method="check")])
+    run_id = await store.runs.create_run(sensor_dag(tmp_path), DAY)
+    submit = {r.task_id: r for r in await claim(store, "w", 10)}["submit"]
+    await complete(store, [deferred(submit, str(tmp_path / "one"), clock.now, method="check")])
     (first,) = [w for w in await ops(store).load_triggers(ALL_SHARDS) if wait_key(w) == submit.id]
     old = Fire({submit.id: first["trigger_id"]}, json.dumps(1), "fired: one")
     await ops(store).triggerer_commit(TriggererBatch(fires=[old]))
-    again = {r.task_id: r for r in await store.claim("w2", 10)}["submit"]
-    await store.complete([deferred(again, str(tmp_path / "two"), clock.now, method="check")])
+    again = {r.task_id: r for r in await claim(store, "w2", 10)}["submit"]
+    await complete(store, [deferred(again, str(tmp_path / "two"), clock.now, method="check")])
     await ops(store).triggerer_commit(TriggererBatch(fires=[old], failures=[(old.waits, "late")]))
     row = await row_of(store, run_id, "submit")
     assert row["state"] == "DEFERRED" and row["trigger_id"] != first["trigger_id"]
@@ -329,16 +332,17 @@ async def test_a_late_event_does_not_wake_a_task_now_waiting_on_another_trigger(
 async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
-    run_id = await store.create_run(sensor_dag(tmp_path), DAY)
-    rows = {r.task_id: r for r in await store.claim("w", 10)}
+    run_id = await store.runs.create_run(sensor_dag(tmp_path), DAY)
+    rows = {r.task_id: r for r in await claim(store, "w", 10)}
     assert sorted(rows) == ["submit", "wait"]
-    await store.complete(
+    await complete(
+        store,
         [
             deferred(rows["wait"], str(tmp_path / "in.csv"), clock.now),
             deferred(rows["submit"], str(tmp_path / "done.flag"), clock.now, method="check"),
-        ]
+        ],
     )
-    assert await store.run_counts(run_id) == {"DEFERRED": 2, "PENDING": 1}
+    assert await run_counts(store, run_id) == {"DEFERRED": 2, "PENDING": 1}
     waits = await ops(store).load_triggers(ALL_SHARDS)
     by_row = {wait_key(w): w for w in waits}
     assert set(by_row) == {rows["wait"].id, rows["submit"].id}
@@ -365,12 +369,12 @@ async def test_defer_then_fire_finishes_a_sensor_and_resumes_a_task(
         ("RUNNING", "DEFERRED"),
         ("DEFERRED", "SUCCESS"),
     ]
-    claimed = {r.task_id: r for r in await store.claim("w2", 10)}
+    claimed = {r.task_id: r for r in await claim(store, "w2", 10)}
     assert sorted(claimed) == ["after", "submit"]
     resumed = claimed["submit"]
     assert resumed.next_method == "check" and json.loads(str(resumed.event)) == {"flag": True}
     assert resumed.attempt == 1  # a deferral is not a new attempt
-    assert await store.parent_outputs(claimed["after"]) == {"wait": {"paths": ["in.csv"]}}
+    assert await store.exchange.parent_outputs(claimed["after"]) == {"wait": {"paths": ["in.csv"]}}
     assert await ops(store).delete_orphan_triggers(ALL_SHARDS) == 2
 
 
@@ -384,8 +388,8 @@ async def test_a_batch_of_deferrals_gives_each_row_its_own_wait(
     dag = DAG("deferrals")
     for i in range(5):
         dag.task(noop, task_id=f"t{i}")
-    run_id = await store.create_run(dag, DAY)
-    rows = {r.task_id: r for r in await store.claim("w", 10)}
+    run_id = await store.runs.create_run(dag, DAY)
+    rows = {r.task_id: r for r in await claim(store, "w", 10)}
     started = clock.now
     clock.advance(2)
     shared = str(tmp_path / "shared")  # equal waits: one poke hash, still two trigger rows
@@ -399,7 +403,7 @@ async def test_a_batch_of_deferrals_gives_each_row_its_own_wait(
     stale = deferred(rows["t4"], str(tmp_path / "four"), clock.now)
     assert isinstance(stale, Deferred)
     stale.owner = "someone else"
-    await store.complete([*batch, stale])
+    await complete(store, [*batch, stale])
 
     got = {t: await row_of(store, run_id, t) for t in rows}
     assert {t: r["state"] for t, r in got.items()} == {
@@ -437,9 +441,9 @@ async def test_a_flush_of_many_fires_settles_a_fan_in_once(
         dag.sensor(f"s{i:02d}", FileTrigger(path=str(tmp_path / f"f{i % 4}")))
     dag.task(noop, task_id="resumes")
     dag.task(noop, task_id="after", parents=[f"s{i:02d}" for i in range(12)])
-    run_id = await store.create_run(dag, DAY)
-    rows = {r.task_id: r for r in await store.claim("w", 20)}
-    await store.complete(
+    run_id = await store.runs.create_run(dag, DAY)
+    rows = {r.task_id: r for r in await claim(store, "w", 20)}
+    await complete(store,
         [deferred(r, str(tmp_path / f"f{int(t[1:]) % 4}"), clock.now) for t, r in rows.items()
          if t.startswith("s")]
         + [deferred(rows["resumes"], str(tmp_path / "r"), clock.now, method="again")]
@@ -459,21 +463,22 @@ async def test_a_flush_of_many_fires_settles_a_fan_in_once(
             assert row["state"] == "PENDING" and json.loads(row["event"]) == {"n": t}
         else:
             assert row["state"] == "SUCCESS" and json.loads(row["output"]) == {"n": t}
-        events = await store.task_log(run_id, t)
+        events = await store.views.task_log(run_id, t)
         assert events is not None and f"fired: {t}" in [e["message"] for e in events]
     after = await row_of(store, run_id, "after")
     assert (after["n_done"], after["n_success"], after["n_parents"]) == (12, 12, 12)
-    assert ids(await store.claim("w2", 10)) == ["after", "resumes"]
+    assert ids(await claim(store, "w2", 10)) == ["after", "resumes"]
 
 
 async def test_expired_waits_fail_or_skip(store: Store, clock: FakeClock, tmp_path: Path) -> None:
-    hard = await store.create_run(sensor_dag(tmp_path), DAY, run_id="hard")
-    soft = await store.create_run(sensor_dag(tmp_path, soft_fail=True), DAY, run_id="soft")
-    rows = await store.claim("w", 10)
+    hard = await store.runs.create_run(sensor_dag(tmp_path), DAY, run_id="hard")
+    soft = await store.runs.create_run(sensor_dag(tmp_path, soft_fail=True), DAY, run_id="soft")
+    rows = await claim(store, "w", 10)
     sensors = [r for r in rows if r.task_id == "wait"]
     path = str(tmp_path / "never")
-    await store.complete(
-        [deferred(r, path, clock.now, timeout=5.0, soft_fail=r.run_id == soft) for r in sensors]
+    await complete(
+        store,
+        [deferred(r, path, clock.now, timeout=5.0, soft_fail=r.run_id == soft) for r in sensors],
     )
     assert await ops(store).expire_waits(ALL_SHARDS) == []
     clock.advance(6)
@@ -495,11 +500,13 @@ async def test_a_trigger_committed_after_a_newer_one_is_still_loaded(
     dag = DAG("two")
     dag.sensor("a", FileTrigger(path=str(tmp_path / "a")))
     dag.sensor("b", FileTrigger(path=str(tmp_path / "b")))
-    await store.create_run(dag, DAY)
-    rows = {r.task_id: r for r in await store.claim("w", 10)}
+    await store.runs.create_run(dag, DAY)
+    rows = {r.task_id: r for r in await claim(store, "w", 10)}
     async with store.db.write() as slow:
-        await _record(slow, [deferred(rows["a"], str(tmp_path / "a"), clock.now)], clock.now)
-        await store.complete([deferred(rows["b"], str(tmp_path / "b"), clock.now)])
+        await record_outcomes(
+            slow, [deferred(rows["a"], str(tmp_path / "a"), clock.now)], clock.now
+        )
+        await complete(store, [deferred(rows["b"], str(tmp_path / "b"), clock.now)])
         first = await ops(store).load_triggers(ALL_SHARDS)
         assert [wait_key(w) for w in first] == [rows["b"].id]
     cursor = first[0]["trigger_id"]
@@ -521,13 +528,13 @@ async def test_lease_shards_share_fairly_and_take_over_a_dead_triggerer(
     assert len(t1) == SHARDS // 2
     t2 = await ops(store).lease_shards("t2", 10, 10)
     assert len(t2) == SHARDS // 2 and not t1 & t2
-    assert {r["id"]: r["shards"] for r in await store.list_triggerers()} == {"t1": 32, "t2": 32}
+    assert {r.id: r.shards for r in await store.views.list_triggerers()} == {"t1": 32, "t2": 32}
     clock.advance(5)
     assert await ops(store).lease_shards("t2", 10, 10) == t2  # renewed, t1 still live
     clock.advance(6)  # t1 silent for 11 s: its leases (10 s) expired
     assert len(await ops(store).lease_shards("t2", 10, 10)) == SHARDS
     await ops(store).triggerer_leave("t2")
-    assert [r["id"] for r in await store.list_triggerers()] == ["t1"]
+    assert [r.id for r in await store.views.list_triggerers()] == ["t1"]
     assert len(await ops(store).lease_shards("t3", 10, 10)) == SHARDS  # t2 gave them back
 
 
@@ -554,26 +561,46 @@ async def test_a_dead_triggerers_shards_go_to_a_survivor_even_when_a_newcomer_co
 # ------------------------------------------------------------------------- catalogue
 
 
+def stored(spec: str, timezone: str = "UTC") -> str:
+    """A schedule as the catalogue stores it (what a parse of the DAG file would give)."""
+    return Schedule.parse(spec, timezone=timezone).to_json()
+
+
+def text(stored: str | None) -> str | None:
+    """The schedule a catalogue row holds, as its DAG wrote it."""
+    return None if stored is None else Schedule.from_json(stored).text
+
+
 async def test_catalogue_records_dags_and_broken_files(store: Store, clock: FakeClock) -> None:
-    await store.record_parse(
-        "/dags/etl.py", 100.5, [DeclaredDag("etl"), DeclaredDag("etl_hourly", "@hourly")], None
+    await store.catalogue.record_parse(
+        "/dags/etl.py",
+        100.5,
+        [DeclaredDag("etl"), DeclaredDag("etl_hourly", stored("@hourly"))],
+        None,
     )
-    await store.record_parse("/dags/broken.py", 7.25, [], "cannot import: SyntaxError (line 1)")
-    assert await store.catalogue_files() == {"/dags/broken.py": 7.25, "/dags/etl.py": 100.5}
-    dags = await store.catalogue_dags()
-    assert [(d["dag_id"], d["file"], d["schedule"], d["timezone"], d["paused"]) for d in dags] == [
+    await store.catalogue.record_parse(
+        "/dags/broken.py", 7.25, [], "cannot import: SyntaxError (line 1)"
+    )
+    assert await store.catalogue.catalogue_files() == {
+        "/dags/broken.py": 7.25,
+        "/dags/etl.py": 100.5,
+    }
+    dags = await store.catalogue.catalogue_dags()
+    assert [
+        (d["dag_id"], d["file"], text(d["schedule"]), d["timezone"], d["paused"]) for d in dags
+    ] == [
         ("etl", "/dags/etl.py", None, "UTC", 0),
         ("etl_hourly", "/dags/etl.py", "@hourly", "UTC", 0),
     ]
     assert all(d["file_mtime"] == 100.5 and d["parsed_at"] == clock.now for d in dags)
     assert all(d["next_logical_date"] is None and d["parse_error"] is None for d in dags)
-    [broken] = await store.broken_files()
+    [broken] = await store.catalogue.broken_files()
     assert (broken["path"], broken["mtime"]) == ("/dags/broken.py", 7.25)
     assert broken["parse_error"] == "cannot import: SyntaxError (line 1)"
 
     # Last run state: the newest run of each DAG.
-    await store.create_run(etl_dag(), DAY, run_id="etl-1")
-    assert {d["dag_id"]: d["last_run_state"] for d in await store.catalogue_dags()} == {
+    await store.runs.create_run(etl_dag(), DAY, run_id="etl-1")
+    assert {d["dag_id"]: d["last_run_state"] for d in await store.catalogue.catalogue_dags()} == {
         "etl": "RUNNING",
         "etl_hourly": None,
     }
@@ -582,49 +609,60 @@ async def test_catalogue_records_dags_and_broken_files(store: Store, clock: Fake
 async def test_catalogue_reparse_keeps_paused_and_drops_what_a_file_no_longer_declares(
     store: Store,
 ) -> None:
-    await store.record_parse("/dags/a.py", 1.0, [DeclaredDag("one"), DeclaredDag("two")], None)
-    await store.set_paused("one", True)
+    await store.catalogue.record_parse(
+        "/dags/a.py", 1.0, [DeclaredDag("one"), DeclaredDag("two")], None
+    )
+    await store.catalogue.set_paused("one", True)
     # Broken: its DAGs stay, paused kept, with the error.
-    await store.record_parse("/dags/a.py", 2.0, [], "cannot import: boom")
-    rows = {d["dag_id"]: d for d in await store.catalogue_dags()}
+    await store.catalogue.record_parse("/dags/a.py", 2.0, [], "cannot import: boom")
+    rows = {d["dag_id"]: d for d in await store.catalogue.catalogue_dags()}
     assert rows["one"]["paused"] == 1 and rows["one"]["parse_error"] == "cannot import: boom"
     # Fixed, and now declaring only "one" with a schedule: "two" goes, "one" keeps its pause.
-    await store.record_parse(
+    await store.catalogue.record_parse(
         "/dags/a.py",
         3.0,
-        [DeclaredDag("one", "@daily", "Europe/Paris", "2026-05-03T22:00:00+00:00")],
+        [
+            DeclaredDag(
+                "one", stored("@daily", "Europe/Paris"), "Europe/Paris", "2026-05-03T22:00:00+00:00"
+            )
+        ],
         None,
     )
-    [one] = await store.catalogue_dags()
-    assert (one["dag_id"], one["paused"], one["schedule"], one["timezone"]) == (
+    [one] = await store.catalogue.catalogue_dags()
+    assert (one["dag_id"], one["paused"], text(one["schedule"]), one["timezone"]) == (
         "one",
         1,
         "@daily",
         "Europe/Paris",
     )
     assert one["next_logical_date"] == "2026-05-03T22:00:00+00:00"
-    assert one["parse_error"] is None and await store.broken_files() == []
-    await store.set_paused("one", False)
-    assert (await store.catalogue_dags())[0]["paused"] == 0
+    assert one["parse_error"] is None and await store.catalogue.broken_files() == []
+    await store.catalogue.set_paused("one", False)
+    assert (await store.catalogue.catalogue_dags())[0]["paused"] == 0
     with pytest.raises(UnknownDag, match="no DAG 'nope'"):
-        await store.set_paused("nope", True)
+        await store.catalogue.set_paused("nope", True)
 
 
 async def test_catalogue_refuses_a_dag_id_held_by_another_file_and_forgets_files(
     store: Store,
 ) -> None:
-    await store.record_parse("/dags/a.py", 1.0, [DeclaredDag("shared")], None)
-    error = await store.record_parse("/dags/b.py", 1.0, [DeclaredDag("shared")], None)
+    await store.catalogue.record_parse("/dags/a.py", 1.0, [DeclaredDag("shared")], None)
+    error = await store.catalogue.record_parse("/dags/b.py", 1.0, [DeclaredDag("shared")], None)
     assert error == "DAG 'shared' is already defined in /dags/a.py"
     # Parsed again on the next scan: its mtime is not recorded.
-    assert await store.catalogue_files() == {"/dags/a.py": 1.0, "/dags/b.py": None}
-    assert [d["file"] for d in await store.catalogue_dags()] == ["/dags/a.py"]
+    assert await store.catalogue.catalogue_files() == {"/dags/a.py": 1.0, "/dags/b.py": None}
+    assert [d["file"] for d in await store.catalogue.catalogue_dags()] == ["/dags/a.py"]
 
-    await store.forget_files(["/dags/a.py"])
-    assert await store.record_parse("/dags/b.py", 1.0, [DeclaredDag("shared")], None) is None
-    assert [d["file"] for d in await store.catalogue_dags()] == ["/dags/b.py"]
-    await store.forget_files(["/dags/b.py"])
-    assert await store.catalogue_dags() == [] and await store.catalogue_files() == {}
+    await store.catalogue.forget_files(["/dags/a.py"])
+    assert (
+        await store.catalogue.record_parse("/dags/b.py", 1.0, [DeclaredDag("shared")], None) is None
+    )
+    assert [d["file"] for d in await store.catalogue.catalogue_dags()] == ["/dags/b.py"]
+    await store.catalogue.forget_files(["/dags/b.py"])
+    assert (
+        await store.catalogue.catalogue_dags() == []
+        and await store.catalogue.catalogue_files() == {}
+    )
 
 
 async def test_the_dags_page_reads_each_dags_newest_runs_and_the_broken_files(
@@ -632,50 +670,59 @@ async def test_the_dags_page_reads_each_dags_newest_runs_and_the_broken_files(
 ) -> None:
     nightly = DAG("nightly")
     nightly.task(noop, task_id="work")
-    await store.record_parse(
+    await store.catalogue.record_parse(
         "/dags/nightly.py",
         1.0,
-        [DeclaredDag("nightly", "0 6 * * *", "Europe/Paris", "2026-05-03T04:00:00+00:00")],
+        [
+            DeclaredDag(
+                "nightly",
+                stored("0 6 * * *", "Europe/Paris"),
+                "Europe/Paris",
+                "2026-05-03T04:00:00+00:00",
+            )
+        ],
         None,
     )
-    await store.record_parse("/dags/idle.py", 1.0, [DeclaredDag("idle")], None)
-    await store.record_parse("/dags/broken.py", 2.0, [], "cannot import: SyntaxError (line 1)")
+    await store.catalogue.record_parse("/dags/idle.py", 1.0, [DeclaredDag("idle")], None)
+    await store.catalogue.record_parse(
+        "/dags/broken.py", 2.0, [], "cannot import: SyntaxError (line 1)"
+    )
     # 27 runs of nightly, a second apart: the first ends SUCCESS, the second FAILED.
     for day in range(27):
         clock.advance(1)
-        await store.create_run(nightly, DAY + timedelta(days=day), run_id=f"nightly-{day:02d}")
+        await store.runs.create_run(nightly, DAY + timedelta(days=day), run_id=f"nightly-{day:02d}")
         if day < 2:
-            [row] = await store.claim("w", 5)
-            await store.complete([outcome(row) if day == 0 else failure(row, "boom")])
+            [row] = await claim(store, "w", 5)
+            await complete(store, [outcome(row) if day == 0 else failure(row, "boom")])
     # A run of a DAG the catalogue does not hold is on no row.
-    await store.create_run(etl_dag(), DAY, run_id="etl-1")
+    await store.runs.create_run(etl_dag(), DAY, run_id="etl-1")
 
-    page = await store.dags_page()
-    assert [d["dag_id"] for d in page.dags] == ["idle", "nightly"]
-    assert page.dags[1]["schedule"] == "0 6 * * *" and page.dags[1]["last_run_state"] == "RUNNING"
+    page = await store.views.dags_page()
+    assert [d.dag_id for d in page.dags] == ["idle", "nightly"]
+    assert text(page.dags[1].schedule) == "0 6 * * *" and page.dags[1].last_run_state == "RUNNING"
     assert set(page.runs) == {"nightly"}  # idle never ran; etl is not catalogued
     shown = page.runs["nightly"]
     # The newest 25, oldest first: the two that ended are older than those.
-    assert [r["run_id"] for r in shown] == [f"nightly-{d:02d}" for d in range(2, 27)]
-    assert {r["state"] for r in shown} == {"RUNNING"}
-    assert shown[-1]["logical_date"] == (DAY + timedelta(days=26)).isoformat()
-    every = await store.dags_page(runs_per_dag=27)
-    assert [r["state"] for r in every.runs["nightly"][:3]] == ["SUCCESS", "FAILED", "RUNNING"]
+    assert [r.run_id for r in shown] == [f"nightly-{d:02d}" for d in range(2, 27)]
+    assert {r.state for r in shown} == {"RUNNING"}
+    assert shown[-1].logical_date == (DAY + timedelta(days=26)).isoformat()
+    every = await store.views.dags_page(runs_per_dag=27)
+    assert [r.state for r in every.runs["nightly"][:3]] == ["SUCCESS", "FAILED", "RUNNING"]
     [broken] = page.broken_files
-    assert (broken["path"], broken["parse_error"]) == (
+    assert (broken.path, broken.parse_error) == (
         "/dags/broken.py",
         "cannot import: SyntaxError (line 1)",
     )
 
     # Squares go by logical date: a run of an old date (a backfill) lands on the left.
-    await store.create_run(nightly, DAY - timedelta(days=1), run_id="backfilled")
-    assert (await store.dags_page(runs_per_dag=28)).runs["nightly"][0]["run_id"] == "backfilled"
+    await store.runs.create_run(nightly, DAY - timedelta(days=1), run_id="backfilled")
+    assert (await store.views.dags_page(runs_per_dag=28)).runs["nightly"][0].run_id == "backfilled"
     # Runs of one date created in the same instant are ordered by run_id, on both backends.
     clock.advance(1)
     for run_id in ("same-b", "same-a"):
-        await store.create_run(nightly, DAY + timedelta(days=26), run_id=run_id)
-    tail = (await store.dags_page(runs_per_dag=3)).runs["nightly"]
-    assert [r["run_id"] for r in tail] == ["nightly-26", "same-a", "same-b"]
+        await store.runs.create_run(nightly, DAY + timedelta(days=26), run_id=run_id)
+    tail = (await store.views.dags_page(runs_per_dag=3)).runs["nightly"]
+    assert [r.run_id for r in tail] == ["nightly-26", "same-a", "same-b"]
 
 
 # ------------------------------------------------------------------------------ misc
@@ -685,22 +732,22 @@ async def test_reap_takes_back_the_tasks_of_a_silent_worker(store: Store, clock:
     dag = DAG("reap")
     dag.task(noop, task_id="retried", retries=1)
     dag.task(noop, task_id="failed")
-    run_id = await store.create_run(dag, DAY)
-    rows = await store.claim("dead-worker", 10)
-    assert len(await store.heartbeat("dead-worker", [r.id for r in rows])) == 2
+    run_id = await store.runs.create_run(dag, DAY)
+    rows = await claim(store, "dead-worker", 10)
+    assert len(await store.exchange.heartbeat("dead-worker", [r.id for r in rows])) == 2
     clock.advance(5)
-    assert await store.reap(30) == 0
+    assert await store.exchange.reap(30) == 0
     clock.advance(30)
-    assert await store.reap(30) == 2
+    assert await store.exchange.reap(30) == 2
     assert await state_of(store, run_id, "retried") == "RETRYING"
     assert await state_of(store, run_id, "failed") == "FAILED"
 
 
 async def test_external_states_answers_many_questions_at_once(store: Store) -> None:
-    run_id = await store.create_run(etl_dag(), DAY)
-    [extract] = await store.claim("w", 10)
-    await store.complete([outcome(extract)])
-    answers = await store.external_states(
+    run_id = await store.runs.create_run(etl_dag(), DAY)
+    [extract] = await claim(store, "w", 10)
+    await complete(store, [outcome(extract)])
+    answers = await store.views.external_states(
         [
             {"dag_id": "etl", "logical_date": DAY.isoformat(), "task_id": None},
             {"dag_id": "etl", "logical_date": DAY.isoformat(), "task_id": "extract"},
@@ -722,13 +769,13 @@ async def test_concurrent_claimers_never_claim_a_row_twice(
     dag = DAG("wide")
     for i in range(300):
         dag.task(noop, task_id=f"t{i:03d}")
-    await store.create_run(dag, DAY)
+    await store.runs.create_run(dag, DAY)
     others = [await open_store(url, clock=clock) for _ in range(3)]
     try:
 
         async def drain(s: Store, name: str) -> list[int]:
             got: list[int] = []
-            while rows := await s.claim(name, 7):
+            while rows := await claim(s, name, 7):
                 got += [r.id for r in rows]
             return got
 
@@ -757,7 +804,7 @@ async def test_an_in_process_worker_runs_a_dag_to_the_end(url: str) -> None:
 
     store = await open_store(url)
     try:
-        run_id = await store.create_run(dag, DAY)
+        run_id = await store.runs.create_run(dag, DAY)
         info = await run_to_end(store, run_id, dags={"e2e": dag}, slots=4)
         assert info["state"] == "SUCCESS"
         assert json.loads((await row_of(store, run_id, "total"))["output"]) == sum(
@@ -806,7 +853,7 @@ async def test_wait_wakes_on_new_work_on_postgresql_and_sleeps_on_sqlite(url: st
         waiting = asyncio.create_task(listener.db.wait(TASKS_CHANNEL, 10))
         await parked(waiting, listener.db, TASKS_CHANNEL)
         began = time.monotonic()
-        run_id = await writer.create_run(etl_dag(), DAY)  # a root becomes claimable
+        run_id = await writer.runs.create_run(etl_dag(), DAY)  # a root becomes claimable
         assert await waiting is True
         assert time.monotonic() - began < 1.0
 
@@ -814,10 +861,10 @@ async def test_wait_wakes_on_new_work_on_postgresql_and_sleeps_on_sqlite(url: st
         # claimable), and the later ones may arrive after the first woke us: drain them.
         while await listener.db.wait(TASKS_CHANNEL, 0.3):
             pass
-        [extract] = await writer.claim("w", 1)
+        [extract] = await claim(writer, "w", 1)
         assert await listener.db.wait(TASKS_CHANNEL, 0.3) is False  # claiming wakes nobody
         # a notification that arrives between two waits is not lost
-        await writer.complete([deferred(extract, "/nonexistent/x", writer.clock())])
+        await complete(writer, [deferred(extract, "/nonexistent/x", writer.clock())])
         # NOTIFY reaches the listening connection some time after the commit: wait until it
         # has been received while nobody waits on the channel, then a wait returns at once.
         channel_flag = listener.db._channels[TRIGGERS_CHANNEL]  # type: ignore[attr-defined]
@@ -839,12 +886,12 @@ async def test_two_schemas_of_one_database_do_not_wake_each_other(pg_server: str
             await db.wait(TASKS_CHANNEL, 0.01)  # starts listening (may say True once)
         waiting = asyncio.create_task(quiet.db.wait(TASKS_CHANNEL, 30))
         await parked(waiting, quiet.db, TASKS_CHANNEL)
-        await other_writer.create_run(etl_dag(), DAY)  # claimable rows in the other schema
+        await other_writer.runs.create_run(etl_dag(), DAY)  # claimable rows in the other schema
         assert await other_listener.db.wait(TASKS_CHANNEL, 30) is True
         # Its own listener heard it; the other schema's waiter goes on sleeping.
         done, _ = await asyncio.wait({waiting}, timeout=1.0)
         assert not done, "a write in another schema woke this schema's wait"
-        await quiet.create_run(etl_dag(), DAY)
+        await quiet.runs.create_run(etl_dag(), DAY)
         assert await waiting is True
     finally:
         for store in (quiet, other_listener, other_writer):
@@ -903,14 +950,14 @@ async def test_postgresql_recovers_when_the_server_drops_its_connections(
         assert await listener.db.wait(TASKS_CHANNEL, 5.0) is True
         for attempt in range(3):  # the pool hands out a dead connection at most once each
             try:
-                await writer.run_counts("none")
+                await run_counts(writer, "none")
                 break
             except Exception:  # the callers (worker, triggerer) retry on any error too
                 assert attempt < 2
         await listener.db.wait(TASKS_CHANNEL, 0.01)  # listening again (may say True once)
         waiting = asyncio.create_task(listener.db.wait(TASKS_CHANNEL, 10))
         await parked(waiting, listener.db, TASKS_CHANNEL)
-        await writer.create_run(etl_dag(), DAY)
+        await writer.runs.create_run(etl_dag(), DAY)
         assert await waiting is True
     finally:
         await admin.close()
@@ -946,4 +993,4 @@ async def test_a_cancelled_sqlite_transaction_ends_before_the_cancellation_goes_
     with pytest.raises(asyncio.CancelledError):
         await call
     assert ended  # it had ended (committed) when the cancellation came out
-    assert await store.other_workers("me") == ["w"]
+    assert await store.exchange.other_workers("me") == ["w"]

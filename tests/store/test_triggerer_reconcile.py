@@ -69,7 +69,7 @@ async def deferred_waits(store: Store, dag_id: str, n: int = WAITS) -> str:
     dag = DAG(dag_id)
     for i in range(n):
         dag.sensor(f"s{i}", FlagTrigger(name=f"{dag_id}{i}", poke_interval=60), mode="deferrable")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
 
         async def all_deferred() -> bool:

@@ -13,7 +13,10 @@ async def catalogue_file(store: Store, path: Path) -> None:
     """Parse ``path`` in a child process and record what it declares (arming its starts)."""
     parsed = await parse_file(str(path))
     assert parsed.error is None, parsed.error
-    assert await store.record_parse(str(path), path.stat().st_mtime, parsed.dags, None) is None
+    assert (
+        await store.catalogue.record_parse(str(path), path.stat().st_mtime, parsed.dags, None)
+        is None
+    )
 
 
 async def all_runs(store: Store) -> list[dict]:

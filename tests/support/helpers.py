@@ -207,11 +207,11 @@ async def run_to_end(store: Store, run_id: str, timeout: float = 30.0, **worker_
     worker = Worker(store, **worker_kw)
 
     async def ended() -> bool:
-        info = await store.run_info(run_id)
+        info = await store.views.run_info(run_id)
         return info is not None and info["state"] in RUN_TERMINAL
 
     await asyncio.wait_for(worker.run(until=ended), timeout)
-    info = await store.run_info(run_id)
+    info = await store.views.run_info(run_id)
     assert info is not None
     return dict(info)
 

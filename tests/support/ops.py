@@ -114,7 +114,7 @@ def write_ops_dag(directory: Path) -> tuple[Path, Path]:
 
 async def create_ops_run(store: Store, dag_path: Path) -> str:
     dag = load_dag(str(dag_path), None)
-    return await store.create_run(dag, DAY, dag_file=str(dag_path))
+    return await store.runs.create_run(dag, DAY, dag_file=str(dag_path))
 
 
 async def settle_ops_run(store: Store, dag_path: Path, timeout: float = 30.0) -> str:
@@ -124,7 +124,7 @@ async def settle_ops_run(store: Store, dag_path: Path, timeout: float = 30.0) ->
     worker = Worker(store, dags={dag.dag_id: dag}, poll_interval=0.02, slots=4)
 
     async def settled() -> bool:
-        states = {t["task_id"]: t["state"] for t in await store.run_tasks(run_id)}
+        states = {t["task_id"]: t["state"] for t in await store.views.run_tasks(run_id)}
         return states == SETTLED
 
     await asyncio.wait_for(worker.run(until=settled), timeout)

@@ -569,9 +569,9 @@ async def run_dag(
     from executor.worker import Worker
     from triggerer.service import Triggerer, TriggererConfig
 
-    run_id = await store.create_run(dag, logical_date, run_id=run_id)
+    run_id = await store.runs.create_run(dag, logical_date, run_id=run_id)
     config = TriggererConfig(lease_every=0.5, sync_every=0.1, timeouts_every=0.2, flush_every=0.02)
-    triggerer = Triggerer(store, config=config)
+    triggerer = Triggerer(store.views, config=config)
     worker = Worker(
         store,
         slots=slots,
@@ -581,7 +581,7 @@ async def run_dag(
     )
 
     async def ended() -> bool:
-        info = await store.run_info(run_id)
+        info = await store.views.run_info(run_id)
         return info is not None and info["state"] != "RUNNING"
 
     sidecar = asyncio.create_task(triggerer.run())
@@ -596,7 +596,7 @@ async def run_dag(
             await asyncio.gather(side, return_exceptions=True)
         triggerer.stop()
         await _stopped(sidecar)
-    info = await store.run_info(run_id)
+    info = await store.views.run_info(run_id)
     return run_id, dict(info)
 
 
@@ -625,14 +625,14 @@ async def _stopped(sidecar: asyncio.Task[None], grace: float = 15.0) -> None:
 async def task_log(store: Any, run_id: str, task_id: str) -> str:
     """Every line of a task's log (transitions and check lines), one string."""
     lines = []
-    for e in await store.task_log(run_id, task_id) or []:
+    for e in await store.views.task_log(run_id, task_id) or []:
         lines.append(f"{e['kind']} {e['from_state']}->{e['to_state']} {e['message']}")
     return "\n".join(lines)
 
 
 async def all_events_text(store: Any, run_id: str) -> str:
     out = []
-    for t in await store.run_tasks(run_id):
+    for t in await store.views.run_tasks(run_id):
         out.append(await task_log(store, run_id, t["task_id"]))
     return "\n".join(out)
 

@@ -91,7 +91,7 @@ def slot_intervals(db_path: Path | str, row_id: int) -> list[dict]:
 
 async def log_text(store: Store, run_id: str, task_id: str, map_index: int = -1) -> str:
     """A task's whole log (transitions, log lines, checks, errors), one event per line."""
-    events = await store.task_log(run_id, task_id, map_index)
+    events = await store.views.task_log(run_id, task_id, map_index)
     assert events is not None, f"no task {task_id} in {run_id}"
     return "\n".join(f"[{e['kind']}] {e['message']}" for e in events)
 
@@ -152,7 +152,7 @@ class Harness:
 
     async def start_triggerer(self, **config: Any) -> Triggerer:
         assert self.triggerer is None
-        self.triggerer = Triggerer(self.store, config=fast_config(**config))
+        self.triggerer = Triggerer(self.store.views, config=fast_config(**config))
         self.tasks.append(asyncio.create_task(self.triggerer.run()))
         if self.worker is not None:
             self.worker._on_defer = self.triggerer.poke
@@ -189,7 +189,7 @@ async def serving(
     config: dict[str, Any] | None = None,
 ) -> AsyncIterator[Harness]:
     """An in-process worker (knowing ``dags``) and triggerer on ``store``, until exit."""
-    trig = Triggerer(store, config=fast_config(**(config or {}))) if triggerer else None
+    trig = Triggerer(store.views, config=fast_config(**(config or {}))) if triggerer else None
     work = (
         Worker(
             store,

@@ -74,7 +74,7 @@ async def test_a_branch_follows_its_choice_and_skips_what_can_no_longer_run(
 ) -> None:
     ran: list[str] = []
     dag = routed_dag(choice, ran)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=4)
     states = task_states(db_path, run_id)
     for t in taken:
@@ -114,7 +114,7 @@ async def test_a_branch_may_choose_several_children(store: Store, db_path) -> No
     def join(ctx):
         return sorted(k for k, v in ctx.inputs.items() if v is not None)
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     await run_to_end(store, run_id, dags={dag.dag_id: dag})
     assert task_states(db_path, run_id) == {
         "pick": "SUCCESS",
@@ -137,7 +137,7 @@ async def test_a_branch_choosing_nothing_skips_every_child(store: Store, db_path
     dag.task(lambda ctx: 1, task_id="a", parents=[pick])
     dag.task(lambda ctx: 1, task_id="b", parents=[pick])
     dag.task(lambda ctx: 1, task_id="join", parents=["a", "b"], trigger_rule="any_of")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag})
     assert task_states(db_path, run_id) == {
         "pick": "SUCCESS",
@@ -162,7 +162,7 @@ async def test_joins_after_a_chosen_branch_that_failed(store: Store, db_path) ->
     dag.task(lambda ctx: 1, task_id="other", parents=[pick])
     for rule in ("none_failed_min_one_success", "any_of", "all_done", "one_failed"):
         dag.task(lambda ctx: 1, task_id=f"join_{rule}", parents=["bad", "other"], trigger_rule=rule)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag})
     states = task_states(db_path, run_id)
     assert (states["bad"], states["other"]) == ("FAILED", "SKIPPED")
@@ -200,7 +200,7 @@ async def test_a_bad_choice_fails_the_branch_naming_it_and_the_run_goes_on(
     dag.task(lambda ctx: 1, task_id="right", parents=[pick])
     dag.task(lambda ctx: 1, task_id="elsewhere")
     dag.task(lambda ctx: 1, task_id="on_failure", parents=[pick], trigger_rule="one_failed")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag})
     assert task_states(db_path, run_id) == {
         "pick": "FAILED",
@@ -224,7 +224,7 @@ async def test_a_bad_choice_is_retried_like_any_failure(store: Store, db_path) -
 
     dag.task(lambda ctx: 1, task_id="left", parents=[pick])
     dag.task(lambda ctx: 1, task_id="right", parents=[pick])
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag})
     assert task_states(db_path, run_id) == {
         "pick": "SUCCESS",
@@ -262,7 +262,7 @@ async def test_a_branch_into_a_fan_out(store: Store, db_path) -> None:
     def merge(ctx):
         return ctx.inputs
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag})
     assert info["state"] == "SUCCESS"
     states = task_states(db_path, run_id)

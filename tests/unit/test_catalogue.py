@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -71,11 +71,11 @@ def bump_mtime(path: Path) -> None:
 
 
 async def dag_ids(store: Store) -> list[str]:
-    return [d["dag_id"] for d in await store.catalogue_dags()]
+    return [d["dag_id"] for d in await store.catalogue.catalogue_dags()]
 
 
 async def errors(store: Store) -> dict[str, str]:
-    return {Path(b["path"]).name: b["parse_error"] for b in await store.broken_files()}
+    return {Path(b["path"]).name: b["parse_error"] for b in await store.catalogue.broken_files()}
 
 
 async def test_broken_files_are_listed_with_their_error_and_the_good_one_is_catalogued(
@@ -94,7 +94,7 @@ async def test_broken_files_are_listed_with_their_error_and_the_good_one_is_cata
     assert isinstance(result, ScanResult)
     assert len(result.parsed) == 5
     assert await dag_ids(store) == ["good"]
-    [row] = await store.catalogue_dags()
+    [row] = await store.catalogue.catalogue_dags()
     assert row["file"] == str(good.resolve())
     assert (row["paused"], row["schedule"], row["timezone"]) == (0, None, "UTC")
     assert row["parse_error"] is None and row["last_run_state"] is None
@@ -143,12 +143,12 @@ async def test_a_file_that_breaks_keeps_its_dag_and_pause_until_it_is_fixed(
     marker = tmp_path / "imports.log"
     good = good_file(folder, marker)
     await scan(store, folder, timeout=LIMIT)
-    await store.set_paused("good", True)
+    await store.catalogue.set_paused("good", True)
 
     good.write_text("raise RuntimeError('half-saved')\n")
     bump_mtime(good)
     await scan(store, folder, timeout=LIMIT)
-    [row] = await store.catalogue_dags()
+    [row] = await store.catalogue.catalogue_dags()
     assert row["paused"] == 1
     assert "RuntimeError: half-saved" in row["parse_error"]
     assert "RuntimeError: half-saved" in (await errors(store))["good.py"]
@@ -156,7 +156,7 @@ async def test_a_file_that_breaks_keeps_its_dag_and_pause_until_it_is_fixed(
     good_file(folder, marker)
     bump_mtime(good)
     await scan(store, folder, timeout=LIMIT)
-    [row] = await store.catalogue_dags()
+    [row] = await store.catalogue.catalogue_dags()
     assert (row["paused"], row["parse_error"]) == (1, None)
     assert await errors(store) == {}
 
@@ -180,7 +180,7 @@ async def test_a_removed_file_leaves_the_catalogue(
     assert result.removed == sorted(str(p) for p in (good, broken, linked))
     assert await dag_ids(store) == []
     assert await errors(store) == {}
-    assert await store.catalogue_files() == {}
+    assert await store.catalogue.catalogue_files() == {}
 
 
 async def test_a_dag_id_defined_twice_stays_with_the_first_file_until_it_lets_go(
@@ -190,14 +190,14 @@ async def test_a_dag_id_defined_twice_stays_with_the_first_file_until_it_lets_go
     await scan(store, folder, timeout=LIMIT)
     good_file(folder, tmp_path / "b.log", name="b.py")  # a copy: the same dag_id
     await scan(store, folder, timeout=LIMIT)
-    [row] = await store.catalogue_dags()
+    [row] = await store.catalogue.catalogue_dags()
     assert row["file"] == str(first.resolve())
     assert "already defined in" in (await errors(store))["b.py"]
 
     # a.py lets the id go: b.py, refused before, is parsed again and takes it.
     first.unlink()
     await scan(store, folder, timeout=LIMIT)
-    [row] = await store.catalogue_dags()
+    [row] = await store.catalogue.catalogue_dags()
     assert Path(row["file"]).name == "b.py"
     assert await errors(store) == {}
 
@@ -257,13 +257,25 @@ async def test_a_scheduled_dag_is_stored_with_its_schedule_zone_and_next_logical
     before = datetime.now(UTC)
     await scan(store, folder, timeout=10)
     after = datetime.now(UTC)
-    rows = {d["dag_id"]: d for d in await store.catalogue_dags()}
-    assert {k: (r["schedule"], r["timezone"]) for k, r in rows.items()} == {
+    rows = {d["dag_id"]: d for d in await store.catalogue.catalogue_dags()}
+    stored = {
+        k: None if r["schedule"] is None else Schedule.from_json(r["schedule"])
+        for k, r in rows.items()
+    }
+    assert {k: (s and s.text, rows[k]["timezone"]) for k, s in stored.items()} == {
         "daily": ("0 6 * * *", "Europe/Paris"),
         "catching_up": ("PT1H", "UTC"),
         "bounded": ("@daily", "UTC"),
         "by_hand": (None, "UTC"),
     }
+    # The whole schedule is stored: its zone, dates and catchup come back as declared.
+    assert stored["daily"] == Schedule.parse("0 6 * * *", timezone="Europe/Paris")
+    assert stored["catching_up"] == Schedule.parse(
+        timedelta(hours=1), start_date=datetime(2026, 1, 1), catchup=True
+    )
+    assert stored["bounded"] == Schedule.parse(
+        "@daily", start_date=datetime(2026, 1, 1), end_date=datetime(2026, 1, 2)
+    )
     # catchup=False: the latest complete interval as of the parse.
     daily = Schedule.parse("0 6 * * *", timezone="Europe/Paris")
     expected = {daily.latest_complete(t).logical_date for t in (before, after)}  # type: ignore[union-attr]

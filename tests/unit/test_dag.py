@@ -145,16 +145,6 @@ def test_parents_given_as_specs_or_ids() -> None:
     assert c.trigger_rule is TriggerRule.ALL_SUCCESS
 
 
-def test_topological_levels_of_a_diamond() -> None:
-    dag = dag_of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"], "e": []})
-    dag.validate()
-    assert [sorted(level) for level in dag.topological_levels()] == [
-        ["a", "e"],
-        ["b", "c"],
-        ["d"],
-    ]
-
-
 def test_a_long_chain_validates_without_recursion() -> None:
     n = 10_000
     parents = {f"t{i}": ([f"t{i - 1}"] if i else []) for i in range(n)}
@@ -208,25 +198,16 @@ def test_validate_finds_exactly_the_cyclic_graphs(parents: dict[str, list[str]])
         assert len(set(path[:-1])) == len(path) - 1, "a simple cycle visits each task once"
     else:
         dag.validate()
-        levels = dag.topological_levels()
-        flat = [t for level in levels for t in level]
-        assert sorted(flat) == sorted(parents)
-        depth = {t: i for i, level in enumerate(levels) for t in level}
-        for child, ps in parents.items():
-            for p in ps:
-                assert depth[p] < depth[child]
-            # each task sits right after its deepest parent: levels are as early as possible
-            assert depth[child] == (max(depth[p] for p in ps) + 1 if ps else 0)
 
 
 async def test_invalid_dag_writes_nothing(store: Store, db_path) -> None:
     """Validation runs before any row is written: a bad DAG leaves the store empty."""
     dag = dag_of({"a": ["c"], "b": ["a"], "c": ["b"]}, dag_id="bad")
     with pytest.raises(DagError, match="cycle"):
-        await store.create_run(dag, date(2026, 1, 1))
+        await store.runs.create_run(dag, date(2026, 1, 1))
     dag2 = dag_of({"a": ["nope"]}, dag_id="bad2")
     with pytest.raises(DagError, match="unknown parent"):
-        await store.create_run(dag2, date(2026, 1, 1))
+        await store.runs.create_run(dag2, date(2026, 1, 1))
     for table in ("dag_run", "task", "edge", "task_event"):
         assert sql(db_path, f"SELECT count(*) AS n FROM {table}")[0]["n"] == 0
 
@@ -236,14 +217,14 @@ async def test_a_parent_named_twice_is_one_edge(store: Store, db_path) -> None:
     a = dag.task(noop, task_id="a")
     b = dag.task(noop, task_id="b", parents=[a, "a"])
     assert b.parents == ["a"]
-    run_id = await store.create_run(dag, date(2026, 1, 1))
+    run_id = await store.runs.create_run(dag, date(2026, 1, 1))
     (row,) = sql(db_path, "SELECT n_parents FROM task WHERE run_id = ? AND task_id = 'b'", run_id)
     assert row["n_parents"] == 1
 
 
 async def test_create_run_makes_only_roots_claimable(store: Store, db_path) -> None:
     dag = dag_of({"a": [], "b": ["a"], "c": ["a", "b"], "d": []})
-    run_id = await store.create_run(dag, date(2026, 1, 1))
+    run_id = await store.runs.create_run(dag, date(2026, 1, 1))
     rows = {r["task_id"]: r for r in sql(db_path, "SELECT * FROM task WHERE run_id = ?", run_id)}
     assert {t for t, r in rows.items() if r["ready_at"] is not None} == {"a", "d"}
     assert {t: r["n_parents"] for t, r in rows.items()} == {"a": 0, "b": 1, "c": 2, "d": 0}

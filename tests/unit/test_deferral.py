@@ -9,6 +9,7 @@ from datetime import date
 from pathlib import Path
 
 import pytest
+from support.exchanging import claim, complete
 from support.helpers import async_wait_until, sql
 from support.triggers import (
     UnlistedTrigger,
@@ -24,7 +25,7 @@ from support.triggers import (
 from executor import DAG
 from executor.outcomes import Deferred, Outcome
 from executor.sensing import deferral
-from executor.store import jobs
+from executor.store import recording
 from triggers.files import FileTrigger
 
 DAY = date(2026, 4, 25)
@@ -55,7 +56,7 @@ def submit_and_wait_dag(inbox: Path, dag_id: str = "submit") -> DAG:
 
 async def test_defer_writes_deferred_and_the_trigger_row(store, db_path, tmp_path) -> None:
     dag = submit_and_wait_dag(tmp_path)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED"
@@ -81,7 +82,7 @@ async def test_defer_writes_deferred_and_the_trigger_row(store, db_path, tmp_pat
 
 
 async def _claimed_deferral(store, dag, run_id, tmp_path) -> tuple[dict, Outcome]:
-    (row,) = await store.claim("owner-a", 1)
+    (row,) = await claim(store, "owner-a", 1)
     d = deferral(
         file_trigger(tmp_path / "x"),
         method="finish",
@@ -100,22 +101,22 @@ async def test_deferred_state_and_trigger_row_commit_together(
     store, db_path, tmp_path, monkeypatch
 ) -> None:
     dag = submit_and_wait_dag(tmp_path)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     _, outcome = await _claimed_deferral(store, dag, run_id, tmp_path)
 
     async def crash(*args, **kwargs):
         raise RuntimeError("crash between the trigger row and the state change")
 
-    monkeypatch.setattr(jobs, "transition", crash)
+    monkeypatch.setattr(recording, "transition", crash)
     with pytest.raises(RuntimeError, match="crash between"):
-        await store.complete([outcome])
+        await complete(store, [outcome])
     # Rolled back as one: no trigger row without a DEFERRED task, nor the other way round.
     assert sql(db_path, "SELECT * FROM trigger") == []
     assert task_row(db_path, run_id, "job")["trigger_id"] is None
     assert state_of(db_path, run_id, "job") == "RUNNING"
 
     monkeypatch.undo()
-    await store.complete([outcome])
+    await complete(store, [outcome])
     assert state_of(db_path, run_id, "job") == "DEFERRED"
     (trig,) = sql(db_path, "SELECT * FROM trigger")
     assert task_row(db_path, run_id, "job")["trigger_id"] == trig["id"]
@@ -123,17 +124,17 @@ async def test_deferred_state_and_trigger_row_commit_together(
 
 async def test_a_stale_deferral_writes_no_trigger_row(store, db_path, tmp_path) -> None:
     dag = submit_and_wait_dag(tmp_path)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     _, outcome = await _claimed_deferral(store, dag, run_id, tmp_path)
     outcome.owner = "someone-else"  # e.g. the attempt was reaped and claimed again
-    await store.complete([outcome])
+    await complete(store, [outcome])
     assert state_of(db_path, run_id, "job") == "RUNNING"
     assert sql(db_path, "SELECT * FROM trigger") == []
 
 
 async def test_resume_at_the_named_method_with_the_event(store, db_path, tmp_path) -> None:
     dag = submit_and_wait_dag(tmp_path)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED"
@@ -170,7 +171,7 @@ async def test_default_resume_calls_the_task_again_with_the_event(store, db_path
             ctx.defer(file_trigger(flag))
         return {"woken_by": ctx.event}
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     flag.write_text("")  # already there: fires at the first check
     async with serving(store, dag):
         await async_wait_until(
@@ -197,7 +198,7 @@ async def test_the_slot_is_free_while_deferred(store, db_path, tmp_path) -> None
     def other(ctx):
         return "ran while waiter was deferred"
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, slots=1):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "other") == "SUCCESS", what="other"
@@ -243,7 +244,7 @@ async def test_a_task_defers_several_times(store, db_path, tmp_path) -> None:
             )
         return {"steps": n, "seen": seen}
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     trigger_ids = []
     async with serving(store, dag):
         for n in (1, 2, 3):
@@ -282,7 +283,7 @@ async def test_a_task_defers_several_times(store, db_path, tmp_path) -> None:
 async def test_defer_from_a_process_isolated_slot(store, db_path, tmp_path) -> None:
     dag = submit_and_wait_dag(tmp_path, "isolated")
     (tmp_path / "job-7.done").write_text("")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, isolation="process"):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS"
@@ -304,7 +305,7 @@ async def test_a_missing_method_fails_at_once_with_a_clear_message(
     def finish(ctx):
         return 1
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", what="FAILED")
     row = task_row(db_path, run_id, "job")
@@ -319,7 +320,7 @@ async def test_a_method_gone_at_resume_time_fails_with_a_clear_message(
     store, db_path, tmp_path
 ) -> None:
     dag = submit_and_wait_dag(tmp_path, "gone")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "job") == "DEFERRED", what="DEFERRED"
@@ -350,7 +351,7 @@ async def test_a_deferral_that_cannot_be_stored_fails_the_task(
     def job(ctx):
         ctx.defer(trigger, kwargs=kwargs)
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", what="FAILED")
     text = await log_text(store, run_id, "job")
@@ -376,7 +377,7 @@ async def test_a_retry_after_a_resume_starts_the_task_over(store, db_path, tmp_p
             raise RuntimeError("lost the job's result")
         return ctx.event
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "job") == "SUCCESS", what="SUCCESS"

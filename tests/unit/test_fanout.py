@@ -19,6 +19,7 @@ from datetime import date
 from typing import Any
 
 import pytest
+from support.exchanging import claim, complete
 from support.helpers import attempt_of, events, run_to_end, sql, task_states
 
 from executor import DAG
@@ -93,7 +94,7 @@ def fan_dag(n: int, *, map_cap: int | None = None, fan_in_rule: str = "all_succe
 
 
 async def claim_one(store: Store, task_id: str) -> MovedTask:
-    rows = await store.claim("w", 10)
+    rows = await claim(store, "w", 10)
     assert [r.task_id for r in rows] == [task_id], rows
     return rows[0]
 
@@ -131,7 +132,7 @@ async def test_instances_see_item_index_total_and_the_fan_in_gets_outputs_in_ind
     def merge(ctx):
         return ctx.inputs["render"]
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=8)
     assert info["state"] == "SUCCESS"
 
@@ -177,7 +178,7 @@ async def test_each_instance_has_its_own_attempts(store: Store, db_path) -> None
     def joined(ctx):
         return "".join(ctx.inputs["work"])
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=4)
     assert info["state"] == "SUCCESS"
     # instance 2 ran three times; none of the others ran again
@@ -214,7 +215,7 @@ async def test_a_failed_instance_fails_the_mapped_task_and_downstream_follows_it
     def alert(ctx):
         return "paged"
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=4)
     assert task_states(db_path, run_id) == {
         "items": "SUCCESS",
@@ -256,7 +257,7 @@ async def test_mapping_over_a_mapped_task_takes_its_outputs_in_order(store: Stor
     def total(ctx):
         return ctx.inputs["square"]
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=4)
     assert info["state"] == "SUCCESS"
     assert [json.loads(r["item"]) for r in instances(db_path, run_id, "square")] == [2, 3, 1]
@@ -268,12 +269,12 @@ async def test_mapping_over_a_mapped_task_takes_its_outputs_in_order(store: Stor
 
 async def test_replaying_the_upstream_success_creates_no_duplicate(store: Store, db_path) -> None:
     dag = fan_dag(5)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     source = await claim_one(store, "source")
     done = ok(source, list(range(5)))
-    await store.complete([done])
-    await store.complete([done])  # the same report again: a retried flush, a replayed hook
-    await store.complete([done, done])
+    await complete(store, [done])
+    await complete(store, [done])  # the same report again: a retried flush, a replayed hook
+    await complete(store, [done, done])
     rows = instances(db_path, run_id, "each")
     assert [r["map_index"] for r in rows] == [0, 1, 2, 3, 4]
     tpl = template(db_path, run_id, "each")
@@ -288,20 +289,20 @@ async def test_replaying_the_upstream_success_creates_no_duplicate(store: Store,
 
 async def test_replaying_an_instance_success_counts_it_once(store: Store, db_path) -> None:
     dag = fan_dag(3)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     source = await claim_one(store, "source")
-    first = await store.exchange([ok(source, [7, 8, 9])], "w", 1)
+    first = await store.exchange.exchange([ok(source, [7, 8, 9])], "w", 1)
     assert [(r.task_id, r.map_index) for r in first] == [("each", 0)]
     report = ok(first[0], 7)
     for _ in range(3):
-        await store.complete([report])
+        await complete(store, [report])
     tpl = template(db_path, run_id, "each")
     assert (tpl["n_done"], tpl["n_success"], tpl["state"]) == (1, 1, "RUNNING")
-    rest = await store.claim("w", 10)
+    rest = await claim(store, "w", 10)
     assert sorted(r.map_index for r in rest) == [1, 2]
-    total = await store.exchange([ok(r, json.loads(str(r.item))) for r in rest], "w", 10)
+    total = await store.exchange.exchange([ok(r, json.loads(str(r.item))) for r in rest], "w", 10)
     assert [r.task_id for r in total] == ["total"]
-    assert await store.parent_outputs(total[0]) == {"each": [7, 8, 9]}
+    assert await store.exchange.parent_outputs(total[0]) == {"each": [7, 8, 9]}
 
 
 # --------------------------------------------------------------------------------- the cap
@@ -332,7 +333,7 @@ async def test_past_its_cap_the_upstream_fails_with_count_and_cap_and_the_run_go
     def unrelated(ctx):
         return "fine"
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=2)
     assert task_states(db_path, run_id) == {
         "source": "FAILED",
@@ -356,7 +357,7 @@ async def test_the_deployment_cap_comes_from_slotless_max_map(
 ) -> None:
     monkeypatch.setenv("SLOTLESS_MAX_MAP", "3")
     over = fan_dag(4)
-    run_id = await store.create_run(over, DAY)
+    run_id = await store.runs.create_run(over, DAY)
     await run_to_end(store, run_id, dags={over.dag_id: over})
     assert task_states(db_path, run_id)["source"] == "FAILED"
     assert any(
@@ -366,14 +367,14 @@ async def test_the_deployment_cap_comes_from_slotless_max_map(
     assert instances(db_path, run_id, "each") == []
 
     at_cap = fan_dag(3)
-    run_id = await store.create_run(at_cap, DAY)
+    run_id = await store.runs.create_run(at_cap, DAY)
     info = await run_to_end(store, run_id, dags={at_cap.dag_id: at_cap})
     assert info["state"] == "SUCCESS"
     assert len(instances(db_path, run_id, "each")) == 3
 
     # a per-task cap overrides the deployment's, in both directions
     wider = fan_dag(5, map_cap=5)
-    run_id = await store.create_run(wider, DAY)
+    run_id = await store.runs.create_run(wider, DAY)
     assert (await run_to_end(store, run_id, dags={wider.dag_id: wider}))["state"] == "SUCCESS"
 
 
@@ -394,7 +395,7 @@ async def test_the_store_enforces_the_cap_when_the_worker_cannot(store: Store, d
     def again(ctx):
         raise AssertionError("must not run")
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     await run_to_end(store, run_id, dags={dag.dag_id: dag})
     states = task_states(db_path, run_id)
     assert (states["upper"], states["again"]) == ("SUCCESS", "FAILED")
@@ -429,7 +430,7 @@ async def test_mapping_over_something_that_is_not_a_list_fails_the_upstream(
     def goes_on(ctx):
         return "ran"
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     await run_to_end(store, run_id, dags={dag.dag_id: dag})
     assert task_states(db_path, run_id) == {
         "source": "FAILED",
@@ -471,7 +472,7 @@ async def test_an_empty_list_skips_the_mapped_task_and_downstream_follows_its_ru
     def needs_one(ctx):
         raise AssertionError("no parent succeeded")
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag})
     assert task_states(db_path, run_id) == {
         "source": "SUCCESS",
@@ -497,7 +498,7 @@ async def test_a_crash_while_creating_instances_leaves_neither_success_nor_insta
     store: Store, db_path
 ) -> None:
     dag = fan_dag(5)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     source = await claim_one(store, "source")
     # the third instance's insert fails inside the transaction that records the success
     sql(
@@ -507,7 +508,7 @@ async def test_a_crash_while_creating_instances_leaves_neither_success_nor_insta
     )
     done = ok(source, list(range(5)))
     with pytest.raises(sqlite3.DatabaseError, match="disk on fire"):
-        await store.complete([done])
+        await complete(store, [done])
     src = template(db_path, run_id, "source")
     assert (src["state"], src["output"]) == ("RUNNING", None)
     assert instances(db_path, run_id, "each") == []
@@ -517,7 +518,7 @@ async def test_a_crash_while_creating_instances_leaves_neither_success_nor_insta
 
     # the same report, once the fault is gone, records both at once
     sql(db_path, "DROP TRIGGER crash")
-    await store.complete([done])
+    await complete(store, [done])
     assert template(db_path, run_id, "source")["state"] == "SUCCESS"
     assert [r["map_index"] for r in instances(db_path, run_id, "each")] == [0, 1, 2, 3, 4]
     assert template(db_path, run_id, "each")["state"] == "RUNNING"
@@ -539,7 +540,7 @@ async def _completion_cost(store: Store, outcome: Outcome) -> tuple[list[str], i
     await conn.set_trace_callback(statements.append)
     await conn.set_progress_handler(step, 1)
     try:
-        await store.complete([outcome])
+        await complete(store, [outcome])
     finally:
         await conn.set_progress_handler(None, 1)
         await conn.set_trace_callback(None)
@@ -557,9 +558,9 @@ def _shape(statements: list[str]) -> list[str]:
 
 
 async def _expanded(store: Store, n: int) -> str:
-    run_id = await store.create_run(fan_dag(n, map_cap=n), DAY)
+    run_id = await store.runs.create_run(fan_dag(n, map_cap=n), DAY)
     source = await claim_one(store, "source")
-    await store.complete([ok(source, list(range(n)))])
+    await complete(store, [ok(source, list(range(n)))])
     return run_id
 
 
@@ -567,11 +568,11 @@ async def test_a_completion_costs_the_same_with_10_or_100000_siblings(store: Sto
     costs = {}
     for n in (10, 100_000):
         await _expanded(store, n)
-        a, b = await store.claim("w", 2)
+        a, b = await claim(store, "w", 2)
         costs[n] = await _completion_cost(store, ok(a, 0))
         # the second one as well, so a first-time cache effect does not decide the result
         costs[n] = max(costs[n], await _completion_cost(store, ok(b, 1)), key=lambda c: c[1])
-        while await store.claim("w", 10_000):  # out of the next run's way
+        while await claim(store, "w", 10_000):  # out of the next run's way
             pass
     (small, small_steps), (big, big_steps) = costs[10], costs[100_000]
     assert _shape(small) == _shape(big)
@@ -589,25 +590,25 @@ async def test_a_fan_in_over_100000_instances(store: Store) -> None:
     # Claim every instance, then report them in a shuffled order, in batches.
     claimed: list[MovedTask] = []
     while len(claimed) < n:
-        batch = await store.claim("w", 10_000)
+        batch = await claim(store, "w", 10_000)
         assert batch and all(r.task_id == "each" for r in batch)
         claimed += batch
     rng = random.Random(7)
     rng.shuffle(claimed)
     last, rest = claimed[-1], claimed[:-1]
     for i in range(0, len(rest), 10_000):
-        await store.complete([ok(r, 3 * r.map_index) for r in rest[i : i + 10_000]])
-        assert await store.claim("w", 1) == []  # the fan-in waits for every instance
+        await complete(store, [ok(r, 3 * r.map_index) for r in rest[i : i + 10_000]])
+        assert await claim(store, "w", 1) == []  # the fan-in waits for every instance
 
     # The last instance's completion decides the fan-in, still in a constant number of steps.
     statements, _ = await _completion_cost(store, ok(last, 3 * last.map_index))
     assert len(statements) <= 14, _shape(statements)
-    [fan_in] = await store.claim("w", 10)
+    [fan_in] = await claim(store, "w", 10)
     assert fan_in.task_id == "total"
-    inputs = await store.parent_outputs(fan_in)
+    inputs = await store.exchange.parent_outputs(fan_in)
     assert inputs["each"] == [3 * i for i in range(n)]
-    await store.complete([ok(fan_in, n)])
-    info = await store.run_info(run_id)
+    await complete(store, [ok(fan_in, n)])
+    info = await store.views.run_info(run_id)
     assert info is not None and info["state"] == "SUCCESS"
     elapsed = time.perf_counter() - started
     # Generous bounds against a pathological (per-instance, quadratic) path only: the cost is

@@ -67,7 +67,7 @@ def waiters(dag_id: str, names: list[str], timeout: float | None = None) -> DAG:
 
 async def test_equal_held_triggers_share_one_run_closed_once_when_it_fires(store) -> None:
     dag = waiters("held", ["shared", "shared", "shared", "other"])
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag) as h:
         assert h.triggerer is not None
         await async_wait_until(lambda: len(HeldFlag.STARTS) == 2, what="two held runs")
@@ -89,7 +89,7 @@ async def test_equal_held_triggers_share_one_run_closed_once_when_it_fires(store
 
 async def test_a_held_wait_that_times_out_is_closed(store) -> None:
     dag = waiters("late", ["never"], timeout=0.5)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(store.db.path, run_id, "s0") == "FAILED", what="sensor timeout"

@@ -81,7 +81,7 @@ async def settled_run(store: Store, tmp_path: Path) -> tuple[str, Path]:
     inbox.mkdir()
     path = write_dag(tmp_path, DAG_SOURCE.format(inbox=str(inbox)))
     dag = load_dag(str(path), None)
-    run_id = await store.create_run(dag, datetime(2026, 4, 25).date(), dag_file=str(path))
+    run_id = await store.runs.create_run(dag, datetime(2026, 4, 25).date(), dag_file=str(path))
     worker = Worker(store, dags={dag.dag_id: dag}, poll_interval=0.02, slots=4)
 
     async def settled() -> bool:
@@ -103,9 +103,9 @@ async def _instances(store: Store, run_id: str) -> list:
 
 async def test_the_view_shows_states_bars_waits_and_retries(store: Store, tmp_path: Path) -> None:
     run_id, inbox = await settled_run(store, tmp_path)
-    read = await store.run_progress(run_id)
+    read = await store.views.run_progress(run_id)
     assert read is not None
-    start = read.run["created_at"]
+    start = read.run.created_at
     progress = dataclasses.replace(read, now=start + 30)
     lines = text_of(progress)
 
@@ -115,15 +115,16 @@ async def test_the_view_shows_states_bars_waits_and_retries(store: Store, tmp_pa
     ), lines[1]
     assert re.fullmatch(r"shard +[━╺╸]+ 2/4", lines[2]), lines[2]  # 2 of 4 instances ended
 
-    waits = {r["task_id"]: r for r in read.waits}
+    waits = {r.task_id: r for r in read.waits}
     assert lines[3] == "waiting (2)"
     for line, task, waits_for in (
         (lines[4], "wait_for_file", f"file://{inbox}/ready.flag"),
         (lines[5], "poll_marker", f"file://{inbox}/marker"),
     ):
-        since = waits[task]["wait_started_at"]
+        since = waits[task].wait_started_at
+        assert since is not None
         clock = datetime.fromtimestamp(since).strftime("%H:%M:%S")
-        state = waits[task]["state"]
+        state = waits[task].state
         assert re.fullmatch(
             rf"{task} +{state} +{re.escape(waits_for)} +since {clock} \(\d\d s\)", line
         ), line
@@ -146,7 +147,7 @@ async def test_the_view_shows_states_bars_waits_and_retries(store: Store, tmp_pa
 
 async def test_a_mapped_task_not_expanded_and_a_long_list_cut(store: Store, tmp_path: Path) -> None:
     run_id, _ = await settled_run(store, tmp_path)
-    cut = await store.run_progress(run_id, n=1)
+    cut = await store.views.run_progress(run_id, n=1)
     assert cut is not None
     lines = text_of(cut)
     assert "waiting (2, the first 1 shown)" in lines
@@ -154,10 +155,10 @@ async def test_a_mapped_task_not_expanded_and_a_long_list_cut(store: Store, tmp_
     assert [line.split()[0] for line in lines[4:7]] == ["wait_for_file", "retrying", "shard[1]"]
 
     dag = load_dag(str(tmp_path / "dag_file.py"), None)
-    fresh = await store.create_run(dag, datetime(2026, 4, 26).date())
-    before = await store.run_progress(fresh)
+    fresh = await store.runs.create_run(dag, datetime(2026, 4, 26).date())
+    before = await store.views.run_progress(fresh)
     assert before is not None
-    lines = text_of(dataclasses.replace(before, now=before.run["created_at"] + 2.5))
+    lines = text_of(dataclasses.replace(before, now=before.run.created_at + 2.5))
     assert lines[0] == f"{fresh} RUNNING  elapsed 2.5 s"
     assert re.fullmatch(r"tasks +[━╺╸]+ 0/5 pending=5", lines[1]), lines[1]
     assert lines[2] == "shard maps over extract"

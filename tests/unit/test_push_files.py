@@ -67,7 +67,7 @@ async def test_many_waits_in_one_directory_share_one_watch_and_wake_on_close(
     inbox.mkdir()
     n = 30
     dag = file_waits("push_files", [str(inbox / f"{i}.csv") for i in range(n)])
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -97,7 +97,7 @@ async def test_a_wait_woken_by_its_own_name_reads_its_file_not_its_directory(
     n = 20
     listed = spy_listings(monkeypatch)
     dag = file_waits("push_heard", [str(inbox / f"{i}.csv") for i in range(n)])
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -140,7 +140,7 @@ async def test_a_glob_wakes_on_a_matching_name_and_a_rename_into_the_directory(
     inbox.mkdir()
     staging.mkdir()
     dag = file_waits("push_glob", [str(inbox / "*.csv")])
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -171,7 +171,7 @@ async def test_without_inotify_the_waits_are_polled_with_a_log_line(
     monkeypatch.setenv(inotify.POLL_FSTYPES_ENV, fstype)
     caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
     dag = file_waits("push_fallback", [str(inbox / "a.csv")], interval=0.2)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -189,7 +189,7 @@ async def test_a_watch_that_cannot_be_set_falls_back_and_polling_still_fires(
     missing = tmp_path / "not-yet"  # the kernel refuses a watch on it: ENOENT
     caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
     dag = file_waits("push_missing", [str(missing / "a.csv")], interval=0.2)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}):
         await async_wait_until(lambda: "cannot watch" in caplog.text, what="the fallback")
         missing.mkdir()
@@ -201,7 +201,7 @@ async def test_a_live_source_polls_only_at_the_safety_interval(store, db_path, t
     inbox = tmp_path / "in"
     inbox.mkdir()
     dag = file_waits("push_safety", [str(inbox / "a.csv")], interval=0.1)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True, "push_safety_interval": 30.0}) as h:
         trig = h.triggerer
         assert trig is not None
@@ -266,7 +266,7 @@ async def test_one_directory_named_two_ways_wakes_the_waits_of_both_names(
     alias = tmp_path / "alias"
     alias.symlink_to(inbox)  # two sources, one inode: the kernel gives both one watch
     dag = file_waits("push_alias", [str(inbox / "a.csv"), str(alias / "b.csv")])
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}) as h:
         trig = h.triggerer
         assert trig is not None

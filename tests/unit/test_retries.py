@@ -10,6 +10,7 @@ from datetime import date
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.exchanging import claim, complete
 from support.helpers import FakeClock, async_wait_until, attempt_of, sql
 
 from executor import DAG
@@ -41,38 +42,38 @@ def flaky_row(db_path, run_id: str) -> dict:
 async def test_retrying_row_is_claimable_only_from_its_ready_time(
     fake_store: Store, clock: FakeClock, db_path
 ) -> None:
-    run_id = await fake_store.create_run(one_task_dag(retries=2), date(2026, 4, 1))
-    (row,) = await fake_store.claim("w#1", 5)
+    run_id = await fake_store.runs.create_run(one_task_dag(retries=2), date(2026, 4, 1))
+    (row,) = await claim(fake_store, "w#1", 5)
     assert (row.task_id, row.attempt, row.max_attempts) == ("flaky", 1, 3)
 
     failed_at = clock.now
-    await fake_store.complete([error(row, 30.0)])
+    await complete(fake_store, [error(row, 30.0)])
     r = flaky_row(db_path, run_id)
     assert (r["state"], r["attempt"], r["ready_at"]) == ("RETRYING", 2, failed_at + 30.0)
     assert r["owner"] is None
 
-    assert await fake_store.claim("w#2", 5) == []
+    assert await claim(fake_store, "w#2", 5) == []
     clock.advance(29.9)
-    assert await fake_store.claim("w#2", 5) == []
+    assert await claim(fake_store, "w#2", 5) == []
     clock.advance(0.1)
-    (again,) = await fake_store.claim("w#2", 5)
+    (again,) = await claim(fake_store, "w#2", 5)
     assert (again.id, again.attempt, again.state) == (row.id, 2, "RUNNING")
 
     # the last attempt fails for good; the child is UPSTREAM_FAILED, the run FAILED
-    await fake_store.complete([error(again, 60.0)])
+    await complete(fake_store, [error(again, 60.0)])
     clock.advance(60)
-    (third,) = await fake_store.claim("w#3", 5)
+    (third,) = await claim(fake_store, "w#3", 5)
     assert third.attempt == 3
-    await fake_store.complete([error(third, 120.0, "ValueError: still no")])
+    await complete(fake_store, [error(third, 120.0, "ValueError: still no")])
     r = flaky_row(db_path, run_id)
     assert (r["state"], r["attempt"], r["ready_at"]) == ("FAILED", 3, None)
-    info = await fake_store.run_info(run_id)
+    info = await fake_store.views.run_info(run_id)
     assert info is not None and info["state"] == "FAILED"
-    assert await fake_store.claim("w#4", 5) == []
+    assert await claim(fake_store, "w#4", 5) == []
 
     log = [
         (e["from_state"], e["to_state"], e["attempt"], e["message"])
-        for e in (await fake_store.task_log(run_id, "flaky") or [])
+        for e in (await fake_store.views.task_log(run_id, "flaky") or [])
         if e["kind"] == "transition"
     ]
     assert log == [
@@ -140,7 +141,7 @@ async def test_worker_retries_with_backoff_on_the_injected_clock(
             raise RuntimeError(f"attempt {ctx.attempt} fails")
         return {"ok": ctx.attempt}
 
-    run_id = await fake_store.create_run(dag, date(2026, 4, 1))
+    run_id = await fake_store.runs.create_run(dag, date(2026, 4, 1))
     worker = Worker(
         fake_store,
         dags={dag.dag_id: dag},
@@ -163,12 +164,12 @@ async def test_worker_retries_with_backoff_on_the_injected_clock(
             assert r["ready_at"] == pytest.approx(clock.now + delay)
             # not before its time, whoever asks
             clock.advance(delay - 0.01)
-            assert await fake_store.claim("probe", 10) == []
+            assert await claim(fake_store, "probe", 10) == []
             assert flaky_row(db_path, run_id)["state"] == "RETRYING"
             clock.set(r["ready_at"])
 
         async def ended():
-            info = await fake_store.run_info(run_id)
+            info = await fake_store.views.run_info(run_id)
             return info is not None and info["state"] != "RUNNING" and info
 
         info = await async_wait_until(ended, what="the run to end")
@@ -181,14 +182,16 @@ async def test_worker_retries_with_backoff_on_the_injected_clock(
     assert (r["state"], r["attempt"], r["output"]) == ("SUCCESS", 4, '{"ok": 4}')
     messages = [
         e["message"]
-        for e in (await fake_store.task_log(run_id, "flaky") or [])
+        for e in (await fake_store.views.task_log(run_id, "flaky") or [])
         if e["to_state"] == "RETRYING"
     ]
     delays = [float(d) for m in messages for d in re.findall(r"retrying in ([\d.]+) s", m)]
     assert delays == expected
     assert all("RuntimeError: attempt" in m for m in messages)
     # each failed attempt left its traceback in the log
-    errors = [e for e in (await fake_store.task_log(run_id, "flaky") or []) if e["kind"] == "error"]
+    errors = [
+        e for e in (await fake_store.views.task_log(run_id, "flaky") or []) if e["kind"] == "error"
+    ]
     assert [e["attempt"] for e in errors] == [1, 2, 3]
     assert all("Traceback" in e["message"] for e in errors)
 
@@ -197,17 +200,17 @@ async def test_lost_worker_is_reaped_and_the_attempt_retried(
     fake_store: Store, clock: FakeClock, db_path
 ) -> None:
     created_at = clock.now
-    run_id = await fake_store.create_run(one_task_dag(retries=1), date(2026, 4, 1))
+    run_id = await fake_store.runs.create_run(one_task_dag(retries=1), date(2026, 4, 1))
     clock.advance(3)
-    (row,) = await fake_store.claim("dead#1", 1)
+    (row,) = await claim(fake_store, "dead#1", 1)
     clock.advance(20)
-    assert await fake_store.reap(stale_after=30) == 0
-    assert await fake_store.heartbeat("someone-else#1", [row.id]) == []
-    assert await fake_store.heartbeat("dead#1", [row.id]) == [row.id]
+    assert await fake_store.exchange.reap(stale_after=30) == 0
+    assert await fake_store.exchange.heartbeat("someone-else#1", [row.id]) == []
+    assert await fake_store.exchange.heartbeat("dead#1", [row.id]) == [row.id]
     clock.advance(25)  # 45 s after the claim, 25 s after the last heartbeat
-    assert await fake_store.reap(stale_after=30) == 0
+    assert await fake_store.exchange.reap(stale_after=30) == 0
     clock.advance(6)
-    assert await fake_store.reap(stale_after=30) == 1
+    assert await fake_store.exchange.reap(stale_after=30) == 1
     r = flaky_row(db_path, run_id)
     # Claimable at once, at the head of its run's queue (as if ready since the run was
     # created): a lost worker is not the task's fault, so it does not go behind
@@ -218,12 +221,13 @@ async def test_lost_worker_is_reaped_and_the_attempt_retried(
         None,
         created_at,
     )
-    last = [e for e in await fake_store.task_log(run_id, "flaky") or []][-1]
+    last = [e for e in await fake_store.views.task_log(run_id, "flaky") or []][-1]
     assert last["message"] == "worker dead#1 lost: no heartbeat for 31.0 s; will retry"
-    assert await fake_store.reap(stale_after=30) == 0  # a second reap finds nothing
+    assert await fake_store.exchange.reap(stale_after=30) == 0  # a second reap finds nothing
 
     # the lost worker wakes up and reports: nothing changes
-    await fake_store.complete(
+    await complete(
+        fake_store,
         [
             Succeeded(
                 row_id=row.id,
@@ -233,16 +237,16 @@ async def test_lost_worker_is_reaped_and_the_attempt_retried(
                 output_json='"zombie"',
                 run_id=run_id,
             )
-        ]
+        ],
     )
     assert flaky_row(db_path, run_id)["output"] is None
     assert flaky_row(db_path, run_id)["state"] == "RETRYING"
 
-    (again,) = await fake_store.claim("alive#1", 1)
+    (again,) = await claim(fake_store, "alive#1", 1)
     assert again.attempt == 2
     # the new owner's attempt dies too, with no attempt left: FAILED, child UPSTREAM_FAILED
     clock.advance(31)
-    assert await fake_store.reap(stale_after=30) == 1
-    states = {t["task_id"]: t["state"] for t in await fake_store.run_tasks(run_id)}
+    assert await fake_store.exchange.reap(stale_after=30) == 1
+    states = {t["task_id"]: t["state"] for t in await fake_store.views.run_tasks(run_id)}
     assert states == {"flaky": "FAILED", "after": "UPSTREAM_FAILED"}
-    assert (await fake_store.run_info(run_id) or {})["state"] == "FAILED"
+    assert (await fake_store.views.run_info(run_id) or {})["state"] == "FAILED"

@@ -277,7 +277,7 @@ def propagation_dag() -> DAG:
 
 async def test_skipped_and_upstream_failed_propagate_through_a_run(store: Store, db_path) -> None:
     dag = propagation_dag()
-    run_id = await store.create_run(dag, date(2026, 1, 2))
+    run_id = await store.runs.create_run(dag, date(2026, 1, 2))
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=4)
     states = task_states(db_path, run_id)
     assert states == {
@@ -302,15 +302,15 @@ async def test_skipped_and_upstream_failed_propagate_through_a_run(store: Store,
     # a failed leaf (any_ok is UPSTREAM_FAILED and has no children) fails the run
     assert info["state"] == "FAILED"
     assert info["tasks_unfinished"] == 0
-    tasks = {t["task_id"]: t for t in await store.run_tasks(run_id)}
+    tasks = {t["task_id"]: t for t in await store.views.run_tasks(run_id)}
     assert tasks["cleanup"]["output"] == '["boom", "not_taken", "ok"]'
     # tasks that never ran were decided by their rule, and the log says why
-    log = await store.task_log(run_id, "after_after_boom")
+    log = await store.views.task_log(run_id, "after_after_boom")
     assert log is not None
     (last,) = [e for e in log if e["kind"] == "transition"]
     assert (last["from_state"], last["to_state"]) == ("PENDING", "UPSTREAM_FAILED")
     assert "trigger rule all_success" in last["message"]
-    skipped = await store.task_log(run_id, "not_taken")
+    skipped = await store.views.task_log(run_id, "not_taken")
     assert skipped is not None
     assert [e["message"] for e in skipped if e["kind"] == "transition"] == ["branch not taken"]
 
@@ -327,7 +327,7 @@ async def test_run_succeeds_when_only_inner_tasks_fail(store: Store, db_path) ->
     def report(ctx):
         return "done"
 
-    run_id = await store.create_run(dag, date(2026, 1, 2))
+    run_id = await store.runs.create_run(dag, date(2026, 1, 2))
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag})
     assert task_states(db_path, run_id) == {"flaky": "FAILED", "report": "SUCCESS"}
     assert info["state"] == "SUCCESS"

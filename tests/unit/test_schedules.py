@@ -4,6 +4,7 @@ schedules, start and end dates, and bad declarations refused naming their field.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -11,7 +12,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from executor.dag import DAG, DagError
-from executor.schedules import Interval, Schedule, describe_stored, stored_next_run
+from executor.schedules import Interval, Schedule
 
 PARIS = ZoneInfo("Europe/Paris")
 
@@ -143,17 +144,16 @@ def test_start_and_end_dates_bound_the_intervals() -> None:
 
 def test_the_first_run_respects_catchup() -> None:
     sched = Schedule.parse("0 * * * *", start_date=datetime(2026, 1, 1, tzinfo=UTC))
+    catching_up = dataclasses.replace(sched, catchup=True)
     now = datetime(2026, 1, 4, 0, 30, tzinfo=UTC)
-    assert sched.first_interval(now, catchup=True) == sched.next_interval(
-        datetime(2026, 1, 1, tzinfo=UTC)
-    )
-    latest = sched.first_interval(now, catchup=False)
+    assert catching_up.first_interval(now) == sched.next_interval(datetime(2026, 1, 1, tzinfo=UTC))
+    latest = sched.first_interval(now)
     assert latest is not None and latest.start == datetime(2026, 1, 3, 23, tzinfo=UTC)
     # 72 hourly intervals completed in the three days catchup would fill.
     assert len(list(sched.intervals(datetime(2026, 1, 1, tzinfo=UTC), latest.end))) == 72
     # A start_date in the future: the first interval from it, either way.
     future = Schedule.parse("@daily", start_date=datetime(2027, 1, 1, tzinfo=UTC))
-    first = future.first_interval(now, catchup=False)
+    first = future.first_interval(now)
     assert first is not None and first.ds == "2027-01-01"
 
 
@@ -208,15 +208,50 @@ def test_naive_instants_are_refused_by_the_methods() -> None:
     ],
 )
 def test_stored_schedules_in_words(spec: str, words: str) -> None:
-    assert describe_stored(spec, "Europe/Paris") == words
+    sched = Schedule.parse(spec, timezone="Europe/Paris", start_date=date(2026, 1, 1))
+    assert Schedule.from_json(sched.to_json()).words == words
 
 
 def test_a_stored_next_logical_date_gives_when_that_run_is_due() -> None:
-    due = stored_next_run("30 2 * * *", "Europe/Paris", paris(2026, 3, 28, 2, 30))
+    daily = Schedule.parse("30 2 * * *", timezone="Europe/Paris")
+    due = daily.interval_starting(paris(2026, 3, 28, 2, 30))
     assert due is not None and due.end == paris(2026, 3, 29, 3, 0)
-    hourly = stored_next_run("PT1H", "UTC", datetime(2026, 1, 1, 5, tzinfo=UTC))
-    assert hourly is not None and hourly.end == datetime(2026, 1, 1, 6, tzinfo=UTC)
-    assert stored_next_run("0 6 * * *", "UTC", datetime(2026, 1, 1, 5, tzinfo=UTC)) is None
+    hourly = Schedule.parse("PT1H", start_date=datetime(2026, 1, 1, tzinfo=UTC))
+    due = hourly.interval_starting(datetime(2026, 1, 1, 5, tzinfo=UTC))
+    assert due is not None and due.end == datetime(2026, 1, 1, 6, tzinfo=UTC)
+    six = Schedule.parse("0 6 * * *")
+    assert six.interval_starting(datetime(2026, 1, 1, 5, tzinfo=UTC)) is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs"),
+    [
+        ("30 2 * * *", {"timezone": "Europe/Paris"}),
+        ("@daily", {"start_date": date(2026, 1, 10), "end_date": date(2026, 2, 1)}),
+        (timedelta(minutes=90), {"start_date": datetime(2026, 1, 1), "catchup": True}),
+    ],
+)
+def test_a_schedule_reads_back_from_its_json_as_the_same_value(spec: object, kwargs: dict) -> None:
+    sched = Schedule.parse(spec, **kwargs)  # type: ignore[arg-type]
+    again = Schedule.from_json(sched.to_json())
+    assert again == sched and again.catchup == sched.catchup and again.text == sched.text
+
+
+def test_the_next_run_without_catchup_skips_what_was_missed() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    sched = Schedule.parse("@hourly", start_date=start)
+    now = datetime(2026, 1, 2, 12, 30, tzinfo=UTC)
+    # No run yet: the latest ended interval; after one long ago: the latest ended too.
+    assert sched.next_run(None, now) == sched.latest_complete(now)
+    assert sched.next_run(start + timedelta(hours=1), now) == sched.latest_complete(now)
+    # With catchup nothing is skipped: from start_date, then the interval after the last.
+    catching_up = dataclasses.replace(sched, catchup=True)
+    assert catching_up.next_run(None, now) == Interval(start, start + timedelta(hours=1))
+    after = start + timedelta(hours=1)
+    assert catching_up.next_run(after, now) == Interval(after, after + timedelta(hours=1))
+    # An interval still to come is not missed, either way.
+    ahead = sched.next_interval(now)
+    assert sched.skip_missed(ahead, now) == ahead
 
 
 # ------------------------------------------------------------------ declared on a DAG
@@ -234,6 +269,8 @@ def test_a_dag_declares_its_schedule() -> None:
     assert dag.schedule is not None and dag.schedule.text == "30 2 * * *"
     assert dag.schedule.start_date == paris(2026, 1, 1)
     assert (dag.timezone, dag.catchup, dag.max_active_runs) == ("Europe/Paris", True, 4)
+    # catchup= is said on the DAG and kept on its schedule, which the catalogue stores.
+    assert dag.schedule.catchup is True
     assert DAG("by_hand").schedule is None
 
 

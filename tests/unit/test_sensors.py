@@ -99,7 +99,7 @@ def absent_checks(listings: Listings, inbox: Path) -> int:
 
 async def test_poke_mode_holds_its_slot_for_the_whole_wait(store, db_path, inbox, listings) -> None:
     dag = sensor_dag(inbox, "poke")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
         await async_wait_until(lambda: absent_checks(listings, inbox) >= 2, what="two checks")
         assert state_of(db_path, run_id, "wait_for_file") == "RUNNING"
@@ -124,7 +124,7 @@ async def test_reschedule_mode_frees_the_slot_between_checks(
     store, db_path, inbox, listings
 ) -> None:
     dag = sensor_dag(inbox, "reschedule")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     row_id = task_row(db_path, run_id, "wait_for_file")["id"]
 
     def sensing_turns() -> int:
@@ -162,7 +162,7 @@ async def test_deferrable_mode_is_finished_by_the_triggerer(
     store, db_path, inbox, listings
 ) -> None:
     dag = sensor_dag(inbox, "deferrable")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     row_id = task_row(db_path, run_id, "wait_for_file")["id"]
     # Polled, not pushed: the test counts the triggerer's checks at the sensor's interval.
     async with serving(store, dag, config={"push": False}):
@@ -193,7 +193,7 @@ async def test_deferrable_mode_is_finished_by_the_triggerer(
 
 async def test_a_deferrable_sensor_needs_no_worker_to_finish(store, db_path, inbox) -> None:
     dag = sensor_dag(inbox, "deferrable")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "wait_for_file") == "DEFERRED", what="DEFERRED"
@@ -213,7 +213,7 @@ async def test_a_deferrable_sensor_needs_no_worker_to_finish(store, db_path, inb
 @pytest.mark.parametrize("mode", ["poke", "reschedule", "deferrable"])
 async def test_sensor_timeout(store, db_path, inbox, mode, soft_fail) -> None:
     dag = sensor_dag(inbox, mode, timeout=0.5, soft_fail=soft_fail)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     ended = {"SKIPPED", "FAILED"}
     async with serving(store, dag):
         await async_wait_until(
@@ -239,7 +239,7 @@ async def test_a_check_that_hangs_in_a_worker_is_cut_off(store, db_path, mode) -
     dag.sensor("by_timeout", HangingTrigger(name="a"), mode=mode, timeout=0.5)
     dag.sensor("by_execution_timeout", HangingTrigger(name="b"), mode=mode, timeout=3600,
                execution_timeout=0.5)  # fmt: skip
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         for task in ("by_timeout", "by_execution_timeout"):
 
@@ -263,7 +263,7 @@ async def test_a_triggers_own_timeout_in_a_worker_check_is_its_error(
     flaky = FlakyTrigger(name="slow", failures=1, error="timeout", poke_interval=0.1)
     dag.sensor("wait", flaky, mode="reschedule", timeout=3600, retries=1, retry_delay=0,
                execution_timeout=execution_timeout)  # fmt: skip
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "wait") == "SUCCESS", what="wait SUCCESS"
@@ -283,7 +283,7 @@ async def test_a_retried_sensor_gets_its_whole_timeout_again(store, db_path) -> 
     scripted = ScriptedTrigger(name="once", script=["wait", "raise", "fire"], poke_interval=0.1)
     dag.sensor("wait", scripted, mode="reschedule", timeout=1.0, retries=1, retry_delay=1.2,
                retry_jitter=0)  # fmt: skip
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "wait") in ("SUCCESS", "FAILED"), what="the end"
@@ -295,7 +295,7 @@ async def test_a_retried_sensor_gets_its_whole_timeout_again(store, db_path) -> 
 async def test_a_sensor_that_cannot_defer_falls_back_to_reschedule(store, db_path) -> None:
     dag = DAG("fallback")
     dag.sensor("wait", UnlistedTrigger(name="unlisted", poke_interval=INTERVAL), timeout=30)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     row_id = task_row(db_path, run_id, "wait")["id"]
     async with serving(store, dag):
         await async_wait_until(

@@ -9,6 +9,7 @@ from datetime import date
 from typing import Any
 
 import pytest
+from support.exchanging import claim, complete, run_counts
 from support.helpers import FakeClock, sql
 
 from executor import DAG
@@ -38,8 +39,8 @@ def small_dag() -> DAG:
 
 
 async def new_run(store: Store) -> tuple[str, int, int]:
-    run_id = await store.create_run(small_dag(), date(2026, 3, 1))
-    rows = {r["task_id"]: r["id"] for r in await store.run_tasks(run_id)}
+    run_id = await store.runs.create_run(small_dag(), date(2026, 3, 1))
+    rows = {r["task_id"]: r["id"] for r in await store.views.run_tasks(run_id)}
     return run_id, rows["parent"], rows["child"]
 
 
@@ -131,7 +132,7 @@ async def test_every_legal_transition(store: Store, db_path, expected: State, ne
             assert c["state"] == "PENDING" and c["ready_at"] == NOW
         else:
             assert c["state"] == ("SKIPPED" if new is State.SKIPPED else "UPSTREAM_FAILED")
-            info = await store.run_info(run_id)
+            info = await store.views.run_info(run_id)
             assert info is not None and info["tasks_unfinished"] == 0
     else:
         assert row(db_path, child)["n_done"] == 0
@@ -185,7 +186,7 @@ async def test_wrong_expected_state_changes_nothing(store: Store, db_path) -> No
     assert row(db_path, parent) == snapshot
     assert transitions(db_path, parent) == events
     assert row(db_path, child) == child_before
-    info = await store.run_info(run_id)
+    info = await store.views.run_info(run_id)
     assert info is not None and info["tasks_unfinished"] == 2
 
 
@@ -218,8 +219,8 @@ async def test_a_batch_moves_only_the_rows_in_the_expected_state(store: Store, d
     dag = DAG("batch")
     for i in range(5):
         dag.task(lambda ctx: None, task_id=f"t{i}")
-    run_id = await store.create_run(dag, date(2026, 3, 1))
-    ids = [r["id"] for r in await store.run_tasks(run_id)]
+    run_id = await store.runs.create_run(dag, date(2026, 3, 1))
+    ids = [r["id"] for r in await store.views.run_tasks(run_id)]
     put(db_path, ids[1], State.RUNNING, owner="x#1")
     put(db_path, ids[3], State.SKIPPED)
     async with store.db.write() as tx:
@@ -235,7 +236,7 @@ async def test_a_batch_moves_only_the_rows_in_the_expected_state(store: Store, d
 async def test_stale_outcome_changes_nothing(store: Store, db_path) -> None:
     """A worker that lost its claim reports late: no state change, no output, no transition."""
     run_id, parent, _child = await new_run(store)
-    (claimed,) = await store.claim("a#1", 1)
+    (claimed,) = await claim(store, "a#1", 1)
     assert claimed.id == parent
     async with store.db.write() as tx:  # someone took it back meanwhile
         await transition(
@@ -256,7 +257,7 @@ async def test_stale_outcome_changes_nothing(store: Store, db_path) -> None:
         "run_id": run_id,
     }
     for outcome in (Succeeded(**late, output_json='"late"'), Failed(**late, message="late")):
-        await store.complete([outcome])
+        await complete(store, [outcome])
     assert row(db_path, parent) == snapshot
     assert transitions(db_path, parent) == events
 
@@ -269,9 +270,9 @@ async def test_racing_claims_from_two_connections_are_disjoint(db_url: str, db_p
         dag = DAG("wide")
         for i in range(60):
             dag.task(lambda ctx: None, task_id=f"t{i:02d}")
-        run_id = await a.create_run(dag, date(2026, 3, 1))
+        run_id = await a.runs.create_run(dag, date(2026, 3, 1))
         got = await asyncio.gather(
-            *[s.claim(f"{n}#{i}", 7) for i in range(6) for n, s in (("a", a), ("b", b))]
+            *[claim(s, f"{n}#{i}", 7) for i in range(6) for n, s in (("a", a), ("b", b))]
         )
         ids = [r.id for rows in got for r in rows]
         assert len(ids) == len(set(ids)) == 60
@@ -281,7 +282,7 @@ async def test_racing_claims_from_two_connections_are_disjoint(db_url: str, db_p
             " GROUP BY task_row",
         )
         assert len(claims) == 60 and all(c["n"] == 1 for c in claims)
-        assert (await a.run_counts(run_id)) == {"RUNNING": 60}
+        assert (await run_counts(a, run_id)) == {"RUNNING": 60}
     finally:
         await a.close()
         await b.close()

@@ -120,6 +120,35 @@ async def test_the_json_matches_the_store(store: Store, db_url: str, db_path: Pa
     assert data["shards"] == {"total": 64, "unowned": 0}
 
 
+async def test_the_json_keeps_its_keys_in_their_order(db_url: str, ops_run) -> None:
+    """The JSON is the typed view's fields (slotless/views.py): the keys, and their order,
+    that scripts reading ``status --json`` and /api/status were given before it was typed."""
+    data = status_json(db_url)
+    assert list(data) == [
+        "now", "runs_by_state", "runs", "attention", "tasks_by_state", "waiting",
+        "triggerers", "shards", "pools", "queues", "held_back",
+    ]  # fmt: skip
+    assert list(data["runs"][0]) == [
+        "run_id", "dag_id", "logical_date", "state", "created_at", "ended_at", "tasks", "reason",
+    ]  # fmt: skip
+    head = ["run_id", "task_id", "map_index", "state", "attempt", "max_attempts", "since"]
+    waits = {state: data["waiting"][state]["tasks"][0] for state in data["waiting"]}
+    assert list(waits["DEFERRED"]) == [
+        *head, "timeout_at", "timeout_used", "waits_for", "trigger", "checked_by", "resumes_at",
+        "for_seconds",
+    ]  # fmt: skip
+    assert list(waits["SENSING"]) == [
+        *head, "timeout_at", "timeout_used", "waits_for", "last_check", "next_check_at",
+        "for_seconds",
+    ]  # fmt: skip
+    assert list(waits["RETRYING"]) == [
+        *head, "waits_for", "next_attempt_at", "last_error", "for_seconds",
+    ]  # fmt: skip
+    assert list(data["waiting"]["DEFERRED"]) == ["count", "oldest_seconds", "tasks"]
+    assert list(data["pools"][0]) == ["name", "slots", "used", "ready"]
+    assert list(data["queues"][0]) == ["name", "declared", "workers", "slots", "ready", "served"]
+
+
 async def test_limit_keeps_the_longest_waits_and_the_full_counts(store: Store, db_url, ops_run):
     data = status_json(db_url, "--limit", "1")
     deferred = data["waiting"]["DEFERRED"]

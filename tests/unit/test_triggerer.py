@@ -78,7 +78,7 @@ async def test_many_waits_on_one_condition_are_one_check(store, db_path) -> None
     dag = fan_out_dag(
         "dedup", n, lambda i: FlagTrigger(name="shared", poke_interval=0.1 if i == 7 else 3600)
     )
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
         assert len({r["poke_hash"] for r in sql(db_path, "SELECT poke_hash FROM trigger")}) == 1
@@ -118,11 +118,11 @@ async def test_a_newcomer_with_a_shorter_interval_speeds_up_the_shared_check(sto
         return dag
 
     slow, fast = one_waiter("slow", 3600), one_waiter("fast", 0.1)
-    slow_run = await store.create_run(slow, DAY)
+    slow_run = await store.runs.create_run(slow, DAY)
     async with serving(store, slow, fast) as h:
         await async_wait_until(lambda: len(pokes_of("shared")) == 1, what="the first check")
         # The next check of the hourly wait is an hour away ... until someone is in a hurry.
-        await store.create_run(fast, DAY)
+        await store.runs.create_run(fast, DAY)
         await async_wait_until(lambda: len(pokes_of("shared")) >= 4, timeout=10, what="fast checks")
         assert h.triggerer is not None
         (check,) = h.triggerer.table.by_hash.values()
@@ -137,7 +137,7 @@ async def test_a_newcomer_with_a_shorter_interval_speeds_up_the_shared_check(sto
 async def test_a_batching_class_gets_one_call_for_many_checks(store, db_path) -> None:
     n = 30
     dag = fan_out_dag("batch", n, lambda i: BatchFlagTrigger(name=f"key-{i}", poke_interval=0.1))
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     names = {f"key-{i}" for i in range(n)}
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
@@ -171,7 +171,7 @@ async def test_file_waits_in_one_directory_cost_one_listing_per_cycle(
     dag = fan_out_dag(
         "files", n, lambda i: FileTrigger(path=str(inbox / f"{i}.csv"), poke_interval=0.1)
     )
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", n), what="all deferred")
         # The polling path: with inotify the waits would be polled only every 5 minutes.
@@ -192,7 +192,7 @@ async def test_timeouts_stay_per_task_on_a_shared_check(store, db_path) -> None:
         lambda i: FlagTrigger(name="shared", poke_interval=0.1),
         timeout_for=lambda i: 0.3 if i == 0 else 60,
     )
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "wait", 0) == "FAILED", what="timeout"
@@ -209,13 +209,13 @@ async def test_timeouts_stay_per_task_on_a_shared_check(store, db_path) -> None:
 
 async def test_a_long_wait_has_a_readable_sampled_log(store, db_path) -> None:
     dag = fan_out_dag("sampled", 1, lambda i: FlagTrigger(name="slowly", poke_interval=0.02))
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(lambda: len(pokes_of("slowly")) >= 35, what="35 checks")
         FLAGS.add("slowly")
         await async_wait_until(lambda: state_of(db_path, run_id, "wait", 0) == "SUCCESS")
     total = len(pokes_of("slowly"))
-    events = await store.task_log(run_id, "wait", 0)
+    events = await store.views.task_log(run_id, "wait", 0)
     lines = [e["message"] for e in events if e["kind"] == "check"]
     # Checks 1, 2, 4, 8, 16, 32, ... are written; the one that fired says so instead.
     assert len(lines) == sum(1 for k in range(1, total) if k & (k - 1) == 0)
@@ -226,7 +226,7 @@ async def test_a_long_wait_has_a_readable_sampled_log(store, db_path) -> None:
 
 async def test_a_push_style_trigger_wakes_its_task(store, db_path) -> None:
     dag = fan_out_dag("push", 3, lambda i: PushFlagTrigger(name="pushed", poke_interval=0.1))
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag) as h:
         await async_wait_until(lambda: pokes_of("pushed"), what="the push trigger runs")
         assert h.triggerer is not None and len(h.triggerer.table) == 1
@@ -247,7 +247,7 @@ async def test_a_time_trigger_is_not_polled(store, db_path) -> None:
     def done(ctx):
         return ctx.event
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag) as h:
         await async_wait_until(
             lambda: state_of(db_path, run_id, "wait") == "SUCCESS", what="SUCCESS"
@@ -263,7 +263,7 @@ async def test_a_time_trigger_is_not_polled(store, db_path) -> None:
 
 async def test_trigger_rows_nobody_waits_on_are_deleted(store, db_path) -> None:
     dag = fan_out_dag("cleanup", 5, lambda i: FlagTrigger(name=f"c{i}", poke_interval=0.1))
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(lambda: all_in(db_path, run_id, "DEFERRED", 5), what="all deferred")
         assert len(sql(db_path, "SELECT id FROM trigger")) == 5
@@ -304,7 +304,7 @@ async def test_a_wait_after_the_trigger_table_emptied_is_still_loaded(store, db_
 
     first, second = one_waiter("first", "first"), one_waiter("second", "second")
     async with serving(store, first, second):
-        run1 = await store.create_run(first, DAY)
+        run1 = await store.runs.create_run(first, DAY)
         await async_wait_until(
             lambda: state_of(db_path, run1, "wait") == "DEFERRED", what="deferred"
         )
@@ -312,7 +312,7 @@ async def test_a_wait_after_the_trigger_table_emptied_is_still_loaded(store, db_
         FLAGS.add("first")
         await async_wait_until(lambda: state_of(db_path, run1, "wait") == "SUCCESS", what="first")
         await async_wait_until(lambda: not sql(db_path, "SELECT id FROM trigger"), what="cleanup")
-        run2 = await store.create_run(second, DAY)
+        run2 = await store.runs.create_run(second, DAY)
         await async_wait_until(
             lambda: state_of(db_path, run2, "wait") == "DEFERRED", what="deferred"
         )

@@ -21,7 +21,7 @@ from support.helpers import async_wait_until
 from support.triggers import FLAGS, FlagTrigger, serving, state_of, task_rows
 
 from executor import DAG
-from executor.store.db import Tx
+from executor.driver.db import Tx
 from triggers.base import BaseTrigger, TriggerEvent
 from triggers.context import TriggerContext
 from triggers.registry import register
@@ -66,7 +66,7 @@ async def test_a_check_that_awaits_finishes_in_its_own_task(store, db_path) -> N
         FlagTrigger(name="quick", poke_interval=0.05),
     ]
     dag = waiting_dag("awaits", triggers)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag) as h:
         await async_wait_until(
             lambda: state_of(db_path, run_id, "s0") == "SUCCESS", what="the slow check fired"
@@ -90,7 +90,7 @@ async def test_the_table_keeps_no_trigger_object_between_checks(store, db_path) 
     # Two waits on one condition: one record, two subscribers.
     triggers.append(FlagTrigger(name="f0", poke_interval=3600))
     dag = waiting_dag("compact", triggers)
-    await store.create_run(dag, DAY)
+    await store.runs.create_run(dag, DAY)
     async with serving(store, dag) as h:
         trig = h.triggerer
         assert trig is not None
@@ -165,7 +165,7 @@ async def test_the_young_generation_is_collected_as_checks_go_by(store, db_path)
 
     n = 200
     dag = waiting_dag("young", [FlagTrigger(name=f"y{i}", poke_interval=0.05) for i in range(n)])
-    await store.create_run(dag, DAY)
+    await store.runs.create_run(dag, DAY)
     gc.disable()
     gc.callbacks.append(seen)
     try:

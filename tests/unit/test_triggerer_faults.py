@@ -108,7 +108,7 @@ async def test_a_trigger_row_that_cannot_load_fails_its_task(
     store, db_path, tmp_path, column, value, reason
 ) -> None:
     dag = victim_dag(tmp_path, {"victim": FileTrigger(path=str(tmp_path / "v"), poke_interval=0.1)})
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
         trigger_id = task_row(db_path, run_id, "victim")["trigger_id"]
@@ -130,7 +130,7 @@ async def test_an_allow_listed_class_that_cannot_be_imported(
 ) -> None:
     monkeypatch.setenv("SLOTLESS_ALLOWED_TRIGGERS", "acme_missing.Trigger")
     dag = victim_dag(tmp_path, {"victim": FlagTrigger(name="v", poke_interval=0.1)})
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
         trigger_id = task_row(db_path, run_id, "victim")["trigger_id"]
@@ -158,7 +158,7 @@ async def test_a_trigger_module_that_raises_on_import_fails_only_its_task(
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("SLOTLESS_ALLOWED_TRIGGERS", "acme_needs_env.Trigger")
     dag = victim_dag(tmp_path, {"victim": FlagTrigger(name="v", poke_interval=0.1)})
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim", "bystander"]))
         trigger_id = task_row(db_path, run_id, "victim")["trigger_id"]
@@ -177,7 +177,7 @@ async def test_a_trigger_module_that_raises_on_import_fails_only_its_task(
 
 async def test_an_event_payload_json_cannot_hold_fails_its_task(store, db_path, tmp_path) -> None:
     dag = victim_dag(tmp_path, {"victim": NotJsonTrigger(name="when", poke_interval=0.1)})
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
@@ -193,7 +193,7 @@ async def test_a_trigger_that_raises_fails_its_tasks_with_the_traceback(
 ) -> None:
     boom = RaisingTrigger(name="npci", poke_interval=0.1)
     dag = victim_dag(tmp_path, {"victim_a": boom, "victim_b": boom})
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False) as h:
         await async_wait_until(lambda: all_deferred(db_path, run_id, ["victim_a", "victim_b"]))
         trig = await h.start_triggerer()  # both waits in its first load: one check for both
@@ -218,7 +218,7 @@ async def test_a_trigger_error_uses_the_tasks_retries(store, db_path, tmp_path) 
     dag = victim_dag(
         tmp_path, {"victim": RaisingTrigger(name="again", poke_interval=0.1)}, retries=1
     )
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"
@@ -251,7 +251,7 @@ async def test_a_passing_failure_is_retried_with_backoff(
         tmp_path,
         {"victim": FlakyTrigger(name="flaky", failures=3, error=error, poke_interval=interval)},
     )
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(lambda: len(pokes_of("flaky")) >= 2, what="a retry")
         assert state_of(db_path, run_id, "victim") == "DEFERRED"  # still waiting, not failed
@@ -277,7 +277,7 @@ async def test_a_trigger_that_blocks_the_loop_is_named_in_the_log(store, db_path
     dag = victim_dag(
         tmp_path, {"victim": BlockingTrigger(name="sleepy", block=0.6, poke_interval=0.1)}
     )
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     culprit = "support.triggers.BlockingTrigger"
 
     async def blocked_in_log() -> bool:
@@ -305,7 +305,7 @@ async def test_a_trigger_that_never_fires_ends_at_the_task_timeout(
     dag = victim_dag(
         tmp_path, {"victim": FlagTrigger(name="never", poke_interval=0.05)}, timeout=0.5
     )
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "victim") == "FAILED", what="FAILED"

@@ -45,7 +45,7 @@ async def test_ctx_defer_with_huge_kwargs_fails_the_task_naming_the_size(store, 
     def after(ctx):
         return 2
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
         await async_wait_until(lambda: state_of(db_path, run_id, "job") == "FAILED", timeout=30)
     text = await log_text(store, run_id, "job")
@@ -60,7 +60,7 @@ async def test_ctx_defer_with_huge_kwargs_fails_the_task_naming_the_size(store, 
 async def test_deferrable_sensor_with_huge_kwargs_fails_instead_of_poking(store, db_path) -> None:
     dag = DAG("huge_sensor")
     dag.sensor("wait", FileTrigger(path=HUGE, poke_interval=1), mode="deferrable", timeout=30)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, triggerer=False):
         await async_wait_until(lambda: state_of(db_path, run_id, "wait") == "FAILED", timeout=30)
     text = await log_text(store, run_id, "wait")
@@ -74,7 +74,7 @@ async def test_sampled_check_log_is_bounded_per_wait(store, db_path, tmp_path: P
     dag = DAG("chatty")
     trigger = FlakyTrigger(name="chatty", failures=400, poke_interval=0.001)
     dag.sensor("wait", trigger, mode="deferrable", timeout=120)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"max_backoff": 0.001}):
         await async_wait_until(
             lambda: state_of(db_path, run_id, "wait") == "SUCCESS", timeout=90, interval=0.1

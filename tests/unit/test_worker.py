@@ -48,7 +48,7 @@ async def test_context_inputs_and_logs(store: Store, db_path) -> None:
         ctx.log("transforming")
         return [x * ctx.inputs["config"]["factor"] for x in ctx.inputs["extract"]]
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=2)
     assert info["state"] == "SUCCESS"
     assert seen["transform"] == {
@@ -60,7 +60,7 @@ async def test_context_inputs_and_logs(store: Store, db_path) -> None:
         "task_id": "transform",
         "dag_id": "ctx",
     }
-    out = {t["task_id"]: t["output"] for t in await store.run_tasks(run_id)}
+    out = {t["task_id"]: t["output"] for t in await store.views.run_tasks(run_id)}
     assert out["transform"] == "[10, 20, 30]"
     log = events(db_path, run_id, "transform")
     assert [e["kind"] for e in log] == ["transition", "log", "transition"]
@@ -84,7 +84,7 @@ async def test_slots_run_tasks_concurrently(store: Store) -> None:
     dag = DAG("together")
     for i in range(3):
         dag.task(lambda ctx: barrier.wait(), task_id=f"t{i}")
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=3)
     assert info["state"] == "SUCCESS"
 
@@ -94,7 +94,7 @@ async def test_priority_orders_claims(store: Store, db_path) -> None:
     dag = DAG("prio")
     for name, prio in [("low", 0), ("high", 9), ("mid", 5), ("highest", 20)]:
         dag.task(lambda ctx: order.append(ctx.task_id), task_id=name, priority=prio)
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=1)
     assert order == ["highest", "high", "mid", "low"]
 
@@ -102,7 +102,7 @@ async def test_priority_orders_claims(store: Store, db_path) -> None:
 async def test_worker_without_the_dag_fails_the_task_clearly(store: Store, db_path) -> None:
     dag = DAG("orphan")
     dag.task(lambda ctx: 1, task_id="t", retries=3)
-    run_id = await store.create_run(dag, DAY)  # no dag_file, and the worker is not given it
+    run_id = await store.runs.create_run(dag, DAY)  # no dag_file, and the worker is not given it
     info = await run_to_end(store, run_id, slots=1)
     assert info["state"] == "FAILED"
     (last,) = [e for e in events(db_path, run_id, "t") if e["to_state"] == "FAILED"]
@@ -134,7 +134,7 @@ async def test_output_that_json_cannot_hold_fails_the_task(
     def after(ctx):
         return 1
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=1, isolation=isolation)
     assert info["state"] == "FAILED"
     assert task_states(db_path, run_id) == {"odd": "FAILED", "after": "UPSTREAM_FAILED"}
@@ -161,7 +161,7 @@ async def test_thread_isolation_timeout_fails_the_attempt_and_keeps_the_slot(
     def other(ctx):
         return "other"
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     worker = Worker(store, dags={dag.dag_id: dag}, slots=1, poll_interval=0.02)
     serving = asyncio.create_task(worker.run())
     try:
@@ -177,7 +177,7 @@ async def test_thread_isolation_timeout_fails_the_attempt_and_keeps_the_slot(
         let_go.set()
 
         async def ended():
-            info = await store.run_info(run_id)
+            info = await store.views.run_info(run_id)
             return info is not None and info["state"] != "RUNNING"
 
         await async_wait_until(ended, what="the run to end")
@@ -208,7 +208,7 @@ async def test_process_isolation_timeout_kills_the_hung_child(
         ctx.log(f"from pid {os.getpid()}")
         return {"pid": os.getpid()}
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     # the child sleeps 60 s: the run can only end in time if the child is killed
     info = await run_to_end(
         store, run_id, dags={dag.dag_id: dag}, slots=2, isolation="process", timeout=30
@@ -235,7 +235,7 @@ async def test_process_isolation_reports_a_child_that_died(store: Store, db_path
     def crash(ctx):
         os._exit(3)
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=1, isolation="process")
     assert info["state"] == "FAILED"
     (failed,) = [e for e in events(db_path, run_id, "crash") if e["to_state"] == "FAILED"]
@@ -257,7 +257,7 @@ async def test_worker_stops_without_waiting_for_a_timed_out_thread(store: Store,
     def stuck(ctx):
         let_go.wait(60)
 
-    run_id = await store.create_run(dag, DAY)
+    run_id = await store.runs.create_run(dag, DAY)
     try:
         info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=1, timeout=20)
         assert info["state"] == "FAILED"

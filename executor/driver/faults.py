@@ -1,6 +1,6 @@
 """Database faults: which errors pass (retry the same batch), and finding a poison row.
 
-A batched write (a worker's :meth:`Store.exchange`, a triggerer's flush) can fail for two
+A batched write (a worker's :meth:`Exchange.exchange`, a triggerer's flush) can fail for two
 kinds of reasons:
 
 * **transient**: the server restarted or is unreachable, a connection broke, a deadlock or

@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
+from executor.rows import Row  # a driver row, defined once, where the typed rows are
 from schema import Query
 
 from .liveness import Liveness
 
-Row = Mapping[str, Any]
 T = TypeVar("T")
 
 
@@ -72,7 +72,7 @@ class Database(Protocol):
         ...
 
     def liveness(self) -> Liveness:
-        """This process's lock that dies with it (executor/store/liveness.py)."""
+        """This process's lock that dies with it (executor/driver/liveness.py)."""
         ...
 
     async def subscribe(

@@ -25,7 +25,7 @@ from typing import Any
 from triggers.base import BaseTrigger, shard_of
 from triggers.temporal import DateTimeTrigger
 
-from .db import Tx
+from .driver.db import Tx
 
 DEADLINE = "deadline"
 TIMEOUT = "timeout"

@@ -29,7 +29,7 @@ from .migrate import migrate
 
 BUSY_TIMEOUT_MS = 30_000
 # Overrides it (milliseconds): a lock held longer is not an error either way, the callers
-# retry a write that met it (executor/store/faults.py), so only how often they try changes.
+# retry a write that met it (executor/driver/faults.py), so only how often they try changes.
 BUSY_ENV = "SLOTLESS_SQLITE_BUSY_MS"
 
 T = TypeVar("T")

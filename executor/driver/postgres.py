@@ -18,7 +18,7 @@ Workers and triggerers on any number of hosts coordinate only through this datab
   a lease's expiry is judged on the database's timeline by every triggerer, whatever the
   hosts' clocks say (error: half a round trip plus drift between syncs, far below a
   lease's TTL). Queries keep taking ``now`` as a parameter, the same on both backends.
-* Migrations (executor/store/migrate.py) take an advisory lock, so many processes may
+* Migrations (executor/driver/migrate.py) take an advisory lock, so many processes may
   start at once.
 
 URL: ``postgresql://user@host:port/db?search_path=myschema&pool_max_size=5``. Query

@@ -1,0 +1,92 @@
+"""Options and argument types that several ``slotless`` commands share.
+
+Each command group registers its commands itself (``add_commands(sub)`` next to its
+implementation, listed in :data:`slotless.cli.GROUPS`); what two groups both take is
+declared here once, so ``--db`` or ``--parse-timeout`` reads the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import date
+
+from executor.catalogue import DEFAULT_PARSE_TIMEOUT, DEFAULT_RESCAN
+
+
+def db_opt(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--db", help="database URL (default: $SLOTLESS_DB or sqlite:///slotless.db)")
+
+
+def parse_timeout_opt(sp: argparse.ArgumentParser, what: str = "one file") -> None:
+    sp.add_argument(
+        "--parse-timeout",
+        type=float,
+        default=DEFAULT_PARSE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"time limit to import {what} (default {DEFAULT_PARSE_TIMEOUT:g})",
+    )
+
+
+def dags_opts(sp: argparse.ArgumentParser) -> None:
+    """A long-running process's DAG folder, kept in the catalogue while it runs."""
+    sp.add_argument(
+        "--dags",
+        metavar="DIR",
+        help="keep the DAG catalogue up to date with this folder (default: $SLOTLESS_DAGS)",
+    )
+    sp.add_argument(
+        "--rescan",
+        type=float,
+        default=DEFAULT_RESCAN,
+        metavar="SECONDS",
+        help=f"how often to look for changed DAG files (default {DEFAULT_RESCAN:g})",
+    )
+    parse_timeout_opt(sp)
+
+
+def metrics_opts(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+    )
+    sp.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+
+
+def token_opt(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--token",
+        default=None,
+        help="let an operator who signs in with this token pause and trigger DAGs from the web "
+        "page, and allow writes through the JSON API (Authorization: Bearer TOKEN); a "
+        "comma-separated list of NAME:TOKEN pairs names who wrote (default: "
+        "$SLOTLESS_UI_TOKEN; without one the page and the API are read-only). The "
+        "environment variable keeps it out of the process list",
+    )
+
+
+def slots(text: str) -> int:
+    # Checked here, before a run is created: zero slots would leave it RUNNING forever.
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
+    return n
+
+
+def duration(text: str) -> float:
+    from executor.durations import seconds
+
+    try:
+        value = seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert value is not None
+    return value
+
+
+def logical_date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
