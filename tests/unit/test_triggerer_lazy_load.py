@@ -17,6 +17,7 @@ from triggerer.loading import Loader, _interval_in
 from triggerer.models import KeptModels
 from triggerer.running import CheckRunner
 from triggerer.settling import Settler
+from triggerer.waitref import pack
 from triggerer.writing import Outbox
 from triggers.base import BaseTrigger, TriggerEvent
 from triggers.checking import CheckContext
@@ -45,7 +46,7 @@ class Rows:
         self.rows = rows
 
     async def max_trigger_id(self) -> int:
-        return max((r[0] for r in self.rows), default=0)
+        return max((col(r, "trigger_id") for r in self.rows), default=0)
 
     async def max_release_id(self) -> int:
         return 0
@@ -53,20 +54,29 @@ class Rows:
     async def load_triggers(
         self, shards: Collection[int], after_id: int = 0, upto: int | None = None
     ) -> list[Any]:
-        top = upto if upto is not None else max((r[0] for r in self.rows), default=0)
-        return [r for r in self.rows if r[4] in shards and after_id < r[0] <= top]
+        top = (
+            upto if upto is not None else max((col(r, "trigger_id") for r in self.rows), default=0)
+        )
+        return [
+            r for r in self.rows
+            if col(r, "shard") in shards and after_id < col(r, "trigger_id") <= top
+        ]  # fmt: skip
 
 
 class FakeRow(tuple[Any, ...]):
     """A row as both drivers' rows read: by position, and by name through keys()."""
 
-    COLUMNS = (
+    COLUMNS: tuple[str, ...] = (
         "trigger_id", "classpath", "kwargs", "poke_hash", "shard",
         "wait_kind", "wait_id", "next_method", "not_before",
     )  # fmt: skip
 
     def keys(self) -> tuple[str, ...]:
         return self.COLUMNS
+
+
+def col(r: Any, name: str) -> Any:
+    return r[list(r.keys()).index(name)]
 
 
 def row(n: int, kwargs: dict[str, Any] | str, poke_hash: str | None = None) -> tuple[Any, ...]:
@@ -143,3 +153,24 @@ async def test_a_bad_row_fails_its_own_task_at_its_first_check() -> None:
     assert waits == {101: 1}
     assert why.startswith(f"cannot load trigger: invalid kwargs for {CLASSPATH}: bogus:")
     assert settler.unloadable == 1
+
+
+class ReorderedRow(FakeRow):
+    """A row whose statement lists its columns in another order (and one more column)."""
+
+    COLUMNS = ("wait_id", "extra", *(c for c in FakeRow.COLUMNS if c != "wait_id"))
+
+
+async def test_columns_are_read_by_name_whatever_their_order() -> None:
+    """The loader finds its columns by name: a start wait and a task, their values in
+    another order than the load statements give them, are held under their own keys."""
+    rows: list[tuple[Any, ...]] = []
+    for n, kind in ((1, "task"), (2, "start")):
+        base = dict(zip(FakeRow.COLUMNS, row(n, {"name": f"w{n}"}), strict=True))
+        base["wait_kind"] = kind
+        values = {**base, "extra": "ignored"}
+        rows.append(ReorderedRow(values[c] for c in ReorderedRow.COLUMNS))
+    table, outbox = await load(rows)
+    assert not outbox.batch
+    held = {key: check.subscribers[key].trigger_id for key, check in table.by_row.items()}
+    assert held == {pack("task", 101): 1, pack("start", 102): 2}
