@@ -19,8 +19,8 @@ parse starts one ``python -c`` child, the forkserver, that imports slotless (the
 pydantic, cronsim, the triggers) once and then forks one grandchild per DAG file. A fork of
 a process that has imported all that costs ~1 ms, and each grandchild still starts from a
 state no DAG file has touched: nothing one file imports or patches is seen by the next.
-The grandchild is :func:`_child` as before (its own process group, the import
-within a faulthandler time limit, a JSON result on a pipe, ``os._exit``); it starts the
+The grandchild is :func:`_child` (its own process group, the import within
+a faulthandler time limit, a JSON result on a pipe, ``os._exit``); it starts the
 import only once the caller has been told its pid. The forkserver reads its pipes, and
 when it exits kills what is left of its group, reaps it and reports its exit status and
 output to the caller. The caller still enforces the limit from outside: a grandchild not

@@ -115,6 +115,6 @@ class TaskRow(_FromRow):
     soft_fail: int
     wait_started_at: float | None
     wait_timeout_at: float | None
-    pool: str  # issue 14: executor/pools.py
+    pool: str  # executor/pools.py
     pool_slots: int
     queue: str

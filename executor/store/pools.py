@@ -52,6 +52,13 @@ async def check_known(tx: Tx, tasks: Iterable[Any], what: str) -> None:
         raise DagError(f"{what}: {'; '.join(found)}")
 
 
+# The statements a delete runs, by kind (named whole, so that each can be found by name).
+_DELETE_QUERIES = {
+    "pool": ("pools_named", "pool_unfinished", "pool_delete"),
+    "queue": ("queues_named", "queue_unfinished", "queue_delete"),
+}
+
+
 class Pools(Part):
     """Pools and queues: their slots, who serves them, what they hold back."""
 
@@ -77,16 +84,17 @@ class Pools(Part):
         check_name(kind, name)
         if name == DEFAULT:
             raise PoolError(f"the default {kind} cannot be deleted")
+        named, unfinished, delete = _DELETE_QUERIES[kind]
         async with self.db.write() as tx:
-            if not await tx.fetch(f"{kind}s_named", names=[name]):
+            if not await tx.fetch(named, names=[name]):
                 raise PoolError(f"no {kind} {name!r}")
-            row = await tx.fetchone(f"{kind}_unfinished", name=name)
+            row = await tx.fetchone(unfinished, name=name)
             if row and row["n"]:
                 raise PoolError(
                     f"{kind} {name!r} is named by {row['n']} unfinished task(s); "
                     "let them end (or cancel their runs) first"
                 )
-            await tx.execute(f"{kind}_delete", name=name)
+            await tx.execute(delete, name=name)
 
     async def pools(self) -> list[PoolUse]:
         """``default`` (unlimited) and every stored pool: slots, slots in use, tasks ready."""

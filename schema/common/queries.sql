@@ -341,7 +341,7 @@ ON CONFLICT (id) DO UPDATE SET seen_at = :now, triggers = :triggers, loop_lag_ms
 -- name: live_triggerers
 SELECT id FROM triggerer WHERE seen_at >= :since ORDER BY id;
 
--- Liveness (issue 16): who else runs, to ask whether each still holds its lock -------
+-- Liveness: who else runs, to ask whether each still holds its lock -------
 
 -- name: other_triggerers
 -- Every other triggerer known: holding leases, or only listed (it may hold none yet).
@@ -501,7 +501,7 @@ SELECT COALESCE(max(version), 0) AS version FROM schema_version;
 INSERT INTO schema_version (version, name, applied_at) VALUES (:version, :name, :now);
 
 -- ---------------------------------------------------------------- pools and queues
--- Issue 14: executor/pools.py (the rules), executor/store/pools.py; 006_pools_queues.sql.
+-- Pools and queues: executor/pools.py (the rules), executor/store/pools.py; 006_pools_queues.sql.
 
 -- name: lock_pools
 -- A claim that would take slots of these pools holds their rows until commit (PostgreSQL;
@@ -880,7 +880,7 @@ SELECT s.dag_id, s.kind, s.logical_date, s.interval_end, s.armed_at, g.descripti
 FROM start_wait s JOIN trigger g ON g.id = s.trigger_id
 ORDER BY s.dag_id, s.kind;
 
--- ---------------------------------------------------------------- events (issue 19)
+-- ---------------------------------------------------------------- events
 -- Pushed, never polled: executor/store/events.py. Each event settles the waits it matches.
 
 -- name: event_shapes
@@ -954,7 +954,7 @@ RETURNING id;
 -- name: prune_event_wakes
 DELETE FROM event_woke WHERE event_id = ANY(:ids);
 
--- ---------------------------------------------------------------- people in the loop (issue 19)
+-- ---------------------------------------------------------------- people in the loop
 -- executor/store/people.py: a person's wait is a DEFERRED task on a trigger row whose
 -- event_key is 'person:<task row>' (never loaded by a triggerer, never matched by an event).
 

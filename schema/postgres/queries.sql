@@ -143,7 +143,7 @@ SELECT pg_advisory_xact_lock(hashtext('slotless.migrate:' || current_schema()));
 -- name: database_name
 SELECT current_database() || '.' || current_schema() AS name;
 
--- Liveness (issue 16): locks that die with a process (executor/driver/liveness.py) -------
+-- Liveness: locks that die with a process (executor/driver/liveness.py) -------
 
 -- name: liveness_lock
 -- A session lock, on a connection kept for the process's life: the server drops it when
@@ -161,7 +161,7 @@ SELECT extract(epoch FROM clock_timestamp() - pg_postmaster_start_time())::float
                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
        ) AS keys;
 
--- ---------------------------------------------------------------- events (issue 19)
+-- ---------------------------------------------------------------- events
 
 -- name: lock_event_names
 -- An event's writer, until commit: exclusive per event name, so that a wait registering on

@@ -92,7 +92,7 @@ SELECT 1;
 -- name: database_name
 SELECT file AS name FROM pragma_database_list WHERE name = 'main';
 
--- Liveness (issue 16): locks that die with a process (executor/driver/liveness.py) -------
+-- Liveness: locks that die with a process (executor/driver/liveness.py) -------
 
 -- name: liveness_lock
 -- Never run: on SQLite the lock is a file's (fcntl), held by the process, not by SQL.
@@ -102,7 +102,7 @@ SELECT 0 AS held WHERE :space IS NULL AND :key IS NULL;
 -- Never run: on SQLite a process tries the other's lock file instead.
 SELECT NULL AS uptime, NULL AS keys WHERE :space IS NULL;
 
--- ---------------------------------------------------------------- events (issue 19)
+-- ---------------------------------------------------------------- events
 
 -- name: lock_event_names
 -- An event's writer. Nothing to take: the write transaction (BEGIN IMMEDIATE) holds the
