@@ -94,11 +94,13 @@ class Leases:
         except BaseException:
             self._take_freed |= take_free  # the next try takes them
             raise
-        # Our leases run from the transaction's start; keep a tenth in hand.
-        self._valid_until = began + ttl * 0.9
         if shards != self.shards:
-            gone = self.shards - shards
-            await self._drop_shards(gone)
+            if gone := self.shards - shards:
+                # Fenced until their checks are forgotten (the drop yields to the loop): no
+                # check of a shard given away or lost starts after the renewal that found
+                # it gone, so no wait is checked by two triggerers past one renewal.
+                self._valid_until = 0.0
+                await self._drop_shards(gone)
             if lost := gone - released:
                 self.shards_lost += len(lost)
                 log.warning(
@@ -108,14 +110,17 @@ class Leases:
             log.info("triggerer %s holds %d shards", self._owner, len(shards))
             self.shards = shards
             self._moved()
+        # Our leases run from the transaction's start; keep a tenth in hand.
+        self._valid_until = began + ttl * 0.9
         self._wake_checker.set()  # fenced checks may go on
         await self._ops.triggerer_beat(self._owner, self._table.subscriptions, self._lag() * 1000)
 
     async def _drop_shards(self, gone: set[int]) -> None:
         """Forget the checks of shards no longer ours, a 64th of the table at a time: half
-        of a million dropped at once held the loop 1.8 s. A check of theirs that runs
-        meanwhile fires nothing (the outbox writes only for shards still leased); one
-        dropped meanwhile is left as it is (``drop`` forgets only what is still held)."""
+        of a million dropped at once held the loop 1.8 s. Meanwhile we are fenced, so none
+        of theirs starts; one already running fires nothing (the outbox writes only for
+        shards still leased); one dropped meanwhile is left as it is (``drop`` forgets
+        only what is still held)."""
         table = self._table
         for checks in table.by_hash.value_chunks():
             for check in checks:

@@ -1,6 +1,7 @@
 """Recovery details of the triggerer, one module at a time: the watchdog reports a stall's
 true length when it ends, and a success on a connection resets the backoff of the waits
-sharing it (so a server that comes back is seen within seconds, not max_backoff)."""
+sharing it (so a server that comes back is seen within seconds, not max_backoff), and a
+renewal that finds shards gone stays fenced until it has forgotten their checks."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import Any
 import pytest
 from support.helpers import async_wait_until
 
+from executor.driver.liveness import NoLiveness
 from triggerer.checks import CheckTable, Subscriber
+from triggerer.config import TriggererConfig
+from triggerer.leasing import Leases
 from triggerer.models import KeptModels
 from triggerer.settling import PROBE_EVERY, Settler
 from triggerer.watchdog import LoopWatch
@@ -104,3 +108,50 @@ def test_the_connection_of_a_check() -> None:
         path: str
 
     assert PlainTrigger(path="/x").connection_key() is None
+
+
+class ShrinkingLeases:
+    """The store's side of a renewal: the shards it grants, each time fewer."""
+
+    def __init__(self, grants: list[set[int]]) -> None:
+        self.grants = grants
+
+    async def lease_shards(self, *args: Any, **kwargs: Any) -> set[int]:
+        return self.grants.pop(0)
+
+    async def triggerer_beat(self, *args: Any) -> None: ...
+
+
+async def test_no_check_of_a_shard_found_gone_can_start_while_its_checks_are_forgotten() -> None:
+    """The drop yields to the loop between chunks of the table; meanwhile the triggerer is
+    fenced, so a check of a shard it no longer holds is not started after the renewal that
+    found the shard gone (a SIGSTOPped triggerer woken after its leases lapsed)."""
+    table = CheckTable()
+    for row in range(1, 2001):  # spread over both shards, in every chunk of the table
+        trigger = ServerTrigger(name=f"t{row}", conn_id="srv")
+        table.subscribe(trigger.poke_hash(), trigger, row % 2, Subscriber(row, row, 1.0, False), 0)
+    leases = Leases(
+        ShrinkingLeases([{0, 1}, {0}]),  # type: ignore[arg-type]
+        "me",
+        NoLiveness(),
+        table,
+        TriggererConfig(),
+        wake_checker=asyncio.Event(),
+        moved=lambda: None,
+        lag=lambda: 0.0,
+    )
+    await leases._renew()
+    assert not leases.fenced() and leases.shards == {0, 1}
+    seen: list[bool] = []  # fenced, each time the loop ran while shard 1 still had checks
+
+    async def checker() -> None:
+        while any(c.shard == 1 for c in table.by_hash.values()):
+            seen.append(leases.fenced())
+            await asyncio.sleep(0)
+
+    watching = asyncio.create_task(checker())
+    await leases._renew()
+    await watching
+    assert seen and all(seen)
+    assert leases.shards == {0} and not leases.fenced()
+    assert {c.shard for c in table.by_hash.values()} == {0}
