@@ -165,6 +165,18 @@ class FileLiveness:
 # -- PostgreSQL: a session advisory lock ------------------------------------------------
 
 
+async def close_connection(conn: Any) -> None:
+    """Close an asyncpg connection politely, within 5 s, else terminate it: a server that
+    went away must not hold a shutdown."""
+    if conn.is_closed():
+        return
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(5.0):
+            await conn.close()
+    if not conn.is_closed():
+        conn.terminate()
+
+
 class PgLiveness:
     """The advisory lock on a connection of its own, taken again after a reconnect.
 
@@ -260,9 +272,5 @@ class PgLiveness:
             with contextlib.suppress(BaseException):
                 await self._retaking
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5.0):
-                    await conn.close()
-            if not conn.is_closed():
-                conn.terminate()
+        if conn is not None:
+            await close_connection(conn)

@@ -43,7 +43,7 @@ import schema
 from schema import Query
 
 from .db import Row, Tx, check_params
-from .liveness import Liveness, PgLiveness
+from .liveness import Liveness, PgLiveness, close_connection
 from .migrate import migrate
 
 T = TypeVar("T")
@@ -354,12 +354,8 @@ class PostgresDatabase:
 
     async def close(self) -> None:
         conn, self._listen_conn = self._listen_conn, None
-        if conn is not None and not conn.is_closed():
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5.0):
-                    await conn.close()
-            if not conn.is_closed():
-                conn.terminate()
+        if conn is not None:
+            await close_connection(conn)
         if self._pool is not None:
             await self._pool.close()
 
