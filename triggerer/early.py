@@ -5,9 +5,9 @@ A safety poll's call lists whole folders (10,000 S3 waits: ten listings of 1,000
 seconds on a busy server): a wait whose object lands meanwhile would wait for that
 listing, then run again. The early call answers it from what the push said (an S3
 notification's size, a fresh directory read). Only an event from it is acted on, and only
-while the check is still held: the call in flight settles everything else as before (the
-push hub runs the check once more after it), and whichever of the two fires first drops
-the check, so the other's event is ignored (no double fire).
+while the check is still held: the call in flight settles everything else (the push hub
+runs the check once more after it), and whichever of the two fires first drops the
+check, so the other's event is ignored (no double fire).
 """
 
 from __future__ import annotations

@@ -101,8 +101,9 @@ class TriggererStore:
                         held.append(r["shard"])
             return set(held)
 
-        # One call into SQLite's driver thread: taking 64 free shards was 64 round trips
-        # with the connection held, and a worker sharing it (slotless run) waited for them.
+        # One call into SQLite's driver thread: 64 free shards taken a statement at a time
+        # are 64 round trips with the connection held, which a worker sharing it (slotless
+        # run) would wait for.
         return await self.db.transact(body)
 
     async def triggerer_beat(self, owner: str, triggers: int, loop_lag_ms: float | None) -> None:
