@@ -399,8 +399,11 @@ class DAG:
         return self._consumers[1].get(task_id, [])
 
     def validate(self) -> None:
-        """Raise :class:`DagError` for unknown parents or a cycle (naming it)."""
+        """Raise :class:`DagError` for unknown parents, a cycle (naming it), or a deferrable
+        sensor whose trigger class the triggerer would refuse."""
         for spec in self.tasks.values():
+            if spec.sensor is not None and spec.sensor.mode == "deferrable":
+                _check_deferrable(spec.task_id, spec.sensor.trigger)
             for parent in spec.parents:
                 if parent not in self.tasks:
                     raise DagError(f"task {spec.task_id!r} has unknown parent {parent!r}")
@@ -492,6 +495,21 @@ def _start_when(dag_id: str, trigger: BaseTrigger | None) -> BaseTrigger | None:
     except (KeyError, ValueError, TriggerLoadError) as exc:
         raise DagError(f"DAG {dag_id!r}: start_when: {exc}") from None
     return trigger
+
+
+def _check_deferrable(task_id: str, trigger: BaseTrigger) -> None:
+    """A deferrable sensor's trigger class must be one the triggerer loads: found when the
+    DAG is checked, not by a task that falls back to rescheduling until its timeout. Checked
+    here rather than in ``DAG.sensor``, so that a class registered after the declaration
+    (``register`` further down the file) counts."""
+    classpath = trigger.classpath()
+    if not is_allowed(classpath):
+        raise DagError(
+            f"sensor {task_id!r}: trigger class {classpath} is not allow-listed, so it cannot "
+            "defer: register it under the 'slotless.triggers' entry point or name it in "
+            "SLOTLESS_ALLOWED_TRIGGERS (docs/writing-triggers.md), or give the sensor "
+            "mode='reschedule'"
+        )
 
 
 def _check_pool(tid: str, pool: object, pool_slots: object, queue: object) -> None:

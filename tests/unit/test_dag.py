@@ -63,6 +63,19 @@ def test_self_loop_is_a_cycle() -> None:
         dag.validate()
 
 
+def test_a_deferrable_sensor_on_a_class_not_allow_listed_is_refused_by_validate() -> None:
+    from support.triggers import UnlistedTrigger
+
+    dag = DAG("waits")
+    dag.sensor("wait", UnlistedTrigger(name="x"))
+    with pytest.raises(DagError, match=r"sensor 'wait': trigger class .*Unlisted\w* is not allow"):
+        dag.validate()
+    # Checked in the worker's slot, not by the triggerer: no allow-list to pass.
+    slot = DAG("slot")
+    slot.sensor("wait", UnlistedTrigger(name="x"), mode="reschedule")
+    slot.validate()
+
+
 def test_unknown_parent() -> None:
     dag = dag_of({"a": [], "b": ["a", "ghost"]})
     with pytest.raises(DagError, match=r"task 'b' has unknown parent 'ghost'"):

@@ -28,7 +28,7 @@ from support.triggers import (
 )
 
 from executor import DAG
-from executor.dag import SensorMode
+from executor.dag import DagError, SensorMode
 from triggers import files
 from triggers.files import FileTrigger
 
@@ -292,10 +292,25 @@ async def test_a_retried_sensor_gets_its_whole_timeout_again(store, db_path) -> 
     assert (row["state"], row["attempt"]) == ("SUCCESS", 2), transition_events(db_path, row["id"])
 
 
-async def test_a_sensor_that_cannot_defer_falls_back_to_reschedule(store, db_path) -> None:
+async def test_a_deferrable_sensor_on_a_class_not_allow_listed_starts_no_run(
+    store, db_path
+) -> None:
+    dag = DAG("refused")
+    dag.sensor("wait", UnlistedTrigger(name="unlisted", poke_interval=INTERVAL), timeout=30)
+    with pytest.raises(DagError, match="UnlistedTrigger is not allow-listed, so it cannot defer"):
+        await store.runs.create_run(dag, DAY)
+    assert sql(db_path, "SELECT * FROM dag_run") == []
+
+
+async def test_a_sensor_that_cannot_defer_falls_back_to_reschedule(
+    store, db_path, monkeypatch
+) -> None:
     dag = DAG("fallback")
     dag.sensor("wait", UnlistedTrigger(name="unlisted", poke_interval=INTERVAL), timeout=30)
+    # Allowed where the run was created, not where it runs (another process's environment).
+    monkeypatch.setenv("SLOTLESS_ALLOWED_TRIGGERS", UnlistedTrigger.classpath())
     run_id = await store.runs.create_run(dag, DAY)
+    monkeypatch.delenv("SLOTLESS_ALLOWED_TRIGGERS")
     row_id = task_row(db_path, run_id, "wait")["id"]
     async with serving(store, dag):
         await async_wait_until(
