@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .dag import DAG
+from .errors import DagError
 from .loader import DagImportError, import_dags
 from .store.catalogue import DeclaredDag
 from .store.lines import one_line
@@ -417,6 +418,16 @@ def _declared(dag: object, dag_id: str) -> dict[str, object]:
     }
 
 
+def _validated(path: str, dag_id: str, dag: DAG) -> None:
+    """Check ``dag`` as ``slotless run`` and ``slotless trigger`` do before they start a
+    run: a cycle or a refused trigger class breaks the file here, where it is listed, rather
+    than a scheduled run that never has a task ready (or a sensor that cannot defer)."""
+    try:
+        dag.validate()
+    except DagError as exc:
+        raise DagImportError(f"{path}: DAG {dag_id!r}: {exc}") from None
+
+
 def _child(path: str, timeout: str) -> None:
     """In the grandchild: import ``path``, write one JSON object to the real stdout."""
     result = os.fdopen(os.dup(1), "w")
@@ -426,8 +437,11 @@ def _child(path: str, timeout: str) -> None:
     # the import was stuck from it (and kills the child anyway shortly after).
     faulthandler.dump_traceback_later(float(timeout), exit=True)
     try:
+        dags = import_dags(path)
+        for dag_id, dag in dags.items():
+            _validated(path, dag_id, dag)
         payload: dict[str, object] = {
-            "dags": [_declared(dag, dag_id) for dag_id, dag in import_dags(path).items()]
+            "dags": [_declared(dag, dag_id) for dag_id, dag in dags.items()]
         }
     except DagImportError as exc:
         payload = {"error": str(exc)}

@@ -295,6 +295,43 @@ async def test_a_bad_schedule_is_the_files_error(store: Store, folder: Path) -> 
     assert "DAG 'typo': bad cron '0 6 * * 9': day-of-week 9 out of range 0-7" in error
 
 
+CYCLE = """
+from executor import DAG
+
+dag = DAG("loops_back", schedule="@hourly")
+a, b, c = (dag.task(lambda ctx: 1, task_id=t) for t in "abc")
+a >> b >> c >> a
+"""
+
+UNLISTED_SENSOR = """
+from executor import DAG
+from triggers.files import FileTrigger
+
+
+class Unlisted(FileTrigger):
+    pass
+
+
+dag = DAG("waits", schedule="@hourly")
+dag.sensor("wait", Unlisted(path="/nowhere"))
+"""
+
+
+async def test_a_dag_that_run_and_trigger_would_refuse_is_a_broken_file_and_arms_nothing(
+    store: Store, folder: Path
+) -> None:
+    write_dag(folder, CYCLE, "cycle.py")
+    write_dag(folder, UNLISTED_SENSOR, "unlisted.py")
+    await scan(store, folder, timeout=10)
+    assert await dag_ids(store) == []
+    assert await store.catalogue.start_waits() == []
+    broken = await errors(store)
+    assert broken["cycle.py"].endswith("DAG 'loops_back': cycle: a -> b -> c -> a")
+    assert "sensor 'wait': trigger class " in broken["unlisted.py"]
+    assert ".Unlisted is not allow-listed, so it cannot defer" in broken["unlisted.py"]
+    assert "SLOTLESS_ALLOWED_TRIGGERS" in broken["unlisted.py"]
+
+
 # Files parse in grandchildren forked by one forkserver per scan: a file may kill that
 # forkserver, leave processes behind, or the forkserver may be killed from outside.
 
