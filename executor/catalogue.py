@@ -137,10 +137,18 @@ async def scan(
     *,
     timeout: float = DEFAULT_PARSE_TIMEOUT,
     jobs: int | None = None,
+    by_hand: bool = False,
 ) -> ScanResult:
     """Bring the catalogue up to date with ``folder``: parse new and changed files (at most
     ``jobs`` at once, default one per core, each within ``timeout`` seconds), drop files
-    that are gone. Never raises for what a DAG file does; raises for a missing folder."""
+    that are gone. Never raises for what a DAG file does; raises for a missing folder.
+
+    ``by_hand``: a command run from a shell, whose environment (``PYTHONPATH``, installed
+    packages, ``SLOTLESS_ALLOWED_TRIGGERS``) may not be the one the services run DAGs in.
+    What it parses is recorded as provisional: every scan, a service's included, parses
+    those files again, and only a service's parse settles a file. So a hand-run command
+    never decides for the services that a file is broken (or healthy), and it never
+    re-parses a file the services have settled (its mtime is unchanged)."""
     folder = Path(folder).resolve()
     found = await asyncio.to_thread(dag_files, folder)
     known = await store.catalogue.catalogue_files()
@@ -162,7 +170,9 @@ async def scan(
         await parser.close()
     errors = {}
     for path, parsed in zip(changed, results, strict=True):
-        stored = await store.catalogue.record_parse(path, found[path], parsed.dags, parsed.error)
+        stored = await store.catalogue.record_parse(
+            path, found[path], parsed.dags, parsed.error, settled=not by_hand
+        )
         if stored is not None:
             errors[path] = stored
     unchanged = sorted(set(found) - set(changed))

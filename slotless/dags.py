@@ -48,7 +48,7 @@ async def cmd_dags_list(args: argparse.Namespace) -> int:
     store = await open_store(args.db, create=folder is not None)
     try:
         if folder is not None:
-            await scan(store, folder, timeout=args.parse_timeout)
+            await scan(store, folder, timeout=args.parse_timeout, by_hand=True)
         dags = DagRow.all(await store.catalogue.catalogue_dags())
         broken = BrokenFile.all(await store.catalogue.broken_files())
     finally:

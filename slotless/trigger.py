@@ -151,7 +151,7 @@ async def catalogued(args: argparse.Namespace) -> AsyncIterator[Store]:
     store = await open_store(args.db, create=folder is not None)
     try:
         if folder is not None:
-            await scan(store, folder, timeout=args.parse_timeout)
+            await scan(store, folder, timeout=args.parse_timeout, by_hand=True)
         yield store
     finally:
         await store.close()

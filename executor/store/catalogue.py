@@ -49,9 +49,19 @@ class Catalogue(Part):
             return {r["path"]: r["mtime"] for r in await tx.fetch("catalogue_files")}
 
     async def record_parse(
-        self, path: str, mtime: float, dags: Sequence[DeclaredDag], error: str | None
+        self,
+        path: str,
+        mtime: float,
+        dags: Sequence[DeclaredDag],
+        error: str | None,
+        *,
+        settled: bool = True,
     ) -> str | None:
         """Record one parse of ``path``: its DAGs, or its error. Returns the error stored.
+
+        ``settled=False``: a provisional parse (a command run by hand, in an environment
+        that may not be the services'): recorded as any other, but with no mtime, so that
+        the next scan parses the file again and a service's parse has the last word.
 
         A file that fails keeps the DAGs it declared before (with the error on them), so a
         typo in a file does not forget that its DAG was paused. A dag_id that another file
@@ -60,12 +70,12 @@ class Catalogue(Part):
         """
         now = self.clock()
         async with self.db.write() as tx:
-            retry = False
+            retry = not settled
             if error is None:
                 # A pool or queue that does not exist (yet) breaks the file, naming
                 # it; the file is parsed again on each scan (mtime NULL) until it exists.
                 error = await _unknown_pools(tx, dags)
-                retry = error is not None
+                retry = retry or error is not None
             if error is not None:
                 await tx.execute(
                     "upsert_dag_file",
@@ -91,7 +101,7 @@ class Catalogue(Part):
             await tx.execute(
                 "upsert_dag_file",
                 path=path,
-                mtime=None if taken else mtime,
+                mtime=None if taken or retry else mtime,
                 now=now,
                 parse_error=error,
             )

@@ -726,7 +726,8 @@ WHERE g.shard = :shard AND g.poke_hash = :poke_hash;
 SELECT path, mtime FROM dag_file ORDER BY path;
 
 -- name: upsert_dag_file
--- :mtime NULL makes the next scan parse the file again (a dag_id another file holds).
+-- :mtime NULL makes the next scan parse the file again (a dag_id another file holds, an
+-- unknown pool, a provisional parse by a command run by hand).
 INSERT INTO dag_file (path, mtime, parsed_at, parse_error)
 VALUES (:path, :mtime, :now, :parse_error)
 ON CONFLICT (path) DO UPDATE SET mtime = :mtime, parsed_at = :now, parse_error = :parse_error;

@@ -5,10 +5,13 @@ state, and an unknown DAG refused with one line and exit status 2."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from support.helpers import cli, cli_env, write_dag
+from support.helpers import REPO, cli, cli_env, sql, stop_process, wait_until, write_dag
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +130,99 @@ def test_list_shows_the_schedule_in_words_and_the_next_run(tmp_path: Path, db_ur
     assert "next run" in proc.stdout
     assert "every day at 02:30 Europe/Paris" in proc.stdout
     assert "2026-03-28 02:30 (due 2026-03-29 03:00)" in proc.stdout
+
+
+CYCLE = """
+from executor import DAG
+
+dag = DAG("loops_back", schedule="@hourly")
+a, b, c = (dag.task(lambda ctx: 1, task_id=t) for t in "abc")
+a >> b >> c >> a
+"""
+
+UNLISTED_SENSOR = """
+from executor import DAG
+from triggers.files import FileTrigger
+
+
+class Unlisted(FileTrigger):
+    pass
+
+
+dag = DAG("waits", schedule="@hourly")
+dag.sensor("wait", Unlisted(path="/nowhere"))
+"""
+
+
+def test_a_dag_that_run_would_refuse_is_listed_broken_and_nothing_is_armed(
+    tmp_path: Path, db_url: str, db_path: Path
+) -> None:
+    dags = tmp_path / "refused"
+    dags.mkdir()
+    write_dag(dags, CYCLE, "cycle.py")
+    write_dag(dags, UNLISTED_SENSOR, "unlisted.py")
+    shown = listing(db_url, "--dags", str(dags))
+    assert shown["dags"] == []
+    broken = {Path(b["file"]).name: b["error"] for b in shown["broken_files"]}
+    assert broken["cycle.py"].endswith("DAG 'loops_back': cycle: a -> b -> c -> a")
+    assert ".Unlisted is not allow-listed, so it cannot defer" in broken["unlisted.py"]
+    assert "SLOTLESS_ALLOWED_TRIGGERS" in broken["unlisted.py"]
+    assert sql(db_path, "SELECT * FROM start_wait") == []
+
+
+HELPED = """
+from executor import DAG
+from slotless_test_helper import SCHEDULE
+
+dag = DAG("helped", schedule=SCHEDULE)
+
+
+@dag.task
+def work(ctx):
+    return 1
+"""
+
+
+def test_a_shell_without_the_services_path_does_not_decide_that_a_file_is_broken(
+    tmp_path: Path, db_url: str, db_path: Path
+) -> None:
+    # The services' environment has a helper module on PYTHONPATH; the shell's has not.
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "slotless_test_helper.py").write_text('SCHEDULE = "@hourly"\n')
+    dags = tmp_path / "helped"
+    dags.mkdir()
+    write_dag(dags, HELPED, "helped.py")
+    services = cli_env()
+    services["PYTHONPATH"] = os.pathsep.join([str(lib), services["PYTHONPATH"]])
+
+    # By hand, first: the shell is shown what it found itself.
+    shown = listing(db_url, "--dags", str(dags))
+    assert shown["dags"] == []
+    [broken] = shown["broken_files"]
+    assert "ModuleNotFoundError: No module named 'slotless_test_helper'" in broken["error"]
+
+    # The services parse the file again and settle it: healthy, its schedule armed.
+    log = tmp_path / "triggerer.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slotless", "triggerer", "--db", db_url, "--dags", str(dags),
+         "--rescan", "0.2"],
+        cwd=REPO, env=services, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+
+        def settled() -> bool:
+            files = sql(db_path, "SELECT parse_error, mtime FROM dag_file")
+            return files[0]["parse_error"] is None and files[0]["mtime"] is not None
+
+        wait_until(settled, 60, interval=0.1, what=f"the services' parse ({log})")
+        [armed] = sql(db_path, "SELECT dag_id FROM start_wait")
+        assert armed["dag_id"] == "helped"
+
+        # By hand again: the file is unchanged since the services parsed it, so the shell
+        # neither parses it nor overwrites their verdict.
+        again = listing(db_url, "--dags", str(dags))
+        assert [(d["dag_id"], d["parse_error"]) for d in again["dags"]] == [("helped", None)]
+        assert again["broken_files"] == []
+    finally:
+        stop_process(proc)

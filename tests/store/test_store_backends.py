@@ -606,6 +606,25 @@ async def test_catalogue_records_dags_and_broken_files(store: Store, clock: Fake
     }
 
 
+async def test_catalogue_a_provisional_parse_is_parsed_again_and_a_settled_one_decides(
+    store: Store,
+) -> None:
+    # By hand, in a shell that lacks a module the services have: recorded, not settled.
+    await store.catalogue.record_parse(
+        "/dags/a.py", 1.0, [], "cannot import: ModuleNotFoundError", settled=False
+    )
+    await store.catalogue.record_parse("/dags/b.py", 1.0, [DeclaredDag("b")], None, settled=False)
+    assert await store.catalogue.catalogue_files() == {"/dags/a.py": None, "/dags/b.py": None}
+    [broken] = await store.catalogue.broken_files()
+    assert broken["path"] == "/dags/a.py"
+    # A service's parse of the same file versions settles both.
+    await store.catalogue.record_parse("/dags/a.py", 1.0, [DeclaredDag("a")], None)
+    await store.catalogue.record_parse("/dags/b.py", 1.0, [DeclaredDag("b")], None)
+    assert await store.catalogue.catalogue_files() == {"/dags/a.py": 1.0, "/dags/b.py": 1.0}
+    assert await store.catalogue.broken_files() == []
+    assert [d["dag_id"] for d in await store.catalogue.catalogue_dags()] == ["a", "b"]
+
+
 async def test_catalogue_reparse_keeps_paused_and_drops_what_a_file_no_longer_declares(
     store: Store,
 ) -> None:
