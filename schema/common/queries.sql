@@ -1135,6 +1135,15 @@ SELECT run_id, dag_id, state, on_task_failure FROM dag_run WHERE run_id = :run_i
 UPDATE task SET ready_at = NULL
 WHERE run_id = :run_id AND state = 'PENDING' AND ready_at IS NOT NULL;
 
+-- name: stopped_tasks
+-- The tasks a run's stop (a cancel, a dagrun_timeout, fail_fast) ended that are still as it
+-- left them: their last transition is the stop's, at the run's end and with its reason.
+SELECT t.task_id FROM task t
+JOIN task_event e ON e.task_row = t.id
+WHERE t.run_id = :run_id AND t.map_index = -1 AND t.state IN ('SKIPPED', 'FAILED')
+  AND e.id = (SELECT max(x.id) FROM task_event x WHERE x.task_row = t.id AND x.kind = 'transition')
+  AND e.to_state = t.state AND e.ts = :ended_at AND e.message = :reason;
+
 -- name: held_tasks
 -- What a resumed run decides anew: its PENDING rows that are not claimable.
 SELECT * FROM task WHERE run_id = :run_id AND state = 'PENDING' AND ready_at IS NULL
