@@ -534,6 +534,11 @@ SELECT name, slots FROM pool WHERE name = ANY(:names);
 SELECT count(*) AS n FROM task
 WHERE pool = :name AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED');
 
+-- name: dags_naming
+-- The catalogued DAGs whose stored shape may name a pool or queue (:pattern, a LIKE of the
+-- quoted name: a prefilter; the caller reads each shape to be sure).
+SELECT dag_id, shape FROM dag WHERE shape LIKE :pattern ORDER BY dag_id;
+
 -- name: queue_unfinished
 SELECT count(*) AS n FROM task
 WHERE queue = :name AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED');
