@@ -3,7 +3,7 @@ run, at three points of its life, on both backends: after each operation, and af
 run is served to its end, the run's state is what its tasks say.
 
 The DAG: ``a -> b, a -> c, (b, c) -> leaf`` with ``leaf``'s rule all_done and ``b`` failing
-every attempt; under ``on_task_failure`` continue and pause. What must hold:
+every attempt; under each ``on_task_failure`` (continue, pause, fail_fast). What must hold:
 
 * an ended run (SUCCESS, FAILED, CANCELLED) has no unfinished task, and a RUNNING one has
   one, or it would never end;
@@ -14,7 +14,6 @@ every attempt; under ``on_task_failure`` continue and pause. What must hold:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 from collections.abc import Awaitable, Callable
@@ -27,16 +26,13 @@ from support.exchanging import claim, complete
 from support.helpers import attempt_of, write_dag
 
 from executor.loader import load_dag
-from executor.outcomes import Succeeded
+from executor.outcomes import Failed, Outcome, Succeeded
 from executor.rows import MovedTask
 from executor.store import Store
 from executor.store.control import ControlError
-from executor.worker import Worker
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
 pg_server = backends.pg_server  # fixture
-
-pytestmark = pytest.mark.slow
 
 DAG_SOURCE = """
 from executor import DAG
@@ -69,11 +65,14 @@ Op = Callable[[Store, str], Awaitable[object]]
 OPS: dict[str, Op] = {
     "clear": lambda s, r: s.runs.clear(r),
     "clear a": lambda s, r: s.runs.clear(r, ["a"]),
+    "clear a force": lambda s, r: s.runs.clear(r, ["a"], force=True),
+    "clear leaf": lambda s, r: s.runs.clear(r, ["leaf"]),
     "clear b+down": lambda s, r: s.runs.clear(r, ["b"], downstream=True),
     "retry": lambda s, r: s.runs.retry(r),
     "mark b success": lambda s, r: s.runs.mark(r, "b", "success"),
     "mark a failed": lambda s, r: s.runs.mark(r, "a", "failed"),
     "mark leaf failed": lambda s, r: s.runs.mark(r, "leaf", "failed"),
+    "mark c skipped": lambda s, r: s.runs.mark(r, "c", "skipped"),
     "cancel": lambda s, r: s.runs.cancel(r),
     "resume": lambda s, r: s.runs.resume(r),
 }
@@ -83,14 +82,26 @@ STAGES = ("new", "a running", "ended")
 TERMINAL = {"SUCCESS", "FAILED", "UPSTREAM_FAILED", "SKIPPED"}
 
 
-async def serve(store: Store, run_id: str) -> None:
-    """Run the run's tasks in this process until it ends or pauses."""
+def outcome(row: MovedTask) -> Outcome:
+    """What an attempt of ``row``'s task ends with: b fails, the rest succeed."""
+    if row.task_id == "b":
+        return Failed(**attempt_of(row), message="b is broken")
+    return Succeeded(**attempt_of(row), output_json="1")
 
-    async def stopped() -> bool:
+
+async def serve(store: Store, run_id: str, where: str) -> None:
+    """Play a worker until the run ends or pauses; a RUNNING run with nothing to run is
+    stuck (it would never end)."""
+    for _ in range(10):
         info = await store.views.run_info(run_id)
-        return info is not None and info["state"] not in ("RUNNING", "QUEUED")
-
-    await asyncio.wait_for(Worker(store, poll_interval=0.01).run(until=stopped), 30)
+        assert info is not None
+        if info["state"] != "RUNNING":
+            return
+        rows = await claim(store, "worker", 10)
+        assert rows, f"{where}: the run is RUNNING with nothing to run"
+        assert {r.run_id for r in rows} == {run_id}, where
+        await complete(store, [outcome(r) for r in rows])
+    raise AssertionError(f"{where}: the run did not end")
 
 
 async def check(store: Store, run_id: str, where: str) -> None:
@@ -105,13 +116,15 @@ async def check(store: Store, run_id: str, where: str) -> None:
         assert not unfinished, said
     if run == "RUNNING":  # (a PAUSED run may have nothing left: it waits for a person)
         assert unfinished, said + " (nothing left to end it)"
-    if run in ("SUCCESS", "FAILED"):
+    if run == "SUCCESS" or (
+        run == "FAILED" and not (info["state_reason"] or "").startswith("fail_fast")
+    ):  # (fail_fast ends it FAILED at its first failed task, whatever its leaves)
         leaf_failed = any(
             r["is_leaf"] and r["state"] in ("FAILED", "UPSTREAM_FAILED") for r in tasks.values()
         )
         assert run == ("FAILED" if leaf_failed else "SUCCESS"), said
     if run != "CANCELLED":
-        for t in states:
+        for t in [t for t, s in states.items() if s in ("SKIPPED", "FAILED")]:  # a stop's
             log = await store.views.task_log(run_id, t)
             assert log is not None
             moves = [e for e in log if e["kind"] == "transition"]
@@ -128,7 +141,7 @@ async def one_case(store: Store, path: Path, stage: str, first: str, second: str
         ghost = await claim(store, "ghost", 1)
         assert [g.task_id for g in ghost] == ["a"]
     elif stage == "ended":
-        await serve(store, run_id)
+        await serve(store, run_id, where)
     for name in (first, second):
         with contextlib.suppress(ControlError):  # refused: nothing changed
             await OPS[name](store, run_id)
@@ -138,11 +151,11 @@ async def one_case(store: Store, path: Path, stage: str, first: str, second: str
     info = await store.views.run_info(run_id)
     assert info is not None
     if info["state"] == "RUNNING":
-        await serve(store, run_id)
+        await serve(store, run_id, where)
     await check(store, run_id, f"{where}: served to its end")
 
 
-@pytest.mark.parametrize("policy", ["continue", "pause"])
+@pytest.mark.parametrize("policy", ["continue", "pause", "fail_fast"])
 async def test_every_two_operations_leave_the_run_as_its_tasks_say(
     store: Store, tmp_path: Path, policy: str
 ) -> None:
