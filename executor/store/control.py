@@ -12,7 +12,9 @@ report of a cleared or cancelled attempt is discarded (its owner token no longer
   and waits forgotten; a mapped task loses its instances and expands again from its
   upstream's output when it runs; the counters of the cleared tasks and of their children
   are counted again from their parents' states, so trigger rules decide again; an ended
-  run goes back to RUNNING. A RUNNING task is refused unless ``force``.
+  run goes back to RUNNING, and one that a stop ended (a cancel, a timeout, fail_fast) has
+  what the stop ended cleared too, so its end follows its tasks, not the stop. A RUNNING
+  task is refused unless ``force``.
 * **mark**: a task's outcome set by hand (SUCCESS with an output, FAILED or SKIPPED); its
   children proceed as if it had ended so. An ended task is cleared first.
 * **cancel**: the run ends CANCELLED; what has not ended is SKIPPED (a wait ends; its
