@@ -1,8 +1,9 @@
 """``slotless pools set|list|delete`` and ``slotless queues add|list|delete``.
 
 Each prints one line (or one JSON object with ``--json``); a refused operation (a bad name,
-negative slots, a pool still named by unfinished tasks, an unknown pool) is one error line
-and exit status 2, with nothing changed. The rules are in :mod:`executor.pools`.
+negative slots, a pool still named by unfinished tasks or, without ``--force``, by
+catalogued DAGs, an unknown pool) is one error line and exit status 2, with nothing
+changed. The rules are in :mod:`executor.pools`.
 """
 
 from __future__ import annotations
@@ -24,15 +25,25 @@ def add_commands(sub: Any) -> None:
     pset.add_argument("name", metavar="NAME")
     pset.add_argument("slots", metavar="SLOTS", help="a whole number >= 0")
     plist = pools_sub.add_parser("list", help="every pool: slots, slots in use, tasks ready")
-    pdel = pools_sub.add_parser("delete", help="delete a pool no unfinished task names")
+    pdel = pools_sub.add_parser(
+        "delete", help="delete a pool no unfinished task and no catalogued DAG names"
+    )
     pdel.add_argument("name", metavar="NAME")
+    pdel.add_argument(
+        "--force", action="store_true", help="delete it though catalogued DAGs name it"
+    )
     queues = sub.add_parser("queues", help="queues: which workers run which tasks")
     queues_sub = queues.add_subparsers(required=True, metavar="ACTION")
     qadd = queues_sub.add_parser("add", help="declare a queue (default always exists)")
     qadd.add_argument("name", metavar="NAME")
     qlist = queues_sub.add_parser("list", help="every queue: live workers, slots, tasks ready")
-    qdel = queues_sub.add_parser("delete", help="delete a queue no unfinished task names")
+    qdel = queues_sub.add_parser(
+        "delete", help="delete a queue no unfinished task and no catalogued DAG names"
+    )
     qdel.add_argument("name", metavar="NAME")
+    qdel.add_argument(
+        "--force", action="store_true", help="delete it though catalogued DAGs name it"
+    )
     for action, sp in (
         ("pools set", pset), ("pools list", plist), ("pools delete", pdel),
         ("queues add", qadd), ("queues list", qlist), ("queues delete", qdel),
@@ -53,7 +64,7 @@ async def pools_command(args: argparse.Namespace) -> int:
             result = {"pool": args.name, "slots": slots}
             line = f"pool {args.name}: {slots} slots"
         elif action == "pools delete":
-            await store.pools.delete_pool(args.name)
+            await store.pools.delete_pool(args.name, force=args.force)
             result = {"pool": args.name, "deleted": True}
             line = f"pool {args.name}: deleted"
         elif action == "queues add":
@@ -61,7 +72,7 @@ async def pools_command(args: argparse.Namespace) -> int:
             result = {"queue": args.name, "added": new}
             line = f"queue {args.name}: {'added' if new else 'already declared'}"
         elif action == "queues delete":
-            await store.pools.delete_queue(args.name)
+            await store.pools.delete_queue(args.name, force=args.force)
             result = {"queue": args.name, "deleted": True}
             line = f"queue {args.name}: deleted"
         elif action == "pools list":

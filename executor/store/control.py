@@ -12,7 +12,9 @@ report of a cleared or cancelled attempt is discarded (its owner token no longer
   and waits forgotten; a mapped task loses its instances and expands again from its
   upstream's output when it runs; the counters of the cleared tasks and of their children
   are counted again from their parents' states, so trigger rules decide again; an ended
-  run goes back to RUNNING. A RUNNING task is refused unless ``force``.
+  run goes back to RUNNING, and one that a stop ended (a cancel, a timeout, fail_fast) has
+  what the stop ended cleared too, so its end follows its tasks, not the stop. A RUNNING
+  task is refused unless ``force``.
 * **mark**: a task's outcome set by hand (SUCCESS with an output, FAILED or SKIPPED); its
   children proceed as if it had ended so. An ended task is cleared first.
 * **cancel**: the run ends CANCELLED; what has not ended is SKIPPED (a wait ends; its
@@ -29,7 +31,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any, Literal
@@ -185,8 +187,8 @@ class Runs(Part):
             if failed_only:
                 picked = [t for t in picked if graph.tasks[t].state in _FAILED]
             why = _why("cleared", who, reason)
-            await _clear(tx, graph, picked, force=force, why=why, now=now)
-            return Done(run_id, await _run_state(tx, run_id), picked)
+            cleared = await _clear(tx, graph, picked, force=force, why=why, now=now)
+            return Done(run_id, await _run_state(tx, run_id), cleared)
 
     async def retry(self, run_id: str, *, who: str = "operator", reason: str = "") -> Done:
         """Clear every FAILED and UPSTREAM_FAILED task of ``run_id``."""
@@ -218,6 +220,7 @@ class Runs(Part):
             graph = await _Graph.read(tx, run_id)
             picked = graph.select([task_id], downstream=downstream, upstream=False)
             why = _why(f"marked {new.value}", who, reason)
+            changed: list[str] = []
             for t in picked:  # parents first: a child's rule sees its parent marked
                 row = graph.tasks[t]
                 if row.state == new.value:
@@ -227,9 +230,11 @@ class Runs(Part):
                         f"task {t!r} is RUNNING: wait for its attempt, or clear it with --force"
                     )
                 if row.state in _ENDED:
-                    # Cleared first, so its children count it again, as marked. Its rule
-                    # may hold at once: a mapped task then expands (RUNNING, no attempt).
-                    await _clear(tx, graph, [t], force=False, why=why, now=now)
+                    # Cleared first, so its children count it again, as marked; left
+                    # undecided, or its rule would end it again (its parent failed) or
+                    # expand it (a mapped task) before the mark.
+                    changed += await _clear(tx, graph, [t], force=False, why=why, now=now,
+                                            undecided=[t])  # fmt: skip
                     row = (await _Graph.read(tx, run_id)).tasks[t]
                 await _drop_instances(tx, run_id, [t])
                 carry = Output(output_json) if output_json and t == task_id else None
@@ -243,9 +248,9 @@ class Runs(Part):
             # cleared, so their rules decide again from what was marked.
             after = graph.select([task_id], downstream=True, upstream=False)
             stuck = [t for t in after if graph.tasks[t].state == State.UPSTREAM_FAILED.value]
-            await _clear(tx, graph, stuck, force=False, why=why, now=now)
+            changed += await _clear(tx, graph, stuck, force=False, why=why, now=now)
             await resume_run(tx, run_id, now, why=why)  # a paused run goes on; else nothing
-            return Done(run_id, await _run_state(tx, run_id), picked + stuck)
+            return Done(run_id, await _run_state(tx, run_id), graph.order({*picked, *changed}))
 
     async def cancel(self, run_id: str, *, who: str = "operator", reason: str = "") -> Done:
         """End ``run_id`` CANCELLED; see the module. Again on a cancelled run: nothing to
@@ -325,16 +330,32 @@ class _Graph:
                     if nxt not in picked:
                         picked.add(nxt)
                         todo.append(nxt)
+        return self.order(picked)
+
+    def order(self, picked: Collection[str]) -> list[str]:
+        """``picked`` in the run's task order (parents before children)."""
         order = _topological(list(self.tasks), self.parents)
         return [t for t in order if t in picked]
 
 
 async def _clear(
-    tx: Tx, graph: _Graph, picked: Sequence[str], *, force: bool, why: str, now: float
-) -> None:
+    tx: Tx,
+    graph: _Graph,
+    picked: Sequence[str],
+    *,
+    force: bool,
+    why: str,
+    now: float,
+    undecided: Collection[str] = (),
+) -> list[str]:
+    """Clear ``picked``; the tasks cleared (in the run's order). A run that ended stopped (a
+    cancel, a timeout, fail_fast) is reopened whole: what its stop ended is cleared too, as
+    nothing of the stop holds in a run that goes on. ``undecided`` are left PENDING, not
+    decided by their rules (a mark sets them next)."""
     run_id = graph.run["run_id"]
     if not picked:
-        return
+        return []
+    picked = graph.order(set(picked) | set(await _stopped(tx, graph.run)))
     instances = await tx.fetch("instances_of", run_id=run_id, task_ids=list(picked))
     running = [graph.tasks[t] for t in picked if graph.tasks[t].state == State.RUNNING.value
                and graph.tasks[t].expand_from is None]  # fmt: skip
@@ -369,10 +390,22 @@ async def _clear(
     state = RunState(graph.run["state"])
     if state in RUN_TERMINAL:
         await transition_run(tx, run_id, state, RunState.RUNNING, now=now)
-    elif state is RunState.PAUSED:  # a clear is how a paused run goes on (or resume)
+    elif state is RunState.PAUSED and not undecided:  # a clear is how it goes on (or resume;
+        # a mark resumes it once its tasks are set)
         await resume_run(tx, run_id, now, why=why)
     rows = TaskRow.all(await tx.fetch("tasks_by_id", ids=recount))
-    await evaluate(tx, rows, now)
+    await evaluate(tx, [r for r in rows if r.task_id not in undecided], now)
+    return list(picked)
+
+
+async def _stopped(tx: Tx, run: Row) -> list[str]:
+    """The tasks of an ended ``run`` that its stop ended and that are still so."""
+    if run["state"] not in (RunState.CANCELLED, RunState.FAILED) or not run["state_reason"]:
+        return []
+    rows = await tx.fetch(
+        "stopped_tasks", run_id=run["run_id"], ended_at=run["ended_at"], reason=run["state_reason"]
+    )
+    return [r["task_id"] for r in rows]
 
 
 async def cancel_run(tx: Tx, run: Row, why: str, now: float) -> list[MovedTask]:

@@ -6,6 +6,7 @@ Mixed into :class:`executor.store.Store`.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from ..driver.db import Row, Tx
 from ..errors import DagError
 from ..pools import DEFAULT, PoolError, PoolUse, check_name, check_slots, held_back, unknown
 from .part import Part
+from .runs import RunShape
 
 # Registry rows of workers gone longer than this are deleted by the next worker to start.
 
@@ -52,6 +54,17 @@ async def check_known(tx: Tx, tasks: Iterable[Any], what: str) -> None:
         raise DagError(f"{what}: {'; '.join(found)}")
 
 
+async def _dags_naming(tx: Tx, kind: str, name: str) -> list[str]:
+    """The catalogued DAGs some task of which names pool or queue (``kind``) ``name``."""
+    pattern = "%" + json.dumps(name) + "%"
+    users = []
+    for r in await tx.fetch("dags_naming", pattern=pattern):
+        tasks = RunShape.from_json(r["dag_id"], r["shape"]).tasks
+        if any(getattr(t, kind) == name for t in tasks):
+            users.append(str(r["dag_id"]))
+    return users
+
+
 # The statements a delete runs, by kind (named whole, so that each can be found by name).
 _DELETE_QUERIES = {
     "pool": ("pools_named", "pool_unfinished", "pool_delete"),
@@ -75,12 +88,15 @@ class Pools(Part):
             await tx.execute("pool_set", name=name, slots=size, now=self.clock())
         return size
 
-    async def delete_pool(self, name: str) -> None:
-        """Delete a pool no unfinished task names (refused otherwise, naming how many)."""
-        await self._delete_named("pool", name)
+    async def delete_pool(self, name: str, *, force: bool = False) -> None:
+        """Delete a pool no unfinished task names (refused otherwise, naming how many) and
+        no catalogued DAG names (refused otherwise, naming them, unless ``force``)."""
+        await self._delete_named("pool", name, force=force)
 
-    async def _delete_named(self, kind: str, name: str) -> None:
-        """Delete pool or queue ``name``, refused while an unfinished task names it."""
+    async def _delete_named(self, kind: str, name: str, *, force: bool = False) -> None:
+        """Delete pool or queue ``name``, refused while an unfinished task names it, or a
+        catalogued DAG does (its next run, its next parse, would be refused for want of it)
+        unless ``force``."""
         check_name(kind, name)
         if name == DEFAULT:
             raise PoolError(f"the default {kind} cannot be deleted")
@@ -93,6 +109,15 @@ class Pools(Part):
                 raise PoolError(
                     f"{kind} {name!r} is named by {row['n']} unfinished task(s); "
                     "let them end (or cancel their runs) first"
+                )
+            users = [] if force else await _dags_naming(tx, kind, name)
+            if users:
+                shown = ", ".join(users[:10]) + (
+                    f" and {len(users) - 10} more" if len(users) > 10 else ""
+                )
+                raise PoolError(
+                    f"{kind} {name!r} is named by catalogued DAG(s) {shown}: their runs would "
+                    f"be refused without it; change them first, or --force"
                 )
             await tx.execute(delete, name=name)
 
@@ -118,8 +143,9 @@ class Pools(Part):
             await tx.execute("queue_add", name=name, now=self.clock())
         return not had
 
-    async def delete_queue(self, name: str) -> None:
-        await self._delete_named("queue", name)
+    async def delete_queue(self, name: str, *, force: bool = False) -> None:
+        """Delete a queue as :meth:`delete_pool` deletes a pool."""
+        await self._delete_named("queue", name, force=force)
 
     async def queues(self) -> list[QueueUse]:
         """Every queue declared, served by a live worker or with tasks ready in it."""

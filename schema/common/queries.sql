@@ -534,6 +534,11 @@ SELECT name, slots FROM pool WHERE name = ANY(:names);
 SELECT count(*) AS n FROM task
 WHERE pool = :name AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED');
 
+-- name: dags_naming
+-- The catalogued DAGs whose stored shape may name a pool or queue (:pattern, a LIKE of the
+-- quoted name: a prefilter; the caller reads each shape to be sure).
+SELECT dag_id, shape FROM dag WHERE shape LIKE :pattern ORDER BY dag_id;
+
 -- name: queue_unfinished
 SELECT count(*) AS n FROM task
 WHERE queue = :name AND state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED');
@@ -1135,6 +1140,15 @@ SELECT run_id, dag_id, state, on_task_failure FROM dag_run WHERE run_id = :run_i
 -- resuming decides them anew. RETRYING, SENSING and DEFERRED rows keep their time.
 UPDATE task SET ready_at = NULL
 WHERE run_id = :run_id AND state = 'PENDING' AND ready_at IS NOT NULL;
+
+-- name: stopped_tasks
+-- The tasks a run's stop (a cancel, a dagrun_timeout, fail_fast) ended that are still as it
+-- left them: their last transition is the stop's, at the run's end and with its reason.
+SELECT t.task_id FROM task t
+JOIN task_event e ON e.task_row = t.id
+WHERE t.run_id = :run_id AND t.map_index = -1 AND t.state IN ('SKIPPED', 'FAILED')
+  AND e.id = (SELECT max(x.id) FROM task_event x WHERE x.task_row = t.id AND x.kind = 'transition')
+  AND e.to_state = t.state AND e.ts = :ended_at AND e.message = :reason;
 
 -- name: held_tasks
 -- What a resumed run decides anew: its PENDING rows that are not claimable.

@@ -275,3 +275,73 @@ async def test_a_forced_clear_racing_the_attempts_completion_leaves_one_consiste
     finally:
         stop_process(worker)
         await store.close()
+
+
+STOPPED = """
+import time
+from pathlib import Path
+from executor import DAG
+
+GATE = Path({gate!r})
+dag = DAG("stopped")
+
+
+@dag.task
+def extract(ctx):
+    (GATE / "started").touch()
+    while not (GATE / "open").exists():
+        time.sleep(0.05)  # running until the test opens the gate
+    return 1
+
+
+@dag.task(parents=[extract])
+def load(ctx):
+    raise RuntimeError("the warehouse is down")
+
+
+@dag.task(parents=[extract])
+def audit(ctx):
+    return 2
+
+
+@dag.task(parents=[load, audit], trigger_rule="all_done")
+def report(ctx):
+    return 3
+"""
+
+
+async def test_a_cancelled_run_retried_runs_what_the_cancel_stopped(tmp_path: Path) -> None:
+    """The cancel fails the running extract and skips the rest; the retry clears those too,
+    so the all_done report runs and the run ends as its tasks say."""
+    db = tmp_path / "db.sqlite"
+    url = f"sqlite:///{db}"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    path = write_dag(tmp_path, STOPPED.format(gate=str(gate)), "stopped.py")
+    store = await open_store(url)
+    worker = start_worker(url, "--heartbeat-interval", "0.5", log=tmp_path / "worker.log")
+    try:
+        run_id = await new_run(store, path, "stopped")
+        await async_wait_until(
+            lambda: task_states(db, run_id).get("extract") == "RUNNING" and
+            (gate / "started").exists(), 30, what="extract running",
+        )  # fmt: skip
+        out = cli("cancel", run_id, "--db", url)
+        assert out.returncode == 0, out.stderr
+        assert task_states(db, run_id) == {
+            "extract": "FAILED", "load": "SKIPPED", "audit": "SKIPPED", "report": "SKIPPED"
+        }  # fmt: skip
+        (gate / "open").touch()
+        out = cli("retry", run_id, "--db", url, "--reason", "wrong cancel")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == (
+            f"{run_id}: cleared extract, load, audit, report; the run is RUNNING"
+        )
+        await async_wait_until(lambda: _ended(store, run_id), 30, what="the retried run's end")
+        assert task_states(db, run_id) == {
+            "extract": "SUCCESS", "load": "FAILED", "audit": "SUCCESS", "report": "SUCCESS"
+        }  # fmt: skip
+        assert await run_state(store, run_id) == "SUCCESS"  # its one leaf succeeded
+    finally:
+        stop_process(worker)
+        await store.close()

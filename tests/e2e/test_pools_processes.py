@@ -223,3 +223,24 @@ async def test_bad_pool_and_queue_input_is_one_line_and_exit_2(db_url: str, tmp_
     assert out["state"] == "SUCCESS"
     # A pool in use by unfinished tasks is not deleted; an unused one is.
     assert ok(cli("pools", "delete", "gpus", "--db", db_url)).strip() == "pool gpus: deleted"
+
+
+async def test_a_pool_a_catalogued_dag_names_is_deleted_only_with_force(
+    db_url: str, tmp_path: Path
+) -> None:
+    ok(cli("queues", "add", "gpu", "--db", db_url))
+    ok(cli("pools", "set", "gpus", "1", "--db", db_url))
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    write_dag(folder, QUEUE_DAG, "routed.py")
+    ok(cli("dags", "list", "--db", db_url, "--dags", str(folder), "--parse-timeout", "10"))
+    proc = cli("pools", "delete", "gpus", "--db", db_url)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.strip() == (
+        "slotless: error: pool 'gpus' is named by catalogued DAG(s) routed: their runs would "
+        "be refused without it; change them first, or --force"
+    )
+    assert "gpus: 0/1 used" in ok(cli("pools", "list", "--db", db_url))  # still there
+    out = ok(cli("pools", "delete", "gpus", "--force", "--db", db_url))
+    assert out.strip() == "pool gpus: deleted"
+    assert "gpus" not in ok(cli("pools", "list", "--db", db_url))

@@ -297,6 +297,32 @@ async def test_a_pool_in_use_cannot_be_deleted(store: Store) -> None:
     assert [p.name for p in await store.pools.pools()] == ["default"]
 
 
+async def test_a_pool_a_catalogued_dag_names_is_deleted_only_with_force(store: Store) -> None:
+    """Deleted, the DAG's next parse and next run would be refused for want of it."""
+    await store.pools.set_pool("warehouse", 1)
+    await store.pools.set_pool("ware_house", 1)  # like the other to LIKE: not named
+    await store.pools.add_queue("gpu")
+    declared = []
+    for name in ("loads", "audits"):
+        dag = DAG(name)
+        dag.task(noop, task_id="load", pool="warehouse", queue="gpu")
+        declared.append(DeclaredDag(**_declared(dag, dag.dag_id)))  # type: ignore[arg-type]
+    assert await store.catalogue.record_parse("/dags/w.py", 1.0, declared, None) is None
+    for delete, kind in ((store.pools.delete_pool, "pool"), (store.pools.delete_queue, "queue")):
+        with pytest.raises(PoolError) as refused:
+            await delete("warehouse" if kind == "pool" else "gpu")
+        assert str(refused.value) == (
+            f"{kind} {'warehouse' if kind == 'pool' else 'gpu'!r} is named by catalogued "
+            "DAG(s) audits, loads: their runs would be refused without it; change them "
+            "first, or --force"
+        )
+    await store.pools.delete_pool("ware_house")  # no DAG names it
+    assert [p.name for p in await store.pools.pools()] == ["default", "warehouse"]
+    await store.pools.delete_pool("warehouse", force=True)
+    await store.pools.delete_queue("gpu", force=True)
+    assert [p.name for p in await store.pools.pools()] == ["default"]
+
+
 async def test_a_deleted_pool_holds_its_tasks_back_saying_so(store: Store) -> None:
     await store.pools.set_pool("etl", 1)
     dag = DAG("gone")
