@@ -84,6 +84,19 @@ def check_json_value(value: object, field: str) -> None:
             )
 
 
+def storable_text(s: str) -> bool:
+    """Whether ``s`` can be a parameter of a statement on both backends: PostgreSQL's text
+    holds no NUL character, and neither backend takes a lone surrogate. A lookup by a name
+    that is not storable finds nothing, rather than failing in the driver."""
+    if "\x00" in s:
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _plain(key: str) -> bool:
     return key.isidentifier() and len(key) <= 40
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triggers.events import EventError, EventWait, check_name, payload_json, payload_key
-from triggers.limits import JsonLimitError, check_json_value
+from triggers.limits import JsonLimitError, check_json_value, storable_text
 
 from ..carried import Output, Resume
 from ..driver.db import Database, Row, Tx
@@ -46,7 +46,9 @@ from .part import Part
 RETENTION = 7 * 86400.0  # seconds an event is kept (``--event-retention``)
 PRUNE_BATCH = 5000  # events deleted per transaction when pruning
 MAX_BATCH = 1000  # events in one send (one transaction)
-UNREADABLE = "slotless.unreadable"  # the key of what a stored payload that cannot be served reads as
+UNREADABLE = (
+    "slotless.unreadable"  # the key of what a stored payload that cannot be served reads as
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +188,8 @@ class Events(Part):
     async def list_events(self, name: str | None = None, limit: int = 50) -> list[StoredEvent]:
         """The newest events (of ``name``), each with the waits it woke. An unknown name
         (no event stored, no wait ever on it) is :class:`UnknownEvent`."""
+        if name is not None and not storable_text(name):
+            raise UnknownEvent(f"no event named {name[:200]!r} is stored", "name")
         async with self.db.read() as tx:
             if name is None:
                 rows = await tx.fetch("recent_events", limit=limit)
@@ -228,7 +232,11 @@ async def _with_wakes(tx: Tx, rows: Sequence[Row]) -> list[StoredEvent]:
             )
     return [
         StoredEvent(
-            r["id"], r["name"], stored_payload(r["payload"]), r["sent_at"], r["source"],
+            r["id"],
+            r["name"],
+            stored_payload(r["payload"]),
+            r["sent_at"],
+            r["source"],
             wakes[r["id"]],
         )
         for r in rows

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from triggers.limits import JsonLimitError, check_json_value
+from triggers.limits import JsonLimitError, check_json_value, storable_text
 from triggers.people import NEEDS_ANSWER, Answer, AnswerError, PersonWait
 from triggers.registry import TriggerLoadError, load_trigger
 
@@ -155,6 +155,10 @@ class Answers(Part):
         >>> await answers.respond(run, "sign_off", {"approve": True}, who="alice")  # doctest: +SKIP
         """
         _check_json(answer)
+        if not storable_text(run_id):
+            raise UnknownTask(f"no run {run_id[:200]!r}", "run_id")
+        if not storable_text(task_id):
+            raise UnknownTask(f"run {run_id} has no task {task_id[:200]!r}", "task_id")
         now = self.clock()
         async with self.db.write() as tx:
             row = await tx.fetchone(

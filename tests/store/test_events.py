@@ -268,7 +268,9 @@ async def test_a_payload_no_reader_could_serve_is_refused_by_the_store(
     assert (await store.events.send_event("deep", nested(MAX_DEPTH))).id > 0  # the limit: taken
 
 
-async def test_a_stored_row_no_reader_could_serve_still_lists(store: Store, clock: FakeClock) -> None:
+async def test_a_stored_row_no_reader_could_serve_still_lists(
+    store: Store, clock: FakeClock
+) -> None:
     """A row written behind the store's back (by hand, by an older version) must not make
     every listing fail for the whole retention: it reads as a note saying so."""
     deep = "[" * 990 + "]" * 990
