@@ -5,8 +5,8 @@
 The payload is ``--payload JSON``, ``--payload -`` (stdin) or ``--payload-file PATH`` (a
 large one does not fit in argv). A bad name, a payload that is not JSON, nested over 64
 deep, holding text that is not valid Unicode or over 64 KiB is one error line naming the
-field and exit status 2, with nothing stored. ``list`` shows the newest events (of one name), each with
-the waits it woke; an unknown name is an error (exit 2).
+field and exit status 2, with nothing stored. ``list`` shows the newest events (of one
+name), each with the waits it woke; an unknown name is an error (exit 2).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from support.ops import wait_for_http
 from executor import DAG
 from executor.outcomes import Deferred
 from executor.sensing import deferral
-from executor.store import Store, open_store
+from executor.store import open_store
 from executor.store.events import UNREADABLE
 from triggers.limits import MAX_DEPTH, MAX_PATH_SHOWN
 from triggers.people import Approval
@@ -163,7 +163,7 @@ async def test_a_row_stored_behind_the_stores_back_still_lists(ui: str, db_url: 
                 "store_events",
                 events=json.dumps(
                     [["deep", nested(990)], ["odd", '{"x":"\\ud800"}'], ["fine", '{"a":1}']]
-                ),  # fmt: skip
+                ),
                 now=store.clock(),
                 source="by hand",
             )

@@ -264,7 +264,7 @@ async def test_a_branch_option_that_is_not_a_child_skips_nothing_but_the_childre
 async def test_a_rejection_with_fail_on_reject_is_told_to_a_second_answer(store: Store) -> None:
     run_id = await waiting(store, Approval(subject="Publish?", fail_on_reject=True))
     await store.answers.respond(run_id, "gate", {"approve": False}, who="carol")
-    with pytest.raises(NotWaiting, match="^already answered at"):
+    with pytest.raises(NotWaiting, match=r"^already answered at"):
         await store.answers.respond(run_id, "gate", {"approve": True}, who="dan")
 
 
