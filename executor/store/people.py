@@ -10,7 +10,8 @@ form: all three call :meth:`Answers.respond`) does, in one transaction:
    the request (:class:`~triggers.people.AnswerError` naming the field: nothing written);
 2. locks the row (``deferred_rows``, FOR UPDATE on PostgreSQL; SQLite's write lock) and
    checks it is still DEFERRED on that very trigger: the first valid answer wins by
-   compare-and-set, a later one finds it answered and is told by whom and when;
+   compare-and-set, a later one finds it answered and is told when (by whom only if it
+   was its own answer or it lost a race as a respondent);
 3. moves it through the state machine (SUCCESS with the answer as output, or FAILED for a
    rejection with ``fail_on_reject``), writes "answered by NAME" in the task's log, and
    SKIPs the children that must not run (a rejection: all; a branch choice: those not
@@ -150,7 +151,7 @@ class Answers(Part):
     ) -> Responded:
         """Answer the person's wait of ``task_id`` in ``run_id`` as ``who``; the first valid
         answer wins. Raises :class:`RespondError` (UnknownTask, NotAllowed, NotWaiting:
-        "already answered by NAME at TIME") or :class:`AnswerError`; nothing is written then.
+        "already answered at TIME") or :class:`AnswerError`; nothing is written then.
 
         >>> await answers.respond(run, "sign_off", {"approve": True}, who="alice")  # doctest: +SKIP
         """
