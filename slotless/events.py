@@ -2,9 +2,11 @@
 
 ``send`` stores one event and, in the same transaction, settles every wait it matches
 (:mod:`executor.store.events`): no triggerer or worker needs to run for the waits to end.
-A bad name, a payload that is not JSON or is over 64 KiB is one error line and exit
-status 2, with nothing stored. ``list`` shows the newest events (of one name), each with
-the waits it woke; an unknown name is an error (exit 2).
+The payload is ``--payload JSON``, ``--payload -`` (stdin) or ``--payload-file PATH`` (a
+large one does not fit in argv). A bad name, a payload that is not JSON, nested over 64
+deep, holding text that is not valid Unicode or over 64 KiB is one error line naming the
+field and exit status 2, with nothing stored. ``list`` shows the newest events (of one
+name), each with the waits it woke; an unknown name is an error (exit 2).
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from typing import Any
 from executor.store import open_store
 from executor.store.events import StoredEvent, UnknownEvent
 from triggers.events import EventError
+from triggers.limits import MAX_DEPTH, MAX_SERIALIZED_BYTES
 
 from .options import db_opt
 
 PAYLOAD_SHOWN = 120  # characters of a payload shown per line by `list`
+# What `send` reads of a payload file or stdin: a payload's whitespace is not counted
+# against its 64 KiB (it is stored compact), but a file of gigabytes is not read whole.
+MAX_READ = 16 * 1024 * 1024
 
 
 def add_commands(sub: Any) -> None:
@@ -31,7 +37,14 @@ def add_commands(sub: Any) -> None:
     actions = events.add_subparsers(required=True, metavar="ACTION")
     send = actions.add_parser("send", help="store an event and wake the waits it matches")
     send.add_argument("name", metavar="NAME")
-    send.add_argument("--payload", default="{}", metavar="JSON", help="its payload (default {})")
+    given = send.add_mutually_exclusive_group()
+    given.add_argument(
+        "--payload", default="{}", metavar="JSON",
+        help="its payload (default {}); - reads it from stdin",
+    )  # fmt: skip
+    given.add_argument(
+        "--payload-file", metavar="PATH", help="read its payload from a file (a large one)"
+    )
     send.add_argument("--json", action="store_true", help="print one JSON object")
     db_opt(send)
     send.set_defaults(func=send_command)
@@ -43,11 +56,36 @@ def add_commands(sub: Any) -> None:
     listing.set_defaults(func=list_command)
 
 
-async def send_command(args: argparse.Namespace) -> int:
+def _payload(args: argparse.Namespace) -> Any:
+    """The payload given, parsed; :class:`EventError` (one line) if it is not JSON. Its
+    limits (depth, text, size) are the store's to check, as for every way in."""
+    if args.payload_file is not None:
+        where = "--payload-file"
+        try:
+            with open(args.payload_file, "rb") as f:
+                text = f.read(MAX_READ + 1)
+        except OSError as exc:
+            raise EventError(f"{where}: cannot read {args.payload_file}: {exc.strerror}",
+                             "payload") from None  # fmt: skip
+    elif args.payload == "-":
+        where = "--payload -"
+        text = sys.stdin.buffer.read(MAX_READ + 1)
+    else:
+        where, text = "--payload", args.payload.encode("utf-8", "surrogateescape")
+    if len(text) > MAX_READ:
+        raise EventError(f"{where} is over {MAX_READ} bytes; the limit of a payload is "
+                         f"{MAX_SERIALIZED_BYTES // 1024} KiB", "payload")  # fmt: skip
     try:
-        payload = json.loads(args.payload)
+        return json.loads(text)
+    except RecursionError:
+        raise EventError(f"{where} nests too deep: at most {MAX_DEPTH} levels",
+                         "payload") from None  # fmt: skip
     except ValueError as exc:
-        raise EventError(f"--payload is not JSON: {exc}", "payload") from None
+        raise EventError(f"{where} is not JSON: {str(exc)[:200]}", "payload") from None
+
+
+async def send_command(args: argparse.Namespace) -> int:
+    payload = _payload(args)
     store = await open_store(args.db)
     try:
         sent = await store.events.send_event(args.name, payload, source=f"cli:{getpass.getuser()}")

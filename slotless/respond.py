@@ -7,7 +7,7 @@ the database URL: the respondent is ``--as NAME`` (default: the OS user), checke
 the request's ``respondents``. Every refusal is one line on stderr and exit status 2,
 with nothing written: an unknown run or task, a task not waiting for a person, an answer
 that does not fit (the field named), a respondent not allowed, an answer already given
-("already answered by NAME at TIME").
+("already answered at TIME"; by whom only to the one who answered).
 """
 
 from __future__ import annotations

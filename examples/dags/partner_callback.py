@@ -8,7 +8,7 @@ The partner's system calls back when its export is ready (or you play the partne
 or over HTTP, with the token `slotless up --token acme:SECRET` (or `slotless ui`) was given:
 
     curl -X POST http://127.0.0.1:8080/api/v1/events -H 'Authorization: Bearer SECRET' \\
-         -d '{"name": "export.ready", "payload": {"partner": "acme", "date": "2026-11-24"}}'
+         --json '{"name": "export.ready", "payload": {"partner": "acme", "date": "2026-11-24"}}'
 
 The event's sender ends the wait in its own transaction (no triggerer needed for it; the
 triggerer only holds the 12 h timeout). A callback that arrives before the run reaches the

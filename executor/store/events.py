@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triggers.events import EventError, EventWait, check_name, payload_json, payload_key
+from triggers.limits import JsonLimitError, check_json_value, storable_text
 
 from ..carried import Output, Resume
 from ..driver.db import Database, Row, Tx
@@ -45,6 +46,9 @@ from .part import Part
 RETENTION = 7 * 86400.0  # seconds an event is kept (``--event-retention``)
 PRUNE_BATCH = 5000  # events deleted per transaction when pruning
 MAX_BATCH = 1000  # events in one send (one transaction)
+UNREADABLE = (
+    "slotless.unreadable"  # the key of what a stored payload that cannot be served reads as
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +92,30 @@ class UnknownEvent(LookupError):
 
 
 def check_event(name: object, payload: Any, where: str = "") -> tuple[str, str, Any]:
-    """(name, stored JSON, the payload as matched) or :class:`EventError` naming the field."""
+    """(name, stored JSON, the payload as matched) or :class:`EventError` naming the field.
+
+    The one check of an event, whichever way it came in (the CLI, the API, the Python API):
+    a payload that passes is one every reader can load and serve back."""
     name = check_name(name, f"{where}name")
+    try:
+        check_json_value(payload, f"{where}payload")
+    except JsonLimitError as exc:
+        raise EventError(str(exc), exc.field) from None
     text = payload_json(payload, f"{where}payload")
     return name, text, json.loads(text)
+
+
+def stored_payload(text: str) -> Any:
+    """A stored payload as read back. Every payload the store wrote passes
+    :func:`check_event`; a row written some other way (by hand, by an older version) may
+    not, and one such row must not make every listing fail for the whole retention: it
+    reads as a note saying so."""
+    try:
+        payload = json.loads(text)
+        check_json_value(payload, "payload")
+    except (ValueError, RecursionError) as exc:  # JsonLimitError is a ValueError
+        return {UNREADABLE: f"the stored payload cannot be served: {str(exc)[:200]}"}
+    return payload
 
 
 class Events(Part):
@@ -164,6 +188,8 @@ class Events(Part):
     async def list_events(self, name: str | None = None, limit: int = 50) -> list[StoredEvent]:
         """The newest events (of ``name``), each with the waits it woke. An unknown name
         (no event stored, no wait ever on it) is :class:`UnknownEvent`."""
+        if name is not None and not storable_text(name):
+            raise UnknownEvent(f"no event named {name[:200]!r} is stored", "name")
         async with self.db.read() as tx:
             if name is None:
                 rows = await tx.fetch("recent_events", limit=limit)
@@ -206,7 +232,12 @@ async def _with_wakes(tx: Tx, rows: Sequence[Row]) -> list[StoredEvent]:
             )
     return [
         StoredEvent(
-            r["id"], r["name"], json.loads(r["payload"]), r["sent_at"], r["source"], wakes[r["id"]]
+            r["id"],
+            r["name"],
+            stored_payload(r["payload"]),
+            r["sent_at"],
+            r["source"],
+            wakes[r["id"]],
         )
         for r in rows
     ]
@@ -260,7 +291,7 @@ async def look_back(
     lookback window, if there is one (True). After :func:`register_waits`."""
     since = None if wait.lookback is None else wait_started_at - wait.lookback
     for e in await tx.fetch("events_since", name=wait.name, since=since, task_row=task_row):
-        if wait.matches(json.loads(e["payload"])):
+        if wait.matches(stored_payload(e["payload"])):
             ago = max(0.0, wait_started_at - e["sent_at"])
             why = (f"woken by event {wait.name} #{e['id']} (sent by {e['source']}, "
                    f"{ago:.1f} s before the wait began)")  # fmt: skip
@@ -285,6 +316,7 @@ async def prune_events(db: Database, before: float, batch: int = PRUNE_BATCH) ->
 __all__ = [
     "MAX_BATCH",
     "RETENTION",
+    "UNREADABLE",
     "EventError",
     "Events",
     "SentEvent",
@@ -296,4 +328,5 @@ __all__ = [
     "prune_events",
     "register_waits",
     "settle",
+    "stored_payload",
 ]

@@ -10,7 +10,8 @@ form: all three call :meth:`Answers.respond`) does, in one transaction:
    the request (:class:`~triggers.people.AnswerError` naming the field: nothing written);
 2. locks the row (``deferred_rows``, FOR UPDATE on PostgreSQL; SQLite's write lock) and
    checks it is still DEFERRED on that very trigger: the first valid answer wins by
-   compare-and-set, a later one finds it answered and is told by whom and when;
+   compare-and-set, a later one finds it answered and is told when (by whom only if it
+   was its own answer or it lost a race as a respondent);
 3. moves it through the state machine (SUCCESS with the answer as output, or FAILED for a
    rejection with ``fail_on_reject``), writes "answered by NAME" in the task's log, and
    SKIPs the children that must not run (a rejection: all; a branch choice: those not
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from triggers.limits import JsonLimitError, check_json_value, storable_text
 from triggers.people import NEEDS_ANSWER, Answer, AnswerError, PersonWait
 from triggers.registry import TriggerLoadError, load_trigger
 
@@ -113,15 +115,32 @@ def _wait_of(row: Row) -> PersonWait | None:
     return wait if isinstance(wait, PersonWait) else None
 
 
-def _answered(row: Row) -> str | None:
-    """ "already answered by NAME at TIME" if the task's output is a person's answer."""
+def _answered(row: Row, asking: str, *, named: bool = False) -> str | None:
+    """ "already answered (by NAME) at TIME" if the task's output is a person's answer. The
+    name is said to a caller known to be a respondent (``named``), to the one who gave it,
+    or when it is the default answer: once the wait has ended its request is gone, so
+    whether anyone else was a respondent can no longer be checked."""
     try:
         out = json.loads(row["output"]) if row["output"] else None
     except ValueError:
         return None
     if isinstance(out, dict) and "by" in out and isinstance(out.get("at"), int | float):
-        return f"already answered by {out['by']} at {when(out['at'])}"
+        told = named or out["by"] == asking or out.get("default")
+        by = f" by {out['by']}" if told else ""
+        return f"already answered{by} at {when(out['at'])}"
     return None
+
+
+def _check_json(answer: Any) -> None:
+    """The same bound on an answer's values as on an event's payload (depth, valid text,
+    finite numbers): an answer becomes the task's output, which every reader serves."""
+    if not isinstance(answer, dict):
+        return  # check_answer refuses it, naming the body
+    for key, value in answer.items():
+        try:
+            check_json_value(value, str(key)[:60])
+        except JsonLimitError as exc:
+            raise AnswerError(str(exc), exc.field) from None
 
 
 class Answers(Part):
@@ -132,10 +151,15 @@ class Answers(Part):
     ) -> Responded:
         """Answer the person's wait of ``task_id`` in ``run_id`` as ``who``; the first valid
         answer wins. Raises :class:`RespondError` (UnknownTask, NotAllowed, NotWaiting:
-        "already answered by NAME at TIME") or :class:`AnswerError`; nothing is written then.
+        "already answered at TIME") or :class:`AnswerError`; nothing is written then.
 
         >>> await answers.respond(run, "sign_off", {"approve": True}, who="alice")  # doctest: +SKIP
         """
+        _check_json(answer)
+        if not storable_text(run_id):
+            raise UnknownTask(f"no run {run_id[:200]!r}", "run_id")
+        if not storable_text(task_id):
+            raise UnknownTask(f"run {run_id} has no task {task_id[:200]!r}", "task_id")
         now = self.clock()
         async with self.db.write() as tx:
             row = await tx.fetchone(
@@ -146,17 +170,20 @@ class Answers(Part):
                     raise UnknownTask(f"no run {run_id!r}", "run_id")
                 raise UnknownTask(f"run {run_id} has no task {task_id!r}", "task_id")
             wait = _wait_of(row)
-            if row["state"] != State.DEFERRED.value or wait is None:
-                done = _answered(row)
-                raise NotWaiting(
-                    done or f"task {task_id} is not waiting for a person (it is {row['state']})",
-                    "task_id",
-                )
-            if not wait.may_answer(who):
+            # Who may answer is checked before what state the task is in: a stranger
+            # learns nothing of the request's fate. Once it has ended its request is gone
+            # (the trigger row with it), so only the one who answered is told by whom.
+            if wait is not None and not wait.may_answer(who):
                 raise NotAllowed(
                     f"{who!r} may not answer this request (respondents: "
                     f"{', '.join(wait.respondents)})",
                     "respondent",
+                )
+            if row["state"] != State.DEFERRED.value or wait is None:
+                done = _answered(row, who)
+                raise NotWaiting(
+                    done or f"task {task_id} is not waiting for a person (it is {row['state']})",
+                    "task_id",
                 )
             checked = wait.check_answer(answer)  # AnswerError: nothing written
             # The compare-and-set: locked, still DEFERRED on this very trigger.
@@ -166,8 +193,10 @@ class Answers(Part):
                 again = await tx.fetchone(
                     "person_task", run_id=run_id, task_id=task_id, map_index=map_index
                 )
+                # ``who`` passed may_answer above: a respondent is told who won.
                 raise NotWaiting(
-                    (again and _answered(again)) or f"task {task_id} is no longer waiting",
+                    (again and _answered(again, who, named=True))
+                    or f"task {task_id} is no longer waiting",
                     "task_id",
                 )
             return await settle_answer(

@@ -17,7 +17,10 @@ own, so the API needs no CSRF token (the page's forms, which use a cookie, do).
 Every error is JSON: ``{"error": "...", "field": "payload", "errors": [...]}``, ``field``
 naming what was wrong (a body field as ``events[3].payload``, a path or query parameter
 by name, ``Authorization``, ``body``). Statuses: 400 bad input, 401 no or a wrong token,
-403 read-only, 404 unknown, 409 a conflict (a paused DAG), 413 too large.
+403 read-only or not a respondent, 404 unknown, 409 a conflict (a paused DAG), 413 too
+large, 415 a body not sent as ``application/json``. Bodies are checked by the store, the
+same check every way in meets (:func:`triggers.limits.check_json_value`): nested at most
+64 deep, valid Unicode, finite numbers.
 
 **Adding a route** (as the answer to a person's wait, ``respond`` below, was added)::
 
@@ -57,7 +60,14 @@ from executor.store.events import MAX_BATCH, StoredEvent, UnknownEvent
 from executor.store.people import RespondError
 from executor.store.viewrows import RunRow
 from triggers.events import NAME_RULE, EventError, check_name
-from triggers.limits import MAX_SERIALIZED_BYTES
+from triggers.limits import (
+    MAX_DEPTH,
+    MAX_SERIALIZED_BYTES,
+    JsonLimitError,
+    check_json_value,
+    short_path,
+    storable_text,
+)
 from triggers.people import MAX_COMMENT, AnswerError
 
 from ..trigger import DagPaused, trigger_run
@@ -85,7 +95,15 @@ class EventIn(_Model):
     """One event: its name and its JSON payload (at most 64 KiB as compact JSON)."""
 
     name: str = Field(pattern=NAME_RULE, examples=["export.ready"])
-    payload: JsonValue = Field(default=None, examples=[{"partner": "acme", "date": "2026-11-24"}])
+    # Any, not JsonValue: the payload is checked once, by the store (its depth, its text,
+    # its size), the same check the CLI and the Python API meet; the document still says
+    # what it takes.
+    payload: Any = Field(
+        default=None,
+        examples=[{"partner": "acme", "date": "2026-11-24"}],
+        json_schema_extra={"description": "any JSON value, nested at most "
+                           f"{MAX_DEPTH} deep, at most 64 KiB as compact JSON"},
+    )  # fmt: skip
 
     @field_validator("name", mode="before")
     @classmethod
@@ -269,7 +287,7 @@ def _event_out(e: StoredEvent) -> EventOut:
 @route(
     "POST", "/events", summary="Send one event or a batch; each wakes the waits it matches",
     body=(EventIn, EventBatchIn), response=SentOut, write=True, status=201,
-    errors=(400, 401, 403, 413),
+    errors=(400, 401, 403, 413, 415),
 )  # fmt: skip
 async def send_events(call: Call) -> tuple[int, BaseModel]:
     batch = isinstance(call.raw, dict) and "events" in call.raw
@@ -320,11 +338,21 @@ async def get_event(call: Call) -> tuple[int, BaseModel]:
 
 @route(
     "POST", "/dags/{dag_id}/runs", summary="Start a run of a catalogued DAG with a conf",
-    body=RunIn, response=RunOut, write=True, status=201, errors=(400, 401, 403, 404, 409),
+    body=RunIn, response=RunOut, write=True, status=201, errors=(400, 401, 403, 404, 409, 415),
 )  # fmt: skip
 async def start_run(call: Call) -> tuple[int, BaseModel]:
     dag_id = call.param("dag_id")
     new = call.body(RunIn)
+    # The catalogue and the runs are the store's parts of other concerns; until they check
+    # text themselves, what they cannot hold is refused here rather than in the driver.
+    if not storable_text(dag_id):
+        raise ApiError(404, f"no DAG {dag_id[:200]!r} is catalogued", "dag_id")
+    if new.run_key is not None and not storable_text(new.run_key):
+        raise ApiError(400, "run_key: text without NUL or lone surrogates", "run_key")
+    try:
+        check_json_value(new.conf, "conf")
+    except JsonLimitError as exc:
+        raise ApiError(400, str(exc), exc.field) from None
     try:
         started = await trigger_run(
             call.store, dag_id, new.conf, parse_timeout=call.request.app["api_parse_timeout"],
@@ -347,7 +375,7 @@ async def start_run(call: Call) -> tuple[int, BaseModel]:
        response=RunStatusOut, errors=(404,))  # fmt: skip
 async def get_run(call: Call) -> tuple[int, BaseModel]:
     run_id = call.param("run_id")
-    info = await call.store.views.run_info(run_id)
+    info = await call.store.views.run_info(run_id) if storable_text(run_id) else None
     if info is None:
         raise ApiError(404, f"there is no run {run_id!r}", "run_id")
     run = RunRow.of(info)
@@ -367,9 +395,13 @@ class ResponseIn(_Model):
     """A person's answer: ``approve`` (an Approval), ``choose`` (a Choice or BranchChoice:
     one option, or a list with ``multiple``), or ``form`` (a Form's fields); a comment."""
 
+    # Strict: ``"yes"`` is not true, ``1`` is not an option. The answer is then checked by
+    # the request itself (``check_answer``), as strict, whichever way it came in.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     approve: bool | None = None
     choose: str | list[str] | None = None
-    form: dict[str, JsonValue] | None = None
+    form: dict[str, Any] | None = None  # checked by the store, as an event's payload is
     comment: str = Field(default="", max_length=MAX_COMMENT)
     map_index: int = -1
 
@@ -404,7 +436,7 @@ class NeedsYouOut(_Model):
     "POST", "/runs/{run_id}/tasks/{task_id}/response",
     summary="Answer a person's wait (approve, choose, fill a form); the first answer wins",
     body=ResponseIn, response=ResponseOut, write=True, status=201,
-    errors=(400, 401, 403, 404, 409),
+    errors=(400, 401, 403, 404, 409, 415),
 )  # fmt: skip
 async def respond(call: Call) -> tuple[int, BaseModel]:
     given = call.body(ResponseIn)
@@ -461,6 +493,13 @@ def _serve(r: Route, store: Store, auth: Auth) -> Callable[[web.Request], Awaita
         who = _authorize(request, auth) if r.write else None
         raw = None
         if r.body is not None:
+            if request.content_type != "application/json":
+                raise ApiError(
+                    415,
+                    f"the body must be JSON sent as Content-Type: application/json, not "
+                    f"{request.content_type[:60]!r}",
+                    "Content-Type",
+                )
             raw = await _read_json(request)
         status, out = await r.handler(Call(request, store, who, raw))
         return _respond(status, out.model_dump(mode="json"))
@@ -495,8 +534,12 @@ async def _read_json(request: web.Request) -> Any:
         raise ApiError(413, f"the body is over {MAX_BODY} bytes", "body") from None
     try:
         return json.loads(data)
-    except ValueError as exc:
-        raise ApiError(400, f"the body is not JSON: {exc}", "body") from None
+    except RecursionError:
+        raise ApiError(
+            400, f"the body nests too deep: at most {MAX_DEPTH} levels are taken", "body"
+        ) from None
+    except ValueError as exc:  # a lone surrogate is valid JSON: the store refuses it
+        raise ApiError(400, f"the body is not JSON: {str(exc)[:200]}", "body") from None
 
 
 def _respond(status: int, data: Any) -> web.Response:
@@ -520,7 +563,9 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
 
 
 def _invalid(exc: ValidationError) -> ApiError:
-    errors = [FieldError(field=_field(e["loc"]), message=e["msg"]) for e in exc.errors()]
+    # A path 300 levels deep or a message quoting a huge input helps no one: both are cut.
+    errors = [FieldError(field=_field(e["loc"]), message=e["msg"][:200])
+              for e in exc.errors()[:20]]  # fmt: skip
     first = errors[0]
     err = ApiError(400, f"{first.field or 'body'}: {first.message}", first.field)
     err.errors = errors
@@ -531,7 +576,7 @@ def _field(loc: tuple[int | str, ...]) -> str | None:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or None
+    return short_path(out) if out else None
 
 
 def _int_query(call: Call, name: str, default: int, low: int, high: int) -> int:
@@ -620,4 +665,5 @@ _REASONS = {
     404: "no such DAG, run or event",
     409: "a conflict: the DAG is paused or its file is broken",
     413: "a payload over 64 KiB, or a body over the batch limit",
+    415: "a body not sent as Content-Type: application/json",
 }

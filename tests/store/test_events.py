@@ -20,9 +20,9 @@ from executor.outcomes import Deferred
 from executor.rows import MovedTask
 from executor.sensing import deferral
 from executor.store import Store, open_store
-from executor.store.events import MAX_BATCH, UnknownEvent, prune_events
+from executor.store.events import MAX_BATCH, UNREADABLE, UnknownEvent, prune_events
 from triggers.events import EventError, EventTrigger
-from triggers.limits import MAX_SERIALIZED_BYTES
+from triggers.limits import MAX_DEPTH, MAX_PATH_SHOWN, MAX_SERIALIZED_BYTES
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
 pg_server = backends.pg_server  # fixture
@@ -220,8 +220,8 @@ async def test_a_thousand_waits_on_ten_matches_each_woken_once(
         ("has space", {}, "name"),
         (".starts-with-dot", {}, "name"),
         ("x" * 201, {}, "name"),
-        ("ok", {"n": float("nan")}, "payload"),
-        ("ok", {"n": object()}, "payload"),
+        ("ok", {"n": float("nan")}, "payload.n"),
+        ("ok", {"n": object()}, "payload.n"),
         ("ok", {"blob": "x" * MAX_SERIALIZED_BYTES}, "payload"),
     ],
 )
@@ -233,6 +233,61 @@ async def test_a_bad_event_is_refused_naming_the_field_and_nothing_is_stored(
     assert info.value.field == field
     assert info.value.too_large == (field == "payload" and "blob" in payload)
     assert await count(store, "event") == 0
+
+
+def nested(depth: int) -> Any:
+    """A list ``depth`` levels deep, built without recursion."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("payload", "field", "says"),
+    [
+        (nested(MAX_DEPTH + 1), "payload[0]", "deeper than"),
+        (nested(990), "payload[0]", "deeper than"),
+        (nested(100_000), "payload[0]", "deeper than"),
+        ({"a": {"b": "\ud800"}}, "payload.a.b", "lone surrogate"),
+        ({"\udfff": 1}, "payload", "lone surrogate"),
+        ({"n": float("inf")}, "payload.n", "finite"),
+        ({1: "x"}, "payload", "not text"),
+        ({"s": {1, 2}}, "payload.s", "not JSON"),
+    ],
+)  # fmt: skip
+async def test_a_payload_no_reader_could_serve_is_refused_by_the_store(
+    store: Store, payload: Any, field: str, says: str
+) -> None:
+    """The Python API meets the same check as the CLI and the API: one, in the store."""
+    with pytest.raises(EventError) as info:
+        await store.events.send_event("deep", payload)
+    assert info.value.field.startswith(field) and says in str(info.value), info.value
+    assert len(info.value.field) <= MAX_PATH_SHOWN and len(str(info.value)) < 400
+    assert await count(store, "event") == 0
+    assert (await store.events.send_event("deep", nested(MAX_DEPTH))).id > 0  # the limit: taken
+
+
+async def test_a_stored_row_no_reader_could_serve_still_lists(
+    store: Store, clock: FakeClock
+) -> None:
+    """A row written behind the store's back (by hand, by an older version) must not make
+    every listing fail for the whole retention: it reads as a note saying so."""
+    deep = "[" * 990 + "]" * 990
+    odd = '{"x":"\\ud800"}'  # JSON text of a lone surrogate
+    async with store.db.write() as tx:
+        await tx.fetch(
+            "store_events",
+            events=json.dumps([["deep", deep], ["odd", odd], ["fine", '{"a":1}']]),
+            now=clock.now,
+            source="by hand",
+        )
+    listed = {e.name: e.payload for e in await store.events.list_events()}
+    assert listed["fine"] == {"a": 1}
+    assert UNREADABLE in listed["deep"] and UNREADABLE in listed["odd"], listed
+    for e in await store.events.list_events():
+        assert (await store.events.get_event(e.id)).payload == listed[e.name]
+    json.dumps(listed)  # servable as it is
 
 
 async def test_one_bad_event_refuses_its_whole_batch(store: Store) -> None:
