@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from datetime import date
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 from executor.catalogue import DAGS_ENV, dags_folder
 from executor.loader import load_dag
 from executor.store import open_store, resolve_url
+from executor.store.people import UI_URL_ENV
 
 STOP_GRACE = 30.0  # seconds the three get to finish before they are killed
 
@@ -55,9 +57,24 @@ async def up(args: argparse.Namespace) -> int:
     # page would otherwise parse the same folder twice more.
     base = {k: v for k, v in os.environ.items() if k != DAGS_ENV}
     envs = {"worker": base, "ui": dict(base), "triggerer": dict(os.environ)}
+    # A notice's link to the page is the page this command serves, unless the operator named
+    # another (a proxy's public address, say).
+    if UI_URL_ENV not in os.environ:
+        for name in ("worker", "triggerer"):
+            envs[name][UI_URL_ENV] = page_url(args.host, args.port)
     if args.token:  # to the page alone, in its environment: not in its argv for `ps` to show
         envs["ui"]["SLOTLESS_UI_TOKEN"] = args.token
     return await Stack({"worker": worker, "triggerer": triggerer, "ui": ui}, envs).run()
+
+
+def page_url(host: str, port: int) -> str:
+    """The address a person opens to reach a page served on ``host``:``port``; a wildcard
+    address listens on every interface, so the link names this machine."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    if ":" in host:  # an IPv6 address, bracketed in a URL
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
 
 
 def _say(line: str) -> None:

@@ -12,12 +12,46 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
-from support.helpers import cli, write_dag
+from support.helpers import cli, free_port, sql, start_cli, stop_process, write_dag
+from support.ops import wait_for_http
+from support.receivers import HttpReceiver
 
 pytestmark = pytest.mark.slow
+
+APPROVAL = """
+from executor import DAG
+from triggers.people import Approval
+
+dag = DAG("linked")
+dag.sensor("sign_off", Approval(subject="Sign off", respondents=["alice"], notify={url!r}),
+           timeout="1h")
+"""
+
+
+def test_up_links_its_notices_to_the_page_it_serves(
+    tmp_path: Path, http_receiver: HttpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SLOTLESS_UI_URL", raising=False)
+    dag_file = write_dag(tmp_path, APPROVAL.format(url=http_receiver.json_url("ask")))
+    port, log = free_port(), tmp_path / "up.log"
+    up = start_cli(
+        "up", str(dag_file), "--db", f"sqlite:///{tmp_path / 'up.db'}", "--port", str(port),
+        log=log,
+    )  # fmt: skip
+    try:
+        [got] = http_receiver.wait_for(1, timeout=60)
+        [row] = sql(tmp_path / "up.db", "SELECT id FROM task WHERE task_id = 'sign_off'")
+        assert f"http://127.0.0.1:{port}/needs-you#task-{row['id']}" in got.json["message"], (
+            got.json
+        )
+        # ... and the page answers there.
+        assert wait_for_http(f"http://127.0.0.1:{port}/needs-you", up, log)[0] == 200
+    finally:
+        assert stop_process(up, signal.SIGINT) == 0, log.read_text()
 
 
 def test_logs_of_a_run_that_does_not_exist_says_so(tmp_path: Path) -> None:
