@@ -21,7 +21,7 @@ from pathlib import Path
 
 from executor.catalogue import DAGS_ENV, dags_folder
 from executor.loader import load_dag
-from executor.store import open_store, resolve_url
+from executor.store import Store, open_store, resolve_url
 from executor.store.people import UI_URL_ENV
 
 STOP_GRACE = 30.0  # seconds the three get to finish before they are killed
@@ -31,6 +31,14 @@ async def up(args: argparse.Namespace) -> int:
     url = resolve_url(args.db)
     store = await open_store(url)  # creates the schema, so that every process finds it
     try:
+        others = await serving_here(store)
+        if others:
+            verb = "serves" if len(others) == 1 else "serve"
+            _say(
+                f"{' and '.join(others)} already {verb} this database on this machine; "
+                "this starts another worker and triggerer beside them (stop that one first "
+                "unless this is meant)"
+            )
         for file in args.files:
             dag = load_dag(file, None)
             run_id = await store.runs.create_run(
@@ -65,6 +73,29 @@ async def up(args: argparse.Namespace) -> int:
     if args.token:  # to the page alone, in its environment: not in its argv for `ps` to show
         envs["ui"]["SLOTLESS_UI_TOKEN"] = args.token
     return await Stack({"worker": worker, "triggerer": triggerer, "ui": ui}, envs).run()
+
+
+async def serving_here(store: Store) -> list[str]:
+    """The live workers and triggerers of this machine on this database, as "worker ID"
+    (an id is ``host:pid:random``). Their liveness locks answer, not their heartbeats: a
+    process killed a moment ago is not counted.
+
+    Another machine's are left out: several hosts sharing a PostgreSQL database is how it
+    scales, while two stacks on one host (two ``up`` in two terminals) is almost always a
+    forgotten one.
+    """
+    host = socket.gethostname()
+    found = {f"worker {w}": w for w in await store.exchange.other_workers("")}
+    found |= {f"triggerer {t.id}": t.id for t in await store.views.list_triggerers()}
+    found = {k: i for k, i in found.items() if i.split(":", 1)[0] == host}
+    if not found:
+        return []
+    liveness = store.db.liveness()
+    try:
+        alive = await liveness.alive(set(found.values()))
+    finally:
+        await liveness.close()
+    return [k for k, i in found.items() if i in alive]
 
 
 def page_url(host: str, port: int) -> str:

@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
 import pytest
-from support.helpers import cli, free_port, sql, start_cli, stop_process, write_dag
+from support.helpers import cli, free_port, sql, start_cli, stop_process, wait_until, write_dag
 from support.ops import wait_for_http
 from support.receivers import HttpReceiver
 
@@ -52,6 +53,35 @@ def test_up_links_its_notices_to_the_page_it_serves(
         assert wait_for_http(f"http://127.0.0.1:{port}/needs-you", up, log)[0] == 200
     finally:
         assert stop_process(up, signal.SIGINT) == 0, log.read_text()
+
+
+def test_a_second_up_on_the_same_database_says_who_already_serves_it(tmp_path: Path) -> None:
+    db_path = tmp_path / "twice.db"
+    db = f"sqlite:///{db_path}"
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = start_cli("up", "--db", db, "--port", str(free_port()), log=first_log)
+    second = None
+    try:
+        pids = wait_until(
+            lambda: re.findall(r"(worker|triggerer) \(pid (\d+)\)", first_log.read_text()),
+            what="the first stack's pids",
+        )
+        wait_until(
+            lambda: (
+                sql(db_path, "SELECT count(*) AS n FROM worker")[0]["n"]
+                and sql(db_path, "SELECT count(*) AS n FROM triggerer")[0]["n"]
+            ),
+            what="the first worker and triggerer to register",
+        )
+        second = start_cli("up", "--db", db, "--port", str(free_port()), log=second_log)
+        wait_until(lambda: "started; Ctrl-C" in second_log.read_text(), what="the second up")
+        [line] = [ln for ln in second_log.read_text().splitlines() if "already serve" in ln]
+        for name, pid in pids:
+            assert re.search(rf"{name} [^ ]+:{pid}:", line), (line, pids)
+    finally:
+        codes = [stop_process(p, signal.SIGINT) for p in (second, first) if p is not None]
+    assert "already serve" not in first_log.read_text()
+    assert codes == [0] * len(codes), (first_log.read_text(), second_log.read_text())
 
 
 def test_logs_of_a_run_that_does_not_exist_says_so(tmp_path: Path) -> None:
