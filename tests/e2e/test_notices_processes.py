@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.helpers import cli, free_port, sql, start_cli, stop_process, wait_until, write_dag
@@ -104,3 +105,48 @@ dag = DAG("hello")
 def hello(ctx):
     return "hi"
 """
+
+MAPPED = """
+from executor import DAG
+
+dag = DAG("mapped_fail", notify={url!r})
+
+
+@dag.task
+def items(ctx):
+    return [1, 2, 3, 4]
+
+
+@dag.task(expand=items)
+def each(ctx):
+    if ctx.item in (2, 4):
+        raise ValueError(f"bad item {{ctx.item}}")
+    return ctx.item
+
+
+@dag.task
+def lone(ctx):
+    raise RuntimeError("lone broke")
+
+
+@dag.task(parents=[each, lone], trigger_rule="all_done")
+def cleanup(ctx):
+    return "cleaned"
+"""
+
+
+def _mapped_run(tmp_path: Path, receiver: HttpReceiver, *extra: str) -> Any:
+    dag_file = write_dag(tmp_path, MAPPED.format(url=receiver.json_url("alerts")))
+    return cli("run", str(dag_file), "--db", f"sqlite:///{tmp_path / 'm.db'}", *extra)
+
+
+def test_a_mapped_tasks_failure_notice_names_its_failed_instances_and_errors(
+    tmp_path: Path, http_receiver: HttpReceiver
+) -> None:
+    _mapped_run(tmp_path, http_receiver, "--json")
+    [notice] = [
+        r.json for r in http_receiver.matching() if r.json["title"].endswith("each failure")
+    ]
+    text = notice["message"]
+    assert "each[1]: ValueError: bad item 2" in text, text
+    assert "each[3]: ValueError: bad item 4" in text, text
