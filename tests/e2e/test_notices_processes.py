@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from pathlib import Path
@@ -138,6 +139,35 @@ def cleanup(ctx):
 def _mapped_run(tmp_path: Path, receiver: HttpReceiver, *extra: str) -> Any:
     dag_file = write_dag(tmp_path, MAPPED.format(url=receiver.json_url("alerts")))
     return cli("run", str(dag_file), "--db", f"sqlite:///{tmp_path / 'm.db'}", *extra)
+
+
+def test_run_shows_each_failed_tasks_error_and_exits_1(
+    tmp_path: Path, http_receiver: HttpReceiver
+) -> None:
+    proc = _mapped_run(tmp_path, http_receiver)
+    # The run itself succeeded (its leaf, all_done, did), but two tasks failed: exit 1,
+    # as `airflow dags test` would, and the summary says why.
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "SUCCESS" in out
+    assert "each[1]: ValueError: bad item 2" in out, out
+    assert "each[3]: ValueError: bad item 4" in out, out
+    assert "lone: RuntimeError: lone broke" in out, out
+    assert re.search(r"3 task\(s\) failed", out), out
+
+
+def test_run_json_exits_1_when_a_task_failed_and_names_the_errors(
+    tmp_path: Path, http_receiver: HttpReceiver
+) -> None:
+    proc = _mapped_run(tmp_path, http_receiver, "--json")
+    assert proc.returncode == 1, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["state"] == "SUCCESS"
+    assert got["failed"] == {
+        "each[1]": "ValueError: bad item 2",
+        "each[3]": "ValueError: bad item 4",
+        "lone": "RuntimeError: lone broke",
+    }
 
 
 def test_a_mapped_tasks_failure_notice_names_its_failed_instances_and_errors(
