@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -334,6 +335,15 @@ async def after_transition(
                 events.append(ON_SENSOR_TIMEOUT)
             if new == "FAILED":
                 events.append(ON_FAILURE)
+        if (
+            ON_FAILURE in events
+            and row.hooks & HOOK_BITS[ON_FAILURE]
+            and row.map_index == -1
+            and row.map_total is not None
+        ):
+            # A mapped task fails as a whole once its instances ended; the person told
+            # needs which of them failed, and why, not only how many.
+            why += await _failed_instances(tx, row.run_id, row.task_id)
         for event in events:
             if row.hooks & HOOK_BITS[event]:
                 rows.append(
@@ -351,6 +361,26 @@ async def after_transition(
                 )
     if rows:
         await tx.executemany("insert_callback", rows)
+
+
+NOTICE_INSTANCES = 10  # a mapped task's failed instances a failure notice names, at most
+_ATTEMPT_FAILED = re.compile(r"^attempt \d+ of \d+ failed: ")
+
+
+def failure_text(message: str | None) -> str:
+    """A failure transition's message as a person reads it: the error, on one line."""
+    return " ".join(_ATTEMPT_FAILED.sub("", message or "").split())
+
+
+async def _failed_instances(tx: Tx, run_id: str, task_id: str) -> str:
+    rows = await tx.fetch("failed_tasks", run_id=run_id, task_id=task_id, n=NOTICE_INSTANCES + 1)
+    lines = [
+        f"{r['task_id']}[{r['map_index']}]: {failure_text(r['error'])}"
+        for r in rows[:NOTICE_INSTANCES]
+    ]
+    if len(rows) > NOTICE_INSTANCES:
+        lines.append("... and more instances failed")
+    return "".join(f"\n{line}" for line in lines)
 
 
 async def after_run(tx: Tx, run_id: str, new: str, hooks: int, now: float) -> None:

@@ -28,9 +28,14 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         map_index = int(idx)
     store = await open_store(args.db, create=False)
     try:
-        events = await store.views.task_log(args.run_id, task_id, map_index)
+        # A run id mistyped and a task id mistyped are different mistakes: say which.
+        run = await store.views.run_info(args.run_id)
+        events = await store.views.task_log(args.run_id, task_id, map_index) if run else None
     finally:
         await store.close()
+    if run is None:
+        print(f"slotless: error: no run {args.run_id!r} in this database", file=sys.stderr)
+        return 2
     if events is None:
         print(f"slotless: error: no task {args.task_id!r} in run {args.run_id!r}", file=sys.stderr)
         return 2

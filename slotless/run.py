@@ -26,6 +26,7 @@ from executor.store.viewrows import RunRow
 from executor.worker import Worker
 
 from .options import db_opt, logical_date, slots
+from .status import failure_cause
 
 out = Console()
 err = Console(stderr=True)
@@ -88,6 +89,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
         assert found is not None
         info = RunRow.of(found)
         tasks = TaskRow.all(await store.views.run_tasks(run_id))
+        failed = {
+            _instance(r["task_id"], r["map_index"]): failure_cause(r["error"])
+            for r in await store.views.failed_tasks(run_id, FAILED_KEPT)
+        }
         if args.json:
             print(
                 json.dumps(
@@ -96,14 +101,19 @@ async def cmd_run(args: argparse.Namespace) -> int:
                         "run_id": run_id,
                         "state": info.state,
                         "tasks": {t.task_id: t.state for t in tasks},
+                        "failed": failed,
                     }
                 )
             )
         else:
             _summary(run_id, info, tasks, await store.views.mapped_counts(run_id))
+            _failures(info, failed)
             if info.state == RunState.PAUSED:
                 print(f"{info.state_reason}\ngo on with: slotless resume {run_id}")
-        return 0 if info.state == "SUCCESS" else 1
+        # A task that failed fails the command, although an all_done (or similar) leaf may
+        # have let the run succeed: the run's state follows its leaves, as in Airflow, but
+        # whoever runs a file by hand or in CI wants to hear of any failure.
+        return 0 if info.state == RunState.SUCCESS and not failed else 1
     finally:
         await store.close()
 
@@ -136,6 +146,35 @@ async def _watch(store: Store, run_id: str, worker: Worker) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(0.25):
                 await settled.wait()
+
+
+FAILED_KEPT = 1000  # failed tasks read for the summary and --json, at most
+FAILED_SHOWN = 20  # of them printed under the table
+
+
+def _instance(task_id: str, map_index: int) -> str:
+    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
+
+
+def _failures(info: RunRow, failed: dict[str, str]) -> None:
+    """Each failed task's error under the table, and why the exit code is 1 if the run
+    itself succeeded."""
+    if not failed:
+        return
+    more = len(failed) - FAILED_SHOWN
+    count = f"{len(failed)}{'+' if len(failed) >= FAILED_KEPT else ''}"
+    out.print(f"{count} task(s) failed:", style="bold red", highlight=False)
+    for name, error in list(failed.items())[:FAILED_SHOWN]:
+        out.print(f"  {name}: {error}", markup=False, highlight=False, soft_wrap=True)
+    if more > 0:
+        out.print(f"  ... and {more} more (slotless logs RUN TASK[INDEX] for each)")
+    if info.state == RunState.SUCCESS:
+        out.print(
+            "the run succeeded (its leaves decide its state, as in Airflow), but a task "
+            "failed: exit code 1",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _summary(

@@ -14,13 +14,15 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from datetime import date
 from pathlib import Path
 
 from executor.catalogue import DAGS_ENV, dags_folder
 from executor.loader import load_dag
-from executor.store import open_store, resolve_url
+from executor.store import Store, open_store, resolve_url
+from executor.store.people import UI_URL_ENV
 
 STOP_GRACE = 30.0  # seconds the three get to finish before they are killed
 
@@ -29,6 +31,14 @@ async def up(args: argparse.Namespace) -> int:
     url = resolve_url(args.db)
     store = await open_store(url)  # creates the schema, so that every process finds it
     try:
+        others = await serving_here(store)
+        if others:
+            verb = "serves" if len(others) == 1 else "serve"
+            _say(
+                f"{' and '.join(others)} already {verb} this database on this machine; "
+                "this starts another worker and triggerer beside them (stop that one first "
+                "unless this is meant)"
+            )
         for file in args.files:
             dag = load_dag(file, None)
             run_id = await store.runs.create_run(
@@ -55,9 +65,47 @@ async def up(args: argparse.Namespace) -> int:
     # page would otherwise parse the same folder twice more.
     base = {k: v for k, v in os.environ.items() if k != DAGS_ENV}
     envs = {"worker": base, "ui": dict(base), "triggerer": dict(os.environ)}
+    # A notice's link to the page is the page this command serves, unless the operator named
+    # another (a proxy's public address, say).
+    if UI_URL_ENV not in os.environ:
+        for name in ("worker", "triggerer"):
+            envs[name][UI_URL_ENV] = page_url(args.host, args.port)
     if args.token:  # to the page alone, in its environment: not in its argv for `ps` to show
         envs["ui"]["SLOTLESS_UI_TOKEN"] = args.token
     return await Stack({"worker": worker, "triggerer": triggerer, "ui": ui}, envs).run()
+
+
+async def serving_here(store: Store) -> list[str]:
+    """The live workers and triggerers of this machine on this database, as "worker ID"
+    (an id is ``host:pid:random``). Their liveness locks answer, not their heartbeats: a
+    process killed a moment ago is not counted.
+
+    Another machine's are left out: several hosts sharing a PostgreSQL database is how it
+    scales, while two stacks on one host (two ``up`` in two terminals) is almost always a
+    forgotten one.
+    """
+    host = socket.gethostname()
+    found = {f"worker {w}": w for w in await store.exchange.other_workers("")}
+    found |= {f"triggerer {t.id}": t.id for t in await store.views.list_triggerers()}
+    found = {k: i for k, i in found.items() if i.split(":", 1)[0] == host}
+    if not found:
+        return []
+    liveness = store.db.liveness()
+    try:
+        alive = await liveness.alive(set(found.values()))
+    finally:
+        await liveness.close()
+    return [k for k, i in found.items() if i in alive]
+
+
+def page_url(host: str, port: int) -> str:
+    """The address a person opens to reach a page served on ``host``:``port``; a wildcard
+    address listens on every interface, so the link names this machine."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    if ":" in host:  # an IPv6 address, bracketed in a URL
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
 
 
 def _say(line: str) -> None:

@@ -11,8 +11,9 @@ restarting the watcher and a close cannot be told from a write.
 
 One inotify descriptor serves the whole process (the kernel allows 128 per user by
 default); each directory is one watch on it (8,192 per user by default:
-``fs.inotify.max_user_watches``). A watch that cannot be set (the directory does not
-exist yet, the limit is reached) or a filesystem where inotify does not see other hosts'
+``fs.inotify.max_user_watches``). A directory that does not exist yet is waited for by a
+watch on its nearest existing ancestor. A watch that cannot be set (a file where the
+directory should be, the limit is reached) or a filesystem where inotify does not see other hosts'
 writes (NFS, SMB, FUSE mounts, ...: :data:`POLLED_FSTYPES`, extended by
 ``SLOTLESS_INOTIFY_POLL_FSTYPES``) raises :class:`~triggers.push.PushUnavailable`: the
 directory's waits are polled.
@@ -153,20 +154,69 @@ class InotifyDirectory(PushSource):
         reader: _Reader = await ctx.shared("inotify", _Reader.open)
         heard: HeardNames = await ctx.shared(HEARD_KEY, HeardNames.create)
         directory = self.directory
+        loop = asyncio.get_running_loop()
+
+        # A directory that does not exist yet (a drop folder a producer creates with its
+        # first file) is pushed all the same: the nearest existing ancestor is watched for
+        # the next path component, one level at a time, until the directory itself can be.
+        # Its waits count as pushed meanwhile; nothing can land before the directory does,
+        # and once watched every one of them re-checks (a file may have landed between its
+        # mkdir and the watch).
+        announced = False
+        while not os.path.lexists(directory):
+            ancestor, below = _nearest_existing(directory)
+            appeared: asyncio.Future[str] = loop.create_future()
+            gone: asyncio.Future[str] = loop.create_future()
+
+            def created(
+                names: Iterable[str | None],
+                below: str = below,
+                appeared: asyncio.Future[str] = appeared,
+            ) -> None:
+                if (below in names or None in names) and not appeared.done():
+                    appeared.set_result(below)
+
+            watch = reader.watch(ancestor, created, gone, creations=True)
+            try:
+                if os.path.lexists(os.path.join(ancestor, below)):
+                    continue  # created before the watch was set: look again
+                if not announced:
+                    ready()
+                    announced = True
+                done, _ = await asyncio.wait([appeared, gone], return_when=asyncio.FIRST_COMPLETED)
+                if gone in done:
+                    raise PushUnavailable(f"{ancestor}: {gone.result()}")
+            finally:
+                reader.unwatch(watch)
+                for f in (appeared, gone):
+                    f.cancel()
 
         def noted(names: Iterable[str | None]) -> None:
             names = list(names)
             heard.note(directory, names)  # before the wake: the woken checks read it
             wake(names)
 
-        gone: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        gone = loop.create_future()
         watch = reader.watch(directory, noted, gone)
         try:
-            ready()
+            if announced:
+                wake([None])
+            else:
+                ready()
             why = await gone
         finally:
             reader.unwatch(watch)
         raise PushUnavailable(why)
+
+
+def _nearest_existing(directory: str) -> tuple[str, str]:
+    """The deepest existing ancestor of ``directory``, and the name below it on the way."""
+    path = os.path.abspath(directory)
+    while True:
+        parent, name = os.path.split(path)
+        if os.path.lexists(parent) or parent == path:
+            return parent, name
+        path = parent
 
 
 class _Reader:
@@ -180,7 +230,7 @@ class _Reader:
         # One kernel watch per inode: two sources on one directory (named through a
         # symlink, or one closing while its successor opens) get the same wd, so each wd
         # keeps every source that asked for it and is removed with the last.
-        self._by_wd: dict[int, list[tuple[Wake, asyncio.Future[str]]]] = {}
+        self._by_wd: dict[int, list[tuple[Wake, asyncio.Future[str], Any]]] = {}
         self._task = asyncio.get_running_loop().create_task(self._read(), name="inotify")
 
     @classmethod
@@ -192,15 +242,22 @@ class _Reader:
         except OSError as exc:  # EMFILE: fs.inotify.max_user_instances reached
             raise PushUnavailable(f"cannot open inotify: {exc}") from exc
 
-    def watch(self, directory: str, wake: Wake, gone: asyncio.Future[str]) -> Any:
+    def watch(
+        self, directory: str, wake: Wake, gone: asyncio.Future[str], *, creations: bool = False
+    ) -> Any:
+        """Route ``directory``'s names closed or moved in to ``wake``; with ``creations``,
+        the names created in it instead (an ancestor watched for a directory to appear)."""
         from asyncinotify import Mask
 
-        mask = Mask.CLOSE_WRITE | Mask.MOVED_TO | Mask.ONLYDIR | Mask.DELETE_SELF | Mask.MOVE_SELF
+        wanted = (Mask.CREATE | Mask.MOVED_TO) if creations else (Mask.CLOSE_WRITE | Mask.MOVED_TO)
+        # MASK_ADD: one kernel watch per inode, and a second source on it must not take the
+        # first one's events away; each source is handed only the events it asked for.
+        mask = wanted | Mask.ONLYDIR | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.MASK_ADD
         try:
             watch = self._ino.add_watch(directory, mask)
         except OSError as exc:
             raise PushUnavailable(f"cannot watch {directory}: {exc.strerror or exc}") from exc
-        self._by_wd.setdefault(watch.wd, []).append((wake, gone))
+        self._by_wd.setdefault(watch.wd, []).append((wake, gone, wanted))
         return watch, gone
 
     def unwatch(self, token: Any) -> None:
@@ -222,7 +279,7 @@ class _Reader:
                 if Mask.Q_OVERFLOW in event.mask:  # events were lost: every wait re-checks
                     log.warning("inotify queue overflowed: every watched directory re-checks")
                     for held in list(self._by_wd.values()):
-                        for wake, _ in held:
+                        for wake, _, _ in held:
                             wake([None])
                     continue
                 watch = event.watch
@@ -230,17 +287,18 @@ class _Reader:
                 if not entries:
                     continue
                 if event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED):
-                    for _, gone in entries:
+                    for _, gone, _ in entries:
                         if not gone.done():
                             gone.set_result("the directory was removed or moved")
                     continue
                 if event.name is not None:
                     name = [str(event.name)]
-                    for wake, _ in entries:
-                        wake(name)
+                    for wake, _, wanted in entries:
+                        if event.mask & wanted:
+                            wake(name)
         except Exception as exc:  # the descriptor failed: every watch falls back
             for held in self._by_wd.values():
-                for _, gone in held:
+                for _, gone, _ in held:
                     if not gone.done():
                         gone.set_result(f"reading inotify failed: {exc}")
 
@@ -249,7 +307,7 @@ class _Reader:
         with contextlib.suppress(BaseException):
             await self._task
         for held in self._by_wd.values():
-            for _, gone in held:
+            for _, gone, _ in held:
                 if not gone.done():
                     gone.set_result("closed")
         self._by_wd.clear()

@@ -272,6 +272,12 @@ class Views(Part):
                 out[row["task_id"]][row["state"]] = row["n"]
         return dict(out)
 
+    async def failed_tasks(self, run_id: str, n: int, task_id: str = "") -> list[Row]:
+        """At most ``n`` FAILED tasks and mapped instances of a run (of one task: ``task_id``),
+        in row order, each with ``error``: the message that failed it."""
+        async with self.db.read() as tx:
+            return await tx.fetch("failed_tasks", run_id=run_id, task_id=task_id, n=n)
+
     async def task_log(self, run_id: str, task_id: str, map_index: int = -1) -> list[Row] | None:
         async with self.db.read() as tx:
             row = await tx.fetchone("task_row", run_id=run_id, task_id=task_id, map_index=map_index)

@@ -43,6 +43,9 @@ from .part import Part
 
 PERSON_KEY = "person:"  # trigger.event_key prefix of a person's wait
 UI_URL_ENV = "SLOTLESS_UI_URL"  # the page's address, for the link in a notification
+# Where `slotless ui` serves by default (its --host and --port): the link when nobody said
+# otherwise. `slotless up` sets UI_URL_ENV for its worker and triggerer from its own.
+DEFAULT_UI_URL = "http://127.0.0.1:8765"
 
 
 class RespondError(Exception):
@@ -101,7 +104,7 @@ def when(ts: float) -> str:
 
 def link(task_row: int) -> str:
     """Where a respondent answers: the page's "Needs you" list, at this request."""
-    base = os.environ.get(UI_URL_ENV, "http://127.0.0.1:8080").rstrip("/")
+    base = os.environ.get(UI_URL_ENV, DEFAULT_UI_URL).rstrip("/")
     return f"{base}/needs-you#task-{task_row}"
 
 

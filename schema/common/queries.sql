@@ -224,6 +224,20 @@ SELECT * FROM task WHERE run_id = :run_id AND task_id = :task_id AND map_index =
 -- name: task_events
 SELECT * FROM task_event WHERE task_row = :task_row ORDER BY id;
 
+-- name: failed_tasks
+-- :n at most, in row order: a run's FAILED tasks and mapped instances (of one task with
+-- :task_id, of all with ''), each with the message of the transition that failed it. A
+-- mapped task's own row is left out: its instances say why it failed.
+SELECT t.task_id, t.map_index,
+       (SELECT e.message FROM task_event e WHERE e.task_row = t.id AND e.to_state = 'FAILED'
+        ORDER BY e.id DESC LIMIT 1) AS error
+FROM task t
+WHERE t.run_id = :run_id AND t.state = 'FAILED'
+  AND (t.task_id = :task_id OR :task_id = '')
+  AND NOT (t.map_index = -1 AND t.map_total IS NOT NULL)
+ORDER BY t.id
+LIMIT :n;
+
 -- name: mapped_counts
 SELECT task_id, state, count(*) AS n FROM task
 WHERE run_id = :run_id AND map_index >= 0

@@ -93,7 +93,8 @@ def test_run_json_success_status_and_logs(tmp_path: Path, db_path: Path, db_url:
     dag_file = write_dag(tmp_path, GOOD)
     code, out = run_json(dag_file, db_url, "--logical-date", "2026-02-03", "--slots", "2")
     assert code == 0
-    assert set(out) == {"dag_id", "run_id", "state", "tasks"}
+    assert set(out) == {"dag_id", "run_id", "state", "tasks", "failed"}
+    assert out["failed"] == {}  # each failed task (TASK or TASK[INDEX]) with its error
     assert out["dag_id"] == "good" and out["state"] == "SUCCESS"
     assert out["tasks"] == {"extract": "SUCCESS", "load": "SUCCESS"}
     run_id = out["run_id"]

@@ -186,15 +186,36 @@ async def test_without_inotify_the_waits_are_polled_with_a_log_line(
 async def test_a_watch_that_cannot_be_set_falls_back_and_polling_still_fires(
     store, db_path, tmp_path, caplog
 ) -> None:
-    missing = tmp_path / "not-yet"  # the kernel refuses a watch on it: ENOENT
+    blocker = tmp_path / "a-file"  # where the directory should be: the kernel says ENOTDIR
+    blocker.write_text("")
     caplog.set_level(logging.WARNING, logger="slotless.triggerer.push")
-    dag = file_waits("push_missing", [str(missing / "a.csv")], interval=0.2)
+    dag = file_waits("push_missing", [str(blocker / "a.csv")], interval=0.2)
     run_id = await store.runs.create_run(dag, DAY)
     async with serving(store, dag, config={"push": True}):
         await async_wait_until(lambda: "cannot watch" in caplog.text, what="the fallback")
-        missing.mkdir()
-        (missing / "a.csv").write_text("x")
+        blocker.unlink()
+        blocker.mkdir()
+        (blocker / "a.csv").write_text("x")
         await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 1), what="polled")
+
+
+async def test_a_directory_that_does_not_exist_yet_is_pushed_once_it_is_made(
+    store, db_path, tmp_path, caplog
+) -> None:
+    missing = tmp_path / "drop" / "2026"  # two levels below the nearest existing one
+    caplog.set_level(logging.WARNING, logger="slotless")
+    dag = file_waits("push_not_yet", [str(missing / "a.csv")])  # polled hourly: push only
+    run_id = await store.runs.create_run(dag, DAY)
+    async with serving(store, dag, config={"push": True}) as h:
+        trig = h.triggerer
+        assert trig is not None
+        await async_wait_until(
+            lambda: trig.push.live(("inotify", str(missing))), what="the ancestor watched"
+        )
+        missing.mkdir(parents=True)
+        (missing / "a.csv").write_text("x")
+        await async_wait_until(lambda: all_in(db_path, run_id, "SUCCESS", 1), what="pushed")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 async def test_a_live_source_polls_only_at_the_safety_interval(store, db_path, tmp_path) -> None:
