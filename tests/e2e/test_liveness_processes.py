@@ -74,6 +74,60 @@ def query(db_url: str, text: str) -> list[dict[str, Any]]:
         return pool.submit(asyncio.run, go()).result()
 
 
+def pause_holding_no_lock(proc: subprocess.Popen, db_url: str) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no database lock.
+
+    A process paused inside a write transaction keeps its locks: on SQLite the one write
+    lock, which stalls every other process until it resumes; on PostgreSQL the rows it
+    changed (docs/operations.md, "Failures"). That is what a pause does, not what these
+    tests are about: they pause a process between its transactions, resuming it and
+    pausing it again until it is caught there."""
+
+    def caught_between_transactions() -> bool:
+        proc.send_signal(signal.SIGSTOP)
+        if writable(db_url):
+            return True
+        proc.send_signal(signal.SIGCONT)
+        return False
+
+    wait_until(caught_between_transactions, 30, what=f"{proc.pid} paused between transactions")
+
+
+def writable(db_url: str) -> bool:
+    """Whether another connection can take, within a second, the locks a worker or a
+    triggerer takes: SQLite's write lock; PostgreSQL's locks on leases, runs and tasks."""
+    if db_url.startswith("sqlite"):
+        import sqlite3
+
+        conn = sqlite3.connect(db_url[len("sqlite:///") :], timeout=1.0, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            conn.close()
+
+    async def go() -> bool:
+        import asyncpg
+
+        conn = await asyncpg.connect(db_url)
+        try:
+            await conn.execute(
+                "BEGIN; SET LOCAL lock_timeout = '1s'; "
+                "SELECT 1 FROM shard_lease FOR UPDATE; SELECT 1 FROM dag_run FOR UPDATE; "
+                "SELECT 1 FROM task FOR UPDATE; ROLLBACK"
+            )
+        except asyncpg.LockNotAvailableError:
+            return False
+        finally:
+            await conn.close()
+        return True
+
+    return asyncio.run(go())
+
+
 class Procs:
     """``slotless`` processes of one test; their logs; all stopped at its end."""
 
@@ -259,7 +313,7 @@ async def test_a_paused_triggerer_loses_its_shards_at_the_ttl_and_checks_none_wh
     )
     try:
         paused, survivor = triggerer_id(url, first), triggerer_id(url, second)
-        first.send_signal(signal.SIGSTOP)
+        await asyncio.to_thread(pause_holding_no_lock, first, url)
         await asyncio.to_thread(
             wait_until,
             lambda: shards_of(url) == Counter({survivor: SHARDS}),
@@ -407,7 +461,8 @@ async def paused_worker(procs: Procs, url: str, tmp_path: Path) -> None:
     )
     child = json.loads((marks / "attempt1").read_text())["pid"]
     assert child != paused.pid  # a forked child runs it
-    paused.send_signal(signal.SIGSTOP)  # the child runs on: SIGSTOP reaches the worker only
+    # The child runs on: SIGSTOP reaches the worker only.
+    await asyncio.to_thread(pause_holding_no_lock, paused, url)
     procs.start("other", "worker", *opts)
     await asyncio.to_thread(
         wait_until, lambda: run_state(url, run_id) == "SUCCESS", 60, what="the retry to succeed"
