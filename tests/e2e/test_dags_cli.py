@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.helpers import REPO, cli, cli_env, sql, stop_process, wait_until, write_dag
+from support.refused_dags import CYCLE, UNLISTED_SENSOR
 
 pytestmark = pytest.mark.slow
 
@@ -130,28 +131,6 @@ def test_list_shows_the_schedule_in_words_and_the_next_run(tmp_path: Path, db_ur
     assert "next run" in proc.stdout
     assert "every day at 02:30 Europe/Paris" in proc.stdout
     assert "2026-03-28 02:30 (due 2026-03-29 03:00)" in proc.stdout
-
-
-CYCLE = """
-from executor import DAG
-
-dag = DAG("loops_back", schedule="@hourly")
-a, b, c = (dag.task(lambda ctx: 1, task_id=t) for t in "abc")
-a >> b >> c >> a
-"""
-
-UNLISTED_SENSOR = """
-from executor import DAG
-from triggers.files import FileTrigger
-
-
-class Unlisted(FileTrigger):
-    pass
-
-
-dag = DAG("waits", schedule="@hourly")
-dag.sensor("wait", Unlisted(path="/nowhere"))
-"""
 
 
 def test_a_dag_that_run_would_refuse_is_listed_broken_and_nothing_is_armed(

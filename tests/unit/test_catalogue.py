@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.helpers import async_wait_until, pid_alive, write_dag
+from support.refused_dags import CYCLE, UNLISTED_SENSOR
 
 from executor import catalogue
 from executor.catalogue import ScanResult, scan
@@ -293,28 +294,6 @@ async def test_a_bad_schedule_is_the_files_error(store: Store, folder: Path) -> 
     assert await dag_ids(store) == []
     error = (await errors(store))["typo.py"]
     assert "DAG 'typo': bad cron '0 6 * * 9': day-of-week 9 out of range 0-7" in error
-
-
-CYCLE = """
-from executor import DAG
-
-dag = DAG("loops_back", schedule="@hourly")
-a, b, c = (dag.task(lambda ctx: 1, task_id=t) for t in "abc")
-a >> b >> c >> a
-"""
-
-UNLISTED_SENSOR = """
-from executor import DAG
-from triggers.files import FileTrigger
-
-
-class Unlisted(FileTrigger):
-    pass
-
-
-dag = DAG("waits", schedule="@hourly")
-dag.sensor("wait", Unlisted(path="/nowhere"))
-"""
 
 
 async def test_a_dag_that_run_and_trigger_would_refuse_is_a_broken_file_and_arms_nothing(
