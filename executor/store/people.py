@@ -118,16 +118,36 @@ def _wait_of(row: Row) -> PersonWait | None:
     return wait if isinstance(wait, PersonWait) else None
 
 
-def _answered(row: Row, asking: str, *, named: bool = False) -> str | None:
-    """ "already answered (by NAME) at TIME" if the task's output is a person's answer. The
-    name is said to a caller known to be a respondent (``named``), to the one who gave it,
-    or when it is the default answer: once the wait has ended its request is gone, so
-    whether anyone else was a respondent can no longer be checked."""
+def _respondents(row: Row, wait: PersonWait | None) -> list[str] | None:
+    """Who may answer the task's request (empty: anyone): the request waiting, or the
+    respondents kept when it was answered; None when neither is known (a task that never
+    waited for a person, or answered before they were kept)."""
+    if wait is not None:
+        return list(wait.respondents)
+    kept = row["answered_respondents"]
+    if kept is None:
+        return None
+    names = json.loads(kept)
+    return [str(n) for n in names] if isinstance(names, list) else None
+
+
+def _answer_of(row: Row) -> dict[str, Any] | None:
+    """The task's output if it is a person's answer (it says by whom and when)."""
     try:
         out = json.loads(row["output"]) if row["output"] else None
     except ValueError:
         return None
     if isinstance(out, dict) and "by" in out and isinstance(out.get("at"), int | float):
+        return out
+    return None
+
+
+def _answered(row: Row, asking: str, *, named: bool = False) -> str | None:
+    """ "already answered (by NAME) at TIME" if the task's output is a person's answer. The
+    name is said to a caller known to be a respondent (``named``), to the one who gave it,
+    or when it is the default answer."""
+    out = _answer_of(row)
+    if out is not None:
         told = named or out["by"] == asking or out.get("default")
         by = f" by {out['by']}" if told else ""
         return f"already answered{by} at {when(out['at'])}"
@@ -174,16 +194,16 @@ class Answers(Part):
                 raise UnknownTask(f"run {run_id} has no task {task_id!r}", "task_id")
             wait = _wait_of(row)
             # Who may answer is checked before what state the task is in: a stranger
-            # learns nothing of the request's fate. Once it has ended its request is gone
-            # (the trigger row with it), so only the one who answered is told by whom.
-            if wait is not None and not wait.may_answer(who):
+            # learns nothing of the request's fate. Once answered, its request is gone
+            # (the trigger row with it), and who could answer it was kept instead.
+            respondents = _respondents(row, wait)
+            if respondents and who not in respondents:
                 raise NotAllowed(
-                    f"{who!r} may not answer this request (respondents: "
-                    f"{', '.join(wait.respondents)})",
+                    f"{who!r} may not answer this request (respondents: {', '.join(respondents)})",
                     "respondent",
                 )
             if row["state"] != State.DEFERRED.value or wait is None:
-                done = _answered(row, who)
+                done = _answered(row, who, named=respondents is not None)
                 raise NotWaiting(
                     done or f"task {task_id} is not waiting for a person (it is {row['state']})",
                     "task_id",
@@ -248,6 +268,10 @@ async def settle_answer(
     decides itself what a rejection means."""
     output = answer.output(who, now, default=default)
     text = json.dumps(output, separators=(",", ":"))
+    await tx.execute(
+        "keep_respondents", task_row=row["id"], trigger_id=row["trigger_id"],
+        respondents=json.dumps(list(wait.respondents)),
+    )  # fmt: skip
     how = _say(answer)
     whose = "the default answer (timeout)" if default else f"answered by {who}"
     message = f"{whose} at {when(now)}: {how}" + (

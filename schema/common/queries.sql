@@ -995,10 +995,19 @@ ON t.trigger_id = g.id
 WHERE g.event_key LIKE 'person:%' AND t.state = 'DEFERRED';
 
 -- name: person_task
+-- A task and the person's request it waits on, or, once answered, who could answer it.
 SELECT t.id, t.run_id, t.task_id, t.map_index, t.state, t.trigger_id, t.output,
-       g.classpath, g.kwargs, g.event_key
+       g.classpath, g.kwargs, g.event_key, p.respondents AS answered_respondents
 FROM task t LEFT JOIN trigger g ON g.id = t.trigger_id
+LEFT JOIN person_respondents p ON p.task_row = t.id AND p.trigger_id = t.trigger_id
 WHERE t.run_id = :run_id AND t.task_id = :task_id AND t.map_index = :map_index;
+
+-- name: keep_respondents
+-- Who could answer a request, kept in the answer's transaction (018_person_respondents.sql).
+INSERT INTO person_respondents (task_row, trigger_id, respondents)
+VALUES (:task_row, :trigger_id, :respondents)
+ON CONFLICT (task_row) DO UPDATE
+SET trigger_id = excluded.trigger_id, respondents = excluded.respondents;
 
 -- name: person_waits_of
 SELECT t.id, t.run_id, t.task_id, t.trigger_id, g.classpath, g.kwargs
