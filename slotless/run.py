@@ -27,6 +27,7 @@ from executor.worker import Worker
 
 from .options import db_opt, logical_date, slots
 from .status import failure_cause
+from .views import task_name
 
 out = Console()
 err = Console(stderr=True)
@@ -90,7 +91,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         info = RunRow.of(found)
         tasks = TaskRow.all(await store.views.run_tasks(run_id))
         failed = {
-            _instance(r["task_id"], r["map_index"]): failure_cause(r["error"])
+            task_name(r["task_id"], r["map_index"]): failure_cause(r["error"])
             for r in await store.views.failed_tasks(run_id, FAILED_KEPT)
         }
         if args.json:
@@ -150,10 +151,6 @@ async def _watch(store: Store, run_id: str, worker: Worker) -> None:
 
 FAILED_KEPT = 1000  # failed tasks read for the summary and --json, at most
 FAILED_SHOWN = 20  # of them printed under the table
-
-
-def _instance(task_id: str, map_index: int) -> str:
-    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
 
 
 def _failures(info: RunRow, failed: dict[str, str]) -> None:
