@@ -96,6 +96,12 @@ def s3_waits(dag_id: str, bucket: str, keys: list[str], interval: float = HOUR) 
     return dag
 
 
+def checked_and_resting(trig: Any) -> bool:
+    """No check running, and each next due on the slow safety interval, not soon: the
+    checks a push or the source's start asked for have all been made."""
+    return all(not c.running and c.due - trig.clock() > 60 for c in trig.table.by_hash.values())
+
+
 def all_in(db_path: Path, run_id: str, state: str, n: int) -> bool:
     rows = [r for r in task_rows(db_path, run_id, "wait") if r["map_index"] >= 0]
     return len(rows) == n and all(r["state"] == state for r in rows)
@@ -135,10 +141,10 @@ async def test_one_consumer_wakes_every_wait_and_no_listing_while_idle(
         await async_wait_until(lambda: trig.push.live(key), what="the consumer is live")
         assert list(trig.push.sources) == [key]  # one consumer for 40 waits
         # After the checks the source's start asked for, nothing lists: idle is silent.
-        await async_wait_until(lambda: moto.count("sqs:ReceiveMessage") >= 2, what="two long polls")
-        listed = moto.count("ListObjectsV2")
+        await async_wait_until(lambda: checked_and_resting(trig), what="the start's checks")
+        listed, polls = moto.count("ListObjectsV2"), moto.count("sqs:ReceiveMessage")
         await async_wait_until(
-            lambda: moto.count("sqs:ReceiveMessage") >= 4, what="two more long polls"
+            lambda: moto.count("sqs:ReceiveMessage") >= polls + 2, what="two more long polls"
         )
         assert moto.count("ListObjectsV2") == listed
         for k in keys[:-2]:
@@ -168,8 +174,7 @@ async def test_a_notified_key_is_answered_by_its_notification_not_a_listing(
         def drained() -> bool:  # the seed's notifications read, every wait checked since
             names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
             got = q.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
-            waiting = all(c.due - trig.clock() > 60 for c in trig.table.by_hash.values())
-            return waiting and all(int(got[n]) == 0 for n in names)
+            return checked_and_resting(trig) and all(int(got[n]) == 0 for n in names)
 
         await async_wait_until(drained, what="idle")
         moto.reset()
