@@ -13,16 +13,9 @@ import argparse
 import asyncio
 import logging
 import os
-import sqlite3
 import sys
 import threading
 from typing import Any, Protocol
-
-from executor.dag import DagError
-from executor.loader import DagImportError
-from executor.store import SchemaTooNew
-from executor.store import UnknownBackend as _UnknownBackend
-from executor.store.catalogue import UnknownDag
 
 from . import (
     backfill,
@@ -38,6 +31,13 @@ from . import (
     status,
     trigger,
 )  # fmt: skip
+from .opening import USER_ERRORS, refusal
+
+__all__ = ["GROUPS", "USER_ERRORS", "main"]
+
+# The exit status when the reader of our output went away (``slotless logs ... | head``):
+# what a shell reports for cat, grep or seq killed by SIGPIPE in the same place (128 + 13).
+READER_GONE = 141
 
 
 class CommandGroup(Protocol):
@@ -51,17 +51,6 @@ GROUPS: tuple[CommandGroup, ...] = (
     run, serve, status, logs, dags, trigger, backfill, control, events, respond, pools, bench,
 )  # fmt: skip
 
-USER_ERRORS = (
-    DagImportError,
-    DagError,
-    UnknownDag,
-    _UnknownBackend,
-    SchemaTooNew,
-    sqlite3.DatabaseError,
-    ValueError,
-    OSError,  # a missing file, a database server that does not answer
-)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
@@ -69,13 +58,29 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
         code: int = _loop_runner()(args.func(args))
+        sys.stdout.flush()  # a reader gone shows here, inside the try, not at exit
         _leave_stuck_task_threads(code)
         return code
-    except USER_ERRORS as exc:
-        print(f"slotless: error: {exc}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        return _reader_gone()
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # Every command's start errors (and a database lost in a short command) end here:
+        # one line, what is wrong and what to do, exit 2.
+        line = refusal(exc, args)
+        if line is None:
+            raise
+        print(f"slotless: error: {line}", file=sys.stderr)
+        return 2
+
+
+def _reader_gone() -> int:
+    """Our stdout's reader closed the pipe (``| head``): end quietly, as cat would. What
+    is still buffered goes to /dev/null, or flushing it at exit would fail again."""
+    with open(os.devnull, "wb") as devnull:
+        os.dup2(devnull.fileno(), sys.stdout.fileno())
+    return READER_GONE
 
 
 def _leave_stuck_task_threads(code: int) -> None:

@@ -21,10 +21,11 @@ from executor.loader import load_dag
 from executor.pools import DEFAULT as DEFAULT_QUEUE
 from executor.rows import TaskRow
 from executor.states import RUN_TERMINAL, RunState
-from executor.store import Store, open_store
+from executor.store import Store
 from executor.store.viewrows import RunRow
 from executor.worker import Worker
 
+from .opening import open_writable
 from .options import db_opt, logical_date, slots
 from .status import failure_cause
 from .views import task_name
@@ -50,7 +51,7 @@ def add_commands(sub: Any) -> None:
 async def cmd_run(args: argparse.Namespace) -> int:
     dag = load_dag(args.file, args.dag)
     dag.validate()
-    store = await open_store(args.db)
+    store = await open_writable(args.db)
     try:
         run_id = await store.runs.create_run(
             dag, args.logical_date or date.today(), dag_file=str(Path(args.file).resolve())

@@ -23,6 +23,7 @@ from executor.pools import parse_queues
 from executor.store import Store, open_store
 from executor.worker import Worker
 
+from .opening import open_writable
 from .options import dags_opts, db_opt, duration, metrics_opts, slots, token_opt
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def add_commands(sub: Any) -> None:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     queues = parse_queues(args.queues)
-    store = await open_store(args.db)
+    store = await open_writable(args.db)
     try:
         await store.pools.check_queues(queues)
     except Exception:
@@ -155,7 +156,7 @@ async def cmd_triggerer(args: argparse.Namespace) -> int:
     from triggerer.metrics import triggerer_metrics
     from triggerer.service import Triggerer, TriggererConfig
 
-    store = await open_store(args.db)
+    store = await open_writable(args.db)
     if args.push_safety_interval <= 0:
         await store.close()
         print("slotless triggerer: --push-safety-interval must be > 0", file=sys.stderr)

@@ -21,15 +21,17 @@ from pathlib import Path
 
 from executor.catalogue import DAGS_ENV, dags_folder
 from executor.loader import load_dag
-from executor.store import Store, open_store, resolve_url
+from executor.store import Store, resolve_url
 from executor.store.people import UI_URL_ENV
+
+from .opening import open_writable
 
 STOP_GRACE = 30.0  # seconds the three get to finish before they are killed
 
 
 async def up(args: argparse.Namespace) -> int:
     url = resolve_url(args.db)
-    store = await open_store(url)  # creates the schema, so that every process finds it
+    store = await open_writable(url)  # creates the schema, so that every process finds it
     try:
         others = await serving_here(store)
         if others:

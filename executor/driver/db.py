@@ -83,6 +83,11 @@ class Database(Protocol):
         is called. None where there are no notifications (SQLite)."""
         ...
 
+    async def check_writes(self) -> None:
+        """Raise :class:`~executor.driver.opening.ReadOnly` if the database refuses writes
+        (asked once at the start of a command that writes; read-only commands skip it)."""
+        ...
+
     async def close(self) -> None: ...
 
 

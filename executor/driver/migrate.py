@@ -17,6 +17,10 @@ async def migrate(db: Database, folder: str) -> None:
     """Apply the migrations of ``schema/<folder>/`` that ``db`` has not seen yet."""
     known = schema.migrations(folder)
     latest = known[-1].version
+    if await _current(db) == latest:
+        # Nothing to write: a read-only database (a standby, a read-only file) opens for
+        # the commands that only read, and every start skips the migration lock.
+        return
 
     async def body(tx: Tx) -> None:
         await tx.execute("migrate_lock")
@@ -40,3 +44,14 @@ async def migrate(db: Database, folder: str) -> None:
     # hundred-odd DDL statements were as many round trips, a third of `slotless run`'s
     # start on a fresh file.
     await db.transact(body)
+
+
+async def _current(db: Database) -> int | None:
+    """The schema's version, read without a write transaction; None if it cannot be read
+    so (no table yet): the write transaction then finds out, and says what is wrong."""
+    try:
+        async with db.read() as tx:
+            row = await tx.fetchone("schema_version_current")
+    except Exception:
+        return None
+    return int(row["version"]) if row is not None else None

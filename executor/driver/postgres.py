@@ -45,6 +45,7 @@ from schema import Query
 from .db import Row, Tx, check_params
 from .liveness import Liveness, PgLiveness, close_connection
 from .migrate import migrate
+from .opening import migrating, read_only, translating
 
 T = TypeVar("T")
 
@@ -144,24 +145,35 @@ class PostgresDatabase:
 
     @classmethod
     async def open(cls, url: str) -> PostgresDatabase:
-        dsn, options = split_url(url)
-        db = cls(url, dsn, options)
-        db._pool = await asyncpg.create_pool(
-            dsn,
-            min_size=min(options["pool_min_size"], options["pool_max_size"]),
-            max_size=options["pool_max_size"],
-            statement_cache_size=options["statement_cache_size"],
-            reset=_keep_session,
-        )
+        """Connect (a pool) and migrate; what goes wrong is one :class:`CannotOpen` line."""
+        with translating(url, "postgresql"):
+            dsn, options = split_url(url)
+            db = cls(url, dsn, options)
+            db._pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min(options["pool_min_size"], options["pool_max_size"]),
+                max_size=options["pool_max_size"],
+                statement_cache_size=options["statement_cache_size"],
+                reset=_keep_session,
+            )
         try:
-            await db._sync_clock(samples=5)
-            await migrate(db, "postgres")
+            with translating(url, "postgresql"):
+                await db._sync_clock(samples=5)
+            with migrating(url, "postgresql"):
+                await migrate(db, "postgres")
             async with db._pool.acquire() as conn:
                 db._tag = schema_tag(await conn.fetchval("SELECT current_schema()"))
         except BaseException:
             await db._pool.close()
             raise
         return db
+
+    async def check_writes(self) -> None:
+        """Raise :class:`ReadOnly` on a standby or a read-only database or role."""
+        assert self._pool is not None
+        async with self._pool.acquire() as conn:
+            if await conn.fetchval("SELECT current_setting('transaction_read_only')") == "on":
+                raise read_only(self.url, "postgresql", "transaction_read_only is on")
 
     # -- the server's clock -----------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from schema import Query
 from .db import Row, Tx, check_params
 from .liveness import FileLiveness, Liveness, NoLiveness
 from .migrate import migrate
+from .opening import is_sqlite_read_only, migrating, missing_folder, read_only, translating
 
 BUSY_TIMEOUT_MS = 30_000
 # Overrides it (milliseconds): a lock held longer is not an error either way, the callers
@@ -151,19 +152,45 @@ class SqliteDatabase:
 
     @classmethod
     async def open(cls, url: str, path: str) -> SqliteDatabase:
+        """Open (and migrate) the file; what goes wrong is one :class:`CannotOpen` line."""
+        missing = missing_folder(url, path)
+        if missing is not None:
+            raise missing
         busy = int(os.environ.get(BUSY_ENV) or BUSY_TIMEOUT_MS)
-        conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy / 1000)
+        with translating(url, "sqlite"):
+            conn = await _connect(path, busy)
         conn.row_factory = sqlite3.Row
         db = cls(url, path, conn)
         try:  # a file that is not a database fails here: close, or its thread keeps us alive
-            await conn.execute(f"PRAGMA busy_timeout = {busy}")
-            await _wal(conn)
-            await conn.execute("PRAGMA synchronous = NORMAL")
-            await migrate(db, "sqlite")
+            with translating(url, "sqlite"):
+                await conn.execute(f"PRAGMA busy_timeout = {busy}")
+                await _wal(conn)
+                await conn.execute("PRAGMA synchronous = NORMAL")
+            with migrating(url, "sqlite"):
+                await migrate(db, "sqlite")
         except BaseException:
             await conn.close()
             raise
         return db
+
+    async def check_writes(self) -> None:
+        """Raise :class:`ReadOnly` if the file refuses writes (a read-only file or folder,
+        a read-only mount): a table created in a transaction that is rolled back."""
+
+        def probe(raw: sqlite3.Connection) -> None:
+            raw.execute("BEGIN IMMEDIATE")
+            try:
+                raw.execute("CREATE TABLE slotless_write_probe (x INTEGER)")
+            finally:
+                raw.execute("ROLLBACK")
+
+        async with self._lock:
+            try:
+                await self._conn._execute(probe, self._conn._conn)
+            except sqlite3.Error as exc:
+                if is_sqlite_read_only(exc) or "disk i/o" in str(exc).lower():
+                    raise read_only(self.url, "sqlite", str(exc)) from exc
+                raise
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[SqliteTx]:
@@ -241,6 +268,20 @@ class SqliteDatabase:
 
     async def close(self) -> None:
         await self._conn.close()
+
+
+async def _connect(path: str, busy: int) -> aiosqlite.Connection:
+    """aiosqlite's connect, waiting on a failure until its thread has ended: the thread
+    reports its end to the event loop, and a command that exits on the error at once would
+    close the loop first ("Event loop is closed", twice, from that thread)."""
+    conn = aiosqlite.connect(path, isolation_level=None, timeout=busy / 1000)
+    try:
+        return await conn
+    except BaseException:
+        thread = getattr(conn, "_thread", None)
+        if thread is not None and thread.is_alive():
+            await asyncio.to_thread(thread.join, 5.0)
+        raise
 
 
 async def _wal(conn: aiosqlite.Connection) -> None:
