@@ -63,6 +63,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--chain", type=int, default=1000, help="tasks in the chain (default 1000)")
     p.add_argument("--flat", type=int, default=10_000, help="tasks in the flat DAG (default 10000)")
     p.add_argument("--slots", type=int, default=8, help="worker slots (default 8)")
+    p.add_argument(
+        "--isolation",
+        choices=["thread", "process"],
+        default=None,
+        help="how each task runs (default: slotless run's own default)",
+    )
     p.add_argument("--repeat", type=int, default=3, help="in-process runs per shape (default 3)")
     p.add_argument(
         "--parents",
@@ -96,9 +102,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def end_to_end(
-    folder: Path, shape: str, n: int, slots: int, repeat: int, subprocess: bool, bar: Any
+    folder: Path,
+    shape: str,
+    n: int,
+    slots: int,
+    repeat: int,
+    subprocess: bool,
+    bar: Any,
+    isolation: str | None = None,
 ) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
+    how = ["--isolation", isolation] if isolation else []
     task = bar.add_task(f"{shape} of {n}: {repeat} run(s)", total=n * repeat)
     for r in range(repeat):
         # A fresh file per run, so that each run imports its DAG as `slotless run` would.
@@ -114,7 +128,7 @@ def end_to_end(
 
         with log.active(), common.follow(bar, task, done_so_far):
             run = common.run_cli(
-                ["run", str(dag_file), "--db", db, "--slots", str(slots), "--json"]
+                ["run", str(dag_file), "--db", db, "--slots", str(slots), *how, "--json"]
             )
         _check(run, n)
         runs.append(
@@ -139,7 +153,7 @@ def end_to_end(
         db = common.fresh_db(folder, f"{shape}_{n}_cli")
         sub = bar.add_task(f"{shape} of {n}: slotless subprocess", total=1)
         run = common.run_cli_subprocess(
-            ["run", str(dag_file), "--db", db, "--slots", str(slots), "--json"]
+            ["run", str(dag_file), "--db", db, "--slots", str(slots), *how, "--json"]
         )
         bar.update(sub, completed=1)
         _check(run, n)
@@ -337,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "chain": args.chain,
         "flat": args.flat,
         "slots": args.slots,
+        "isolation": args.isolation or "default",
         "cpus": args.cpus,
         "repeat": args.repeat,
         "parents": args.parents,
@@ -349,11 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
         doc = common.result_document(NAME, argv, params, folder)
         with common.progress() as bar:
-            chain = end_to_end(
-                folder, "chain", args.chain, args.slots, args.repeat, args.subprocess, bar
-            )
-            flat = end_to_end(
-                folder, "flat", args.flat, args.slots, args.repeat, args.subprocess, bar
+            chain, flat = (
+                end_to_end(
+                    folder,
+                    shape,
+                    n,
+                    args.slots,
+                    args.repeat,
+                    args.subprocess,
+                    bar,
+                    args.isolation,
+                )
+                for shape, n in (("chain", args.chain), ("flat", args.flat))
             )
             fanin = asyncio.run(completion_costs(folder, args.parents, args.samples, bar))
     doc.update(
@@ -407,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     rows.append(common.load_row(doc["machine_load"]))
     common.print_table(
-        f"throughput: SQLite, {args.slots} slots",
+        f"throughput: SQLite, {args.slots} slots, {args.isolation or 'default'} isolation",
         rows,
         caption=f"target {TARGET_TASKS_PER_S:,} tasks/s; wrote {_rel(json_path)}, {_rel(png_path)}",
     )

@@ -85,10 +85,15 @@ class Attempts:
             runner.shutdown()
 
     def stop(self, row_ids: list[int]) -> None:
-        """Stop these rows' attempts if their slots can (process isolation kills the
-        child; a thread cannot be stopped and runs to its end)."""
+        """Stop these rows' attempts: process isolation kills the child; a thread is
+        interrupted at its next Python instruction (a call blocked in C returns first)."""
         for row_id in row_ids:
             self.runner.stop(row_id)
+
+    def fence(self, until: float) -> None:
+        """The worker's heartbeats cover its attempts until ``until`` (monotonic): a
+        forked child still running past it stops by itself (executor/slots.py)."""
+        self.runner.fence(until)
 
     async def run(self, row: MovedTask, owner: str, release: asyncio.Event) -> Outcome:
         """Run ``row``'s attempt; ``release`` is set when its slot may take another task."""

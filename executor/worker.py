@@ -8,7 +8,10 @@ passes. Beside it, a housekeeper heartbeats in-flight rows and takes back the ro
 workers that died: at once when a worker's liveness lock is released (its process is
 gone: executor/driver/liveness.py), after ``stale_after`` when it only stopped
 heartbeating (hung, cut off). A worker that wakes from a pause heartbeats before anything
-else and stops the attempts it lost (a forked child is killed; a thread cannot be).
+else and stops the attempts it lost (a forked child is killed; a thread is interrupted at
+its next Python instruction). In process isolation a child does not wait for that: past
+``FENCE_SHARE`` of ``stale_after`` since the heartbeat that last covered it, before any
+other worker may take its attempt back, it stops by itself (executor/slots.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from .store.callbacks import CallbackRow
 log = logging.getLogger("slotless.worker")
 
 HOUSEKEEPING_TICK = 0.25  # how soon a worker notices that it was paused
+# A forked child runs on for this share of stale_after past the start of the heartbeat
+# that last covered its attempt; the rest is a margin for the reaper's clock and polling.
+FENCE_SHARE = 0.8
 
 
 class Worker:
@@ -110,6 +116,8 @@ class Worker:
         tasks: set[asyncio.Task[Any]] = set()
         # Before the first claim under our id: the others judge it by this lock and row.
         await self.liveness.hold(self.worker_id)
+        # A row claimed from now on has a heartbeat at least this fresh.
+        self._attempts.fence(time.monotonic() + self._stale_after * FENCE_SHARE)
         await self._beat()
         housekeeper = asyncio.create_task(self._housekeeper())
         listener = asyncio.create_task(self._listen())
@@ -312,6 +320,7 @@ class Worker:
             callbacks: dict[str, list[int]] = {}
             for cb_id, owner in list(self._callbacks_in_flight.items()):
                 callbacks.setdefault(owner, []).append(cb_id)
+            began = time.monotonic()
             try:
                 for owner, ids in by_owner.items():
                     held = set(await self.store.exchange.heartbeat(owner, ids))
@@ -327,8 +336,14 @@ class Worker:
                             "a pause, cancelled or cleared): stopping them", owner, len(lost)
                         )  # fmt: skip
                         self._attempts.stop(lost)
+                        # Said once: no more heartbeats for them; what a thread that cannot
+                        # stop at once reports later is refused (the row is not its owner's).
+                        for i in lost:
+                            self._in_flight.pop(i, None)
                 for owner, ids in callbacks.items():
                     await self.store.callbacks.heartbeat_callbacks(owner, ids)
+                # Every attempt still ours was heartbeated from ``began`` on.
+                self._attempts.fence(began + self._stale_after * FENCE_SHARE)
                 await self._beat()
                 recovered = time.monotonic() - self._db_failed_at >= self._stale_after
                 if recovered and time.monotonic() - last_reap >= self._stale_after / 2:

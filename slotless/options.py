@@ -17,6 +17,19 @@ def db_opt(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--db", help="database URL (default: $SLOTLESS_DB or sqlite:///slotless.db)")
 
 
+def isolation_opt(sp: argparse.ArgumentParser) -> None:
+    """How each attempt runs (docs/operations.md, "Isolation: threads or processes")."""
+    sp.add_argument(
+        "--isolation",
+        choices=["thread", "process"],
+        default="thread",
+        help="thread (the default: the fastest; a thread cannot be killed, so a task past its "
+        "timeout runs on, and a lost attempt stops only at its next Python instruction) or "
+        "process (a forked child per attempt, about a tenth of the throughput: killed at its "
+        "timeout, and never running beside its retry on another worker)",
+    )
+
+
 def parse_timeout_opt(sp: argparse.ArgumentParser, what: str = "one file") -> None:
     sp.add_argument(
         "--parse-timeout",

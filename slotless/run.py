@@ -26,7 +26,7 @@ from executor.store.viewrows import RunRow
 from executor.worker import Worker
 
 from .opening import open_writable
-from .options import db_opt, logical_date, slots
+from .options import db_opt, isolation_opt, logical_date, slots
 from .status import failure_cause
 from .views import task_name
 
@@ -40,7 +40,7 @@ def add_commands(sub: Any) -> None:
     db_opt(run)
     run.add_argument("--dag", help="the DAG id, if the file defines several")
     run.add_argument("--slots", type=slots, default=8)
-    run.add_argument("--isolation", choices=["thread", "process"], default="thread")
+    isolation_opt(run)
     run.add_argument(
         "--logical-date", type=logical_date, default=None, help="YYYY-MM-DD (default today)"
     )

@@ -24,7 +24,15 @@ from executor.store import Store, open_store
 from executor.worker import Worker
 
 from .opening import open_writable
-from .options import dags_opts, db_opt, duration, metrics_opts, slots, token_opt
+from .options import (
+    dags_opts,
+    db_opt,
+    duration,
+    isolation_opt,
+    metrics_opts,
+    slots,
+    token_opt,
+)
 
 if TYPE_CHECKING:
     from executor.metrics import MetricsServer
@@ -34,7 +42,7 @@ def add_commands(sub: Any) -> None:
     worker = sub.add_parser("worker", help="serve as a worker: claim and run tasks of any run")
     db_opt(worker)
     worker.add_argument("--slots", type=slots, default=8)
-    worker.add_argument("--isolation", choices=["thread", "process"], default="thread")
+    isolation_opt(worker)
     worker.add_argument("--poll-interval", type=float, default=0.5)
     worker.add_argument("--heartbeat-interval", type=float, default=5.0)
     worker.add_argument(
@@ -119,6 +127,7 @@ def add_commands(sub: Any) -> None:
     up.add_argument("files", nargs="*", metavar="DAG_FILE", help="start one run of each")
     db_opt(up)
     up.add_argument("--slots", type=slots, default=8)
+    isolation_opt(up)
     up.add_argument("--host", default="127.0.0.1", help="the web page's address")
     up.add_argument("--port", type=int, default=8765, help="the web page's port")
     token_opt(up)

@@ -52,6 +52,7 @@ async def up(args: argparse.Namespace) -> int:
 
     cli = [sys.executable, "-m", "slotless"]
     worker = [*cli, "worker", "--db", url, "--slots", str(args.slots)]
+    worker += ["--isolation", args.isolation]
     triggerer = [*cli, "triggerer", "--db", url]
     if args.worker_metrics_port is not None:
         worker += ["--metrics-port", str(args.worker_metrics_port)]
