@@ -29,7 +29,7 @@ async def test_a_forked_attempt_killed_at_its_timeout_keeps_its_log_lines(url: s
     dag = DAG("keeps_its_lines")
 
     @dag.task(execution_timeout=1.0)
-    def hangs(ctx):  # type: ignore[no-untyped-def]
+    def hangs(ctx):
         ctx.log("first line, before the hang")
         ctx.log("second line, before the hang")
         time.sleep(60)
@@ -56,7 +56,7 @@ async def test_a_thread_whose_attempt_was_taken_back_stops_at_once(
     started, stopped = tmp_path / "started", tmp_path / "stopped"
 
     @dag.task
-    def spins(ctx):  # type: ignore[no-untyped-def]
+    def spins(ctx):
         started.write_text("")
         try:
             deadline = time.monotonic() + 60
