@@ -76,6 +76,14 @@ class Worker:
         )  # fmt: skip
         self._poll = poll_interval
         self._heartbeat_every = heartbeat_interval
+        if isolation == "process" and heartbeat_interval >= stale_after * FENCE_SHARE / 2:
+            # A child stops FENCE_SHARE of stale_after after the heartbeat that covered it:
+            # a heartbeat or two late, healthy attempts would stop too.
+            log.warning(
+                "heartbeat interval %g s is too close to stale_after %g s: a task process "
+                "may stop by itself between two heartbeats (keep the interval under %g s)",
+                heartbeat_interval, stale_after, stale_after * FENCE_SHARE / 2,
+            )  # fmt: skip
         self._stale_after = stale_after
         self._liveness_every = liveness_every
         self.liveness = store.db.liveness()
