@@ -25,8 +25,8 @@ def isolation_opt(sp: argparse.ArgumentParser) -> None:
         default="thread",
         help="thread (the default: the fastest; a thread cannot be killed, so a task past its "
         "timeout runs on, and a lost attempt stops only at its next Python instruction) or "
-        "process (a forked child per attempt, about a tenth of the throughput: killed at its "
-        "timeout, and never running beside its retry on another worker)",
+        "process (a forked child per attempt, 5 ms of CPU each, so a few hundred tasks/s at "
+        "most: killed at its timeout, and never running beside its retry on another worker)",
     )
 
 
