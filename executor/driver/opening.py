@@ -81,7 +81,7 @@ def _line(url: str, backend: str, exc: Exception) -> str:
 def _sqlite_fix(why: str) -> str | None:
     text = why.lower()
     if "not a database" in text:
-        return "the file is not an SQLite database: pass the path of a slotless database"
+        return "pass the path of a slotless database (a SQLite file)"
     if "readonly" in text or "read-only" in text:
         return read_only_fix("sqlite")
     if "unable to open" in text:

@@ -113,12 +113,18 @@ def test_a_sqlite_path_in_a_missing_folder_is_one_line_naming_it(tmp_path: Path)
     folder = tmp_path / "not-made"
     url = f"sqlite:///{folder / 'x.db'}"
     dag = write_dag(tmp_path, TINY)
+    a_folder = f"sqlite:///{tmp_path}"  # SQLite cannot open it: its own error, no path
     results = run_together(
-        ["worker", "--db", url], ["triggerer", "--db", url], ["run", str(dag), "--db", url]
+        ["worker", "--db", url],
+        ["triggerer", "--db", url],
+        ["run", str(dag), "--db", url],
+        ["worker", "--db", a_folder],
     )
-    for result in results:
+    for result in results[:3]:
         assert_one_line(result, url, f"folder {folder} does not exist")
     assert not folder.exists()
+    # Said once, and not followed by the driver's thread failing on a closed event loop.
+    assert_one_line(results[3], a_folder, "unable to open database file")
 
 
 @contextmanager
