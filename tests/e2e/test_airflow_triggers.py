@@ -295,14 +295,17 @@ def test_a_held_trigger_is_cleaned_up_when_its_wait_moves_to_another_triggerer(
     wait_until(
         lambda: stack.states(run_id).get("wait_flag") == "DEFERRED", 90, what="flag deferred"
     )
-    # Held by the first triggerer (its heartbeat counts the wait), then it stops: the
-    # trigger's cleanup() runs there.
+    # Running in the first triggerer, then it stops: the trigger's cleanup() runs there.
+    # Its run() must have started: a wait counted as held (the heartbeat's `triggers`) may
+    # still be importing its class in the import thread, and a trigger never built has
+    # nothing to clean up.
     first, _ = stack.procs[0]
+    runs = stack.inbox / "flag.runs"
 
-    def held() -> bool:
-        return any(r["triggers"] >= 1 for r in sql(stack.db, "SELECT triggers FROM triggerer"))
+    def started() -> bool:
+        return runs.exists() and runs.read_text().split() == [str(first.pid)]
 
-    wait_until(held, 30, what="the wait held")
+    wait_until(started, 60, what="the trigger's run() started in the first triggerer")
     assert stop_process(first) == 0, stack.logs()
     cleanups = stack.inbox / "flag.cleanups"
     assert cleanups.read_text().split() == [str(first.pid)]

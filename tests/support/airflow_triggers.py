@@ -31,6 +31,10 @@ class FlagTrigger(BaseTrigger):
         return f"{HERE}.FlagTrigger", {"path": self.path, "poke_interval": self.poke_interval}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        # One line per run() started, so that a test knows which process runs it (a wait
+        # held may not have started its run() yet: its class may still be importing).
+        with open(self.path + ".runs", "a") as f:
+            f.write(f"{os.getpid()}\n")
         while not os.path.exists(self.path):
             await asyncio.sleep(self.poke_interval)
         yield TriggerEvent({"path": self.path, "content": Path(self.path).read_text()})
