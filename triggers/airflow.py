@@ -34,6 +34,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import _TEMPLATE, BaseTrigger, TriggerEvent, _lookup
 from .context import TriggerContext
+from .loopmeter import timed
 from .registry import in_import_thread
 
 EXTRA_HINT = "pip install 'slotless[airflow]'"
@@ -143,8 +144,15 @@ class AirflowTrigger(BaseTrigger):
         # takes seconds: on the loop, a triggerer would miss its lease renewals).
         cls = await airflow_class_off_loop(self.trigger_classpath)
         trigger = cls(**decode_kwargs(self.trigger_kwargs))
+        events = trigger.run()
         try:
-            async for event in trigger.run():
+            while True:
+                # Each step of its run() timed: one that retries at once without waiting
+                # keeps the loop busy without blocking it, and the watchdog names it.
+                try:
+                    event = await timed(anext(events), self.trigger_classpath)
+                except StopAsyncIteration:
+                    break
                 yield slotless_event(event)
         except Exception as exc:
             clearer = _clearer(exc)

@@ -70,6 +70,21 @@ class RaisingTrigger(BaseTrigger):
         yield
 
 
+class ErrorTrigger(BaseTrigger):
+    """Reports its failure the providers' way (S3KeyTrigger's, when S3 is unreachable):
+    an event whose payload's status is "error", with a message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{HERE}.ErrorTrigger", {"message": self.message}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent({"status": "error", "message": self.message})
+
+
 class BlockingTrigger(BaseTrigger):
     """Blocks the event loop (a sync sleep, the classic mistake) until a flag exists."""
 
