@@ -157,10 +157,13 @@ async def resolve(classpaths: Iterable[str]) -> None:
 
 
 def _resolve_one(classpath: str) -> None:
+    # The installed entry points' first scan (~30 ms; cached) here too, not on the loop at
+    # the first is_allowed() of a class outside the built-ins. A classpath not allowed is
+    # not imported, nor remembered as failed: trigger_class() refuses it, now and after it
+    # is allowed.
+    if classpath not in BUILTINS and classpath not in allowed_classpaths():
+        return
     try:
-        # The installed entry points' first scan (~30 ms; cached) here too, not on the
-        # loop at the first is_allowed() of a class outside the built-ins.
-        allowed_classpaths()
         trigger_class(classpath)
     except Exception as exc:
         _failed[classpath] = exc
