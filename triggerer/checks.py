@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from triggers.base import BaseTrigger
-from triggers.registry import load_trigger
+from triggers.limits import kwargs_over_limit
+from triggers.registry import TriggerLoadError, load_trigger
 
 from .splitdict import SplitDict
 from .waitref import wait_sum
@@ -115,7 +116,11 @@ class Check:
         return self._model
 
     def _build(self) -> BaseTrigger:
-        """The model; :class:`TriggerLoadError` if kwargs never validated fail to."""
+        """The model; :class:`TriggerLoadError` if kwargs never validated fail to (or are
+        over the size limit: a row written behind the store's back, which a deferral
+        would have refused)."""
+        if not self.valid:
+            refused_if_oversize(self.kwargs)
         try:
             model = self.cls.model_validate_json(self.kwargs)
         except ValueError:  # the JSON mode refused: as a load does (it says why if it fails)
@@ -199,6 +204,15 @@ class Check:
             self.interval = min(s.interval for s in subs.values())
 
 
+def refused_if_oversize(kwargs: str) -> None:
+    """Raise :class:`TriggerLoadError` (its task fails, saying the limit) for kwargs over
+    the 64 KiB a deferral allows: a row written behind the store's back is refused when
+    it loads, not held and checked until its timeout."""
+    why = kwargs_over_limit(kwargs)
+    if why is not None:
+        raise TriggerLoadError(why)
+
+
 _new_check = object.__new__
 
 
@@ -277,6 +291,7 @@ class CheckTable:
         check = self.by_hash.get(poke_hash)
         if check is None:
             check = Check(poke_hash, trigger, shard, interval=sub.interval)
+            refused_if_oversize(check.kwargs)  # before anything is held
             if first_at is None:
                 first_at = (
                     trigger if isinstance(trigger, BaseTrigger) else check.trigger

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from executor.store import Row
 from triggers.base import SHARDS, BaseTrigger
-from triggers.registry import TriggerLoadError, load_trigger, trigger_class
+from triggers.registry import TriggerLoadError, load_trigger, resolve, trigger_class
 
 from .checks import Check, CheckTable, Subscriber, freeze_held
 from .settling import waits_of
@@ -255,6 +255,7 @@ class Loader:
                 table.unsubscribe(task_row)  # it deferred again, on a new trigger
             kind = classes.get(classpath)
             if kind is None:
+                await resolve((classpath,))  # its module imported off the loop
                 kind = classes[classpath] = _kind_of(classpath)
             if isinstance(kind, TriggerLoadError):
                 self._unloadable({task_row: trigger_id}, kind)

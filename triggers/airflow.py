@@ -21,6 +21,7 @@ no row can make the triggerer import an arbitrary module. See docs/airflow-trigg
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -33,6 +34,8 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import _TEMPLATE, BaseTrigger, TriggerEvent, _lookup
 from .context import TriggerContext
+from .loopmeter import timed
+from .registry import in_import_thread
 
 EXTRA_HINT = "pip install 'slotless[airflow]'"
 
@@ -137,9 +140,19 @@ class AirflowTrigger(BaseTrigger):
 
     async def run(self, ctx: TriggerContext) -> AsyncIterator[TriggerEvent]:
         export_connections()
-        trigger = self.airflow_trigger()
+        # Its module is imported in the import thread the first time (a provider's import
+        # takes seconds: on the loop, a triggerer would miss its lease renewals).
+        cls = await airflow_class_off_loop(self.trigger_classpath)
+        trigger = cls(**decode_kwargs(self.trigger_kwargs))
+        events = trigger.run()
         try:
-            async for event in trigger.run():
+            while True:
+                # Each step of its run() timed: one that retries at once without waiting
+                # keeps the loop busy without blocking it, and the watchdog names it.
+                try:
+                    event = await timed(anext(events), self.trigger_classpath)
+                except StopAsyncIteration:
+                    break
                 yield slotless_event(event)
         except Exception as exc:
             clearer = _clearer(exc)
@@ -173,6 +186,22 @@ def _check_allowed(classpath: str) -> None:
             f"Airflow trigger class {classpath} is not allow-listed (register it under the "
             "'slotless.triggers' entry point or in SLOTLESS_ALLOWED_TRIGGERS)"
         )
+
+
+# classpath -> its Airflow class, once imported by airflow_class_off_loop.
+_imported: dict[str, type] = {}
+
+
+async def airflow_class_off_loop(classpath: str) -> type:
+    """:func:`airflow_class`, its module imported in the import thread the first time
+    (``triggers.registry.in_import_thread``: a slow import is logged with its name)."""
+    _check_allowed(classpath)  # every time: the allow-list may shrink
+    cls = _imported.get(classpath)
+    if cls is None:
+        module_name = classpath.rpartition(".")[0]
+        cls = await in_import_thread(module_name, functools.partial(airflow_class, classpath))
+        _imported[classpath] = cls
+    return cls
 
 
 def airflow_class(classpath: str) -> type:
@@ -230,16 +259,43 @@ def _untagged(value: Any) -> Any:
     return value
 
 
+# The providers' convention: a payload dict whose "status" is one of these reports a
+# failure, and its operator's execute_complete() raises with the payload's "message"
+# (S3KeyTrigger's {"status": "error", "message": ...}, a job trigger's "failed", a wait's
+# "timeout"). Any other status ("success", "running", none) is an event like any other.
+FAILED_STATUSES = frozenset({"error", "failed", "timeout"})
+
+
 def slotless_event(event: Any) -> TriggerEvent:
     """Airflow's TriggerEvent as a slotless event. The payload is kept, made JSON (dates as
-    ISO strings); Airflow 3's task-ending events become a payload (success) or an error."""
+    ISO strings); Airflow 3's task-ending events become a payload (success) or an error,
+    and so does a payload whose ``status`` says the trigger failed (:data:`FAILED_STATUSES`:
+    the task fails with its ``message``)."""
     state = getattr(event, "task_instance_state", None)
     if state is not None:
         state = str(getattr(state, "value", state))
         if state == "success":
             return TriggerEvent(payload={"state": state, "xcoms": _plain(event.xcoms)})
         return TriggerEvent(error=f"the Airflow trigger ended the task {state}")
-    return TriggerEvent(payload=_plain(event.payload))
+    payload = _plain(event.payload)
+    failure = failed_status(payload)
+    if failure is not None:
+        return TriggerEvent(payload=payload, error=failure)
+    return TriggerEvent(payload=payload)
+
+
+def failed_status(payload: Any) -> str | None:
+    """What a provider trigger's failure payload says (``status`` of ``error``, ``failed``
+    or ``timeout``, with its ``message``), or None for any other payload."""
+    if not isinstance(payload, dict):
+        return None
+    status = payload.get("status")
+    if not isinstance(status, str) or status.lower() not in FAILED_STATUSES:
+        return None
+    message = payload.get("message")
+    if message is None or message == "":
+        return f"the Airflow trigger reported status {status!r} (no message)"
+    return f"the Airflow trigger reported status {status!r}: {message}"
 
 
 def _plain(value: Any) -> Any:

@@ -12,6 +12,23 @@ from __future__ import annotations
 # below what would make loading 100,000 waits or listing events costly.
 MAX_SERIALIZED_BYTES = 64 * 1024
 
+
+def kwargs_over_limit(kwargs_json: str) -> str | None:
+    """Why a trigger row's serialized kwargs are refused for their size (the reason its
+    task fails with), or None when they fit in :data:`MAX_SERIALIZED_BYTES`. Cheap: a
+    length, and an encoding only for non-ASCII text near the limit."""
+    n = len(kwargs_json)
+    if n * 4 <= MAX_SERIALIZED_BYTES:  # UTF-8 takes at most 4 bytes a character
+        return None
+    size = n if kwargs_json.isascii() else len(kwargs_json.encode("utf-8", "surrogatepass"))
+    if size <= MAX_SERIALIZED_BYTES:
+        return None
+    return (
+        f"trigger kwargs are {size} bytes, over the limit of {MAX_SERIALIZED_BYTES} bytes "
+        "(64 KiB): pass a reference (a path, a key), not the data"
+    )
+
+
 # How deep an event's payload or a person's answer may nest (objects and lists). Far above
 # any record a partner sends; far below Python's recursion limit, which the JSON encoder,
 # pydantic and the page all hit near 1,000: a value deeper than this could be stored but

@@ -111,6 +111,11 @@ H = "{here}"
 dag.sensor("silent", AirflowTrigger(H + ".SilentTrigger"), timeout=60)
 dag.sensor("raising", AirflowTrigger(H + ".RaisingTrigger", message="bucket gone"), timeout=60)
 dag.sensor(
+    "errored",
+    AirflowTrigger(H + ".ErrorTrigger", message="Could not connect to the endpoint URL"),
+    timeout=60,
+)
+dag.sensor(
     "blocking",
     AirflowTrigger(H + ".BlockingTrigger", seconds=0.6, path=INBOX + "/unblock"),
     timeout=60,
@@ -149,7 +154,7 @@ class Stack:
         self.globs = tmp / "globs.txt"
         self.procs: list[tuple[subprocess.Popen, Path]] = []
         allowed = [f"{HERE}.{n}" for n in ("SilentTrigger", "RaisingTrigger")]
-        allowed += [f"{HERE}.{n}" for n in ("BlockingTrigger", "ConnTrigger")]
+        allowed += [f"{HERE}.{n}" for n in ("BlockingTrigger", "ConnTrigger", "ErrorTrigger")]
         self.base_env = {
             "PATH": "/usr/bin:/bin",
             "HOME": str(tmp),
@@ -295,14 +300,17 @@ def test_a_held_trigger_is_cleaned_up_when_its_wait_moves_to_another_triggerer(
     wait_until(
         lambda: stack.states(run_id).get("wait_flag") == "DEFERRED", 90, what="flag deferred"
     )
-    # Held by the first triggerer (its heartbeat counts the wait), then it stops: the
-    # trigger's cleanup() runs there.
+    # Running in the first triggerer, then it stops: the trigger's cleanup() runs there.
+    # Its run() must have started: a wait counted as held (the heartbeat's `triggers`) may
+    # still be importing its class in the import thread, and a trigger never built has
+    # nothing to clean up.
     first, _ = stack.procs[0]
+    runs = stack.inbox / "flag.runs"
 
-    def held() -> bool:
-        return any(r["triggers"] >= 1 for r in sql(stack.db, "SELECT triggers FROM triggerer"))
+    def started() -> bool:
+        return runs.exists() and runs.read_text().split() == [str(first.pid)]
 
-    wait_until(held, 30, what="the wait held")
+    wait_until(started, 60, what="the trigger's run() started in the first triggerer")
     assert stop_process(first) == 0, stack.logs()
     cleanups = stack.inbox / "flag.cleanups"
     assert cleanups.read_text().split() == [str(first.pid)]
@@ -331,9 +339,13 @@ def test_a_trigger_that_returns_raises_blocks_or_is_refused_fails_only_its_task(
     def settled(task_id: str, state: str) -> bool:
         return stack.states(run_id).get(task_id) == state
 
-    for task_id in ("silent", "raising", "no_conn", "refused"):
+    for task_id in ("silent", "raising", "errored", "no_conn", "refused"):
         wait_until(partial(settled, task_id, "FAILED"), 60, what=f"{task_id} FAILED")
     assert "run() returned without yielding an event" in stack.log_of(run_id, "silent")
+    # The providers' error payload fails the sensor with its message, as their
+    # execute_complete() would: it is not an output that ends it SUCCESS.
+    errored = stack.log_of(run_id, "errored")
+    assert "reported status 'error': Could not connect to the endpoint URL" in errored
     assert "ValueError: bucket gone" in stack.log_of(run_id, "raising")
     no_conn = stack.log_of(run_id, "no_conn")
     assert "nowhere" in no_conn and "SLOTLESS_CONN_<ID>" in no_conn

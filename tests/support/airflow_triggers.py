@@ -31,6 +31,10 @@ class FlagTrigger(BaseTrigger):
         return f"{HERE}.FlagTrigger", {"path": self.path, "poke_interval": self.poke_interval}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        # One line per run() started, so that a test knows which process runs it (a wait
+        # held may not have started its run() yet: its class may still be importing).
+        with open(self.path + ".runs", "a") as f:
+            f.write(f"{os.getpid()}\n")
         while not os.path.exists(self.path):
             await asyncio.sleep(self.poke_interval)
         yield TriggerEvent({"path": self.path, "content": Path(self.path).read_text()})
@@ -64,6 +68,21 @@ class RaisingTrigger(BaseTrigger):
         await asyncio.sleep(0.1)
         raise ValueError(self.message)
         yield
+
+
+class ErrorTrigger(BaseTrigger):
+    """Reports its failure the providers' way (S3KeyTrigger's, when S3 is unreachable):
+    an event whose payload's status is "error", with a message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{HERE}.ErrorTrigger", {"message": self.message}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent({"status": "error", "message": self.message})
 
 
 class BlockingTrigger(BaseTrigger):
