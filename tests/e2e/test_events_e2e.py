@@ -26,7 +26,15 @@ from typing import Any
 
 import pytest
 from support import pg
-from support.helpers import async_wait_until, cli, free_port, start_cli, stop_process, write_dag
+from support.helpers import (
+    async_wait_until,
+    cli,
+    free_port,
+    start_cli,
+    stop_process,
+    wait_until,
+    write_dag,
+)
 from support.ops import wait_for_http
 
 from executor.loader import load_dag
@@ -116,6 +124,11 @@ class Services:
         return proc
 
     def ui(self, *extra: str) -> str:
+        """The page and API; it opens an existing database only, so a SQLite file the
+        worker started just now must be there first (the worker creates it)."""
+        if self.db.startswith("sqlite:///"):
+            path = Path(self.db.removeprefix("sqlite:///"))
+            wait_until(path.exists, what=f"{path} created by the services")
         self.port = free_port()
         proc = self.start("ui", "ui", "--port", str(self.port), *extra)
         base = f"http://127.0.0.1:{self.port}"
