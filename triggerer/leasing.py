@@ -52,6 +52,7 @@ class Leases:
         self._wake_checker = wake_checker  # fenced checks may go on after a renewal
         self._moved = moved  # the shards held changed: reload them
         self._lag = lag  # the loop's lag (seconds), announced with each renewal
+        # The shards leased, changed in place (the loader reads it live during a load).
         self.shards: set[int] = set()
         # Monotonic time until which the last renewal covers our shards: past it (we were
         # paused, or renewals fail) we check nothing and write no fire until renewed.
@@ -96,6 +97,9 @@ class Leases:
             raise
         if shards != self.shards:
             if gone := self.shards - shards:
+                # Out of the live set first: a load in flight (it awaits between its pages)
+                # takes no row of theirs from now on (loading.py reads this very set).
+                self.shards -= gone
                 # Fenced until their checks are forgotten (the drop yields to the loop): no
                 # check of a shard given away or lost starts after the renewal that found
                 # it gone, so no wait is checked by two triggerers past one renewal.
@@ -108,7 +112,8 @@ class Leases:
                     "off from the database?): stopped checking them", self._owner, len(lost)
                 )  # fmt: skip
             log.info("triggerer %s holds %d shards", self._owner, len(shards))
-            self.shards = shards
+            # Changed in place, never replaced: the loader holds this set while it loads.
+            self.shards |= shards
             self._moved()
         # Our leases run from the transaction's start; keep a tenth in hand.
         self._valid_until = began + ttl * 0.9
