@@ -29,6 +29,7 @@ from triggers.base import SHARDS, BaseTrigger
 from triggers.registry import TriggerLoadError, load_trigger, trigger_class
 
 from .checks import Check, CheckTable, Subscriber, freeze_held
+from .leasing import LeasedShards
 from .settling import waits_of
 from .splitdict import SplitDict
 from .store import TriggererStore
@@ -96,6 +97,10 @@ class Loader:
         # in place): a load pages over a snapshot of them and awaits between pages, and a
         # renewal may give some away meanwhile (leasing.py).
         self._owned: Collection[int] = ()
+        # What the last full load looked at: the leases' takings then (shards taken since
+        # are read again), and the shards the change log named that it has not compared yet.
+        self._takings = 0
+        self._dirty: set[int] = set()
         # classpath -> what a row of it needs (or why it cannot load), for one load.
         self._classes: dict[str, _Kind | TriggerLoadError] = {}
 
@@ -133,6 +138,7 @@ class Loader:
             self._max_release_id = max(self._max_release_id, await self._ops.max_release_id())
         else:
             await self._drop_released()
+        look, takings = await self._to_look_at(ordered) if full else (ordered, 0)
         # A first load has nothing to reconcile: no set of a million rows seen.
         # Split as the table's indexes are: a set of a million grows in one long step too.
         seen: SplitDict[int, None] | None = SplitDict() if self._table.by_row else None
@@ -145,14 +151,16 @@ class Loader:
             # for seconds.
             table, changed = self._table, []
             step = _fitting(table.subscriptions / len(ordered), self._shards_per_query)
-            for first in range(0, len(ordered), step):
-                group = ordered[first : first + step]
+            for first in range(0, len(look), step):
+                group = look[first : first + step]
                 began = time.perf_counter()
                 sums = await self._ops.shard_sums(group)
                 changed += [s for s in group if table.shard_sum(s) != sums.get(s, (0, 0))]
-                if step < len(ordered):
+                if step < len(look):
                     await pace(time.perf_counter() - began)
             ordered = changed
+        elif full:
+            ordered = look
         reread = set(ordered)
         pages: _ShardGroups | _IdWindows
         if full and len(ordered) * _WINDOWS_FROM_SHARE >= SHARDS:
@@ -191,6 +199,9 @@ class Loader:
         if full:
             self._max_trigger_id = max(self._max_trigger_id, newest)
             self._table.compact()
+            # Looked at: clean until the change log names them or they are taken again.
+            self._takings = takings
+            self._dirty.difference_update(look)
         if full:
             await self._forget_unowned_async()
         if full and seen is not None and reread:
@@ -204,6 +215,23 @@ class Loader:
                     if check is not None and check.shard in reread and task_row not in seen:
                         self._table.unsubscribe(task_row)
                 await asyncio.sleep(0)
+
+    async def _to_look_at(self, ordered: list[int]) -> tuple[list[int], int]:
+        """The shards a full load must look at, of ``ordered``, and the leases' takings
+        count they reflect: those taken since the last full load (read in full, or
+        compared by checksum) and those the change log names (compared). An idle
+        reconcile looks at none: one statement, no row read. Shards given as a plain
+        collection (not the leases' set) are all looked at."""
+        owned = self._owned
+        if not isinstance(owned, LeasedShards):
+            return ordered, 0
+        # Taken before anything is read: a change committed later has its own row.
+        changes = await self._ops.take_wait_changes(ordered)
+        self._dirty |= changes.shards
+        changes.shards.clear()
+        self._dirty.intersection_update(ordered)  # a shard given away is read whole if retaken
+        wanted = owned.taken_since(self._takings) | self._dirty
+        return [s for s in ordered if s in wanted], owned.takings
 
     def _unowned(self) -> list[int]:
         """Shards not leased of which the table holds waits (their sums say so in O(64))."""

@@ -51,12 +51,32 @@ class TriggererBatch:
         return bool(self.fires or self.failures or self.logs)
 
 
+@dataclass(slots=True)
+class WaitChanges:
+    """What the change log (schema 019_wait_changes.sql) named since it was last taken,
+    kept until acted on: whichever of the reconcile and the repair takes the rows, each
+    finds its part here. The shards named (their checksums may differ: the loader's), the
+    tasks that began waiting or lost their trigger row (orphans, maybe) and the trigger
+    rows a wait began or stopped waiting on (nobody may wait on them any more): the
+    repair's."""
+
+    shards: set[int] = field(default_factory=set)
+    task_rows: set[int] = field(default_factory=set)
+    trigger_ids: set[int] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        """Whether the repair has something to look at."""
+        return bool(self.task_rows or self.trigger_ids)
+
+
 class TriggererStore:
     """What a triggerer reads and writes; ``clock`` is the store's (the server's on PG)."""
 
     def __init__(self, db: Database, clock: Callable[[], float]) -> None:
         self.db = db
         self.clock = clock
+        # Taken from the change log, until the reconcile and the repair act on it.
+        self.changes = WaitChanges()
 
     async def lease_shards(
         self,
@@ -150,6 +170,28 @@ class TriggererStore:
         async with self.db.read() as tx:
             rows = await tx.fetch("shard_sums", shards=sorted(shards))
         return {int(r["shard"]): (int(r["n"]), int(r["h"])) for r in rows}
+
+    async def take_wait_changes(self, shards: Collection[int]) -> WaitChanges:
+        """Take the change log's rows of ``shards`` into ``changes`` (returned): idle, one
+        statement that reads no row."""
+        async with self.db.write() as tx:
+            rows = await tx.fetch("take_wait_changes", shards=sorted(shards))
+        todo = self.changes
+        for r in rows:
+            todo.shards.add(int(r["shard"]))
+            if r["task_row"] is not None:
+                todo.task_rows.add(int(r["task_row"]))
+            if r["trigger_id"] is not None:
+                todo.trigger_ids.add(int(r["trigger_id"]))
+        return todo
+
+    async def delete_unwaited_triggers_of(self, ids: Collection[int]) -> int:
+        """Delete those of the trigger rows ``ids`` nobody waits on; returns how many."""
+        async with self.db.write() as tx:
+            await tx.execute("prune_releases", before=self.clock() - 3600)
+            if not ids:
+                return 0
+            return await tx.execute("delete_unwaited_triggers_of", ids=sorted(ids))
 
     async def max_trigger_id(self) -> int:
         async with self.db.read() as tx:

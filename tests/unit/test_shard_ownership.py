@@ -25,6 +25,7 @@ from triggerer.checks import CheckTable
 from triggerer.config import TriggererConfig
 from triggerer.leasing import Leases
 from triggerer.loading import Loader
+from triggerer.store import WaitChanges
 from triggerer.waitref import wait_sum
 from triggerer.writing import Outbox
 from triggers.base import SHARDS, BaseTrigger, TriggerEvent
@@ -83,6 +84,13 @@ class MemoryStore:
     leases: Leases | None = None
     renewing: asyncio.Lock = field(default_factory=asyncio.Lock)
     renewals: list[asyncio.Task[None]] = field(default_factory=list)
+    changed: set[int] = field(default_factory=set)  # the change log: shards named
+    changes: WaitChanges = field(default_factory=WaitChanges)
+
+    def write(self, rows: list[FakeRow]) -> None:
+        """New waits, as a worker's deferral writes them (the log names their shards)."""
+        self.rows += rows
+        self.changed |= {r[4] for r in rows}
 
     async def _interleave(self) -> None:
         self.calls += 1
@@ -113,6 +121,13 @@ class MemoryStore:
 
     async def max_release_id(self) -> int:
         return 0
+
+    async def take_wait_changes(self, shards: Collection[int]) -> WaitChanges:
+        named = self.changed & set(shards)
+        self.changed -= named
+        self.changes.shards |= named
+        await self._interleave()
+        return self.changes
 
     async def released_waits(self, after_id: int) -> list[Any]:
         return []
@@ -177,7 +192,7 @@ def test_a_triggerer_holds_exactly_the_waits_of_the_shards_it_leases(
         await loader.load(leases.shards, full=True)
         for full, new, plan in steps:
             top = max(r[0] for r in store.rows)
-            store.rows += [wait_row(i) for i in range(top + 1, top + 1 + new)]
+            store.write([wait_row(i) for i in range(top + 1, top + 1 + new)])
             store.calls, store.plan = 0, list(plan)
             await loader.load(leases.shards, full=full)
             await asyncio.gather(*store.renewals)
