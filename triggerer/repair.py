@@ -110,9 +110,9 @@ class Repair:
         # took for the repair waits in ops.changes.
         todo = await self._ops.take_wait_changes(shards)
         done: Counter[str] = Counter()
-        rows = sorted(todo.task_rows)
+        rows = list(todo.task_rows)  # not sorted whole: a million would hold the loop
         for first in range(0, len(rows), _IDS_PER_PASS):
-            part = rows[first : first + _IDS_PER_PASS]
+            part = sorted(rows[first : first + _IDS_PER_PASS])
             got = await self._deferred("orphan_deferred_of", rows=part)
             self.counts.update(got)
             done += got
@@ -126,10 +126,10 @@ class Repair:
         repair pass: idle, one statement that reads no row (``take``: the log's new rows
         are taken first)."""
         todo = await self._ops.take_wait_changes(shards) if take else self._ops.changes
-        ids = sorted(todo.trigger_ids)
+        ids = list(todo.trigger_ids)
         n = 0
         for first in range(0, len(ids), _IDS_PER_PASS):
-            part = ids[first : first + _IDS_PER_PASS]
+            part = sorted(ids[first : first + _IDS_PER_PASS])
             n += await self._ops.delete_unwaited_triggers_of(part)
             todo.trigger_ids.difference_update(part)
         if n:  # routine: every fired or ended wait leaves its row behind

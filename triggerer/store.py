@@ -8,11 +8,13 @@ fire racing a timeout, changes nothing the second time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import cast
 
 from executor.carried import Outputs, Resumes
 from executor.statemachine import retry_or_fail, transition
@@ -27,6 +29,9 @@ from triggers.base import SHARDS
 from .waitref import WaitKind, Waits, by_kind, is_task
 
 log = logging.getLogger("slotless.triggerer")
+
+# Change log rows taken per transaction (take_wait_changes).
+_CHANGES_PER_TAKE = 20_000
 
 
 @dataclass(slots=True)
@@ -173,17 +178,25 @@ class TriggererStore:
 
     async def take_wait_changes(self, shards: Collection[int]) -> WaitChanges:
         """Take the change log's rows of ``shards`` into ``changes`` (returned): idle, one
-        statement that reads no row."""
-        async with self.db.write() as tx:
-            rows = await tx.fetch("take_wait_changes", shards=sorted(shards))
+        statement that reads no row. A backlog (a bulk write, a shard nobody held for a
+        while) is taken ``_CHANGES_PER_TAKE`` rows a transaction, read by position (a name
+        is a scan of the columns on SQLite's rows), the loop free between them."""
         todo = self.changes
-        for r in rows:
-            todo.shards.add(int(r["shard"]))
-            if r["task_row"] is not None:
-                todo.task_rows.add(int(r["task_row"]))
-            if r["trigger_id"] is not None:
-                todo.trigger_ids.add(int(r["trigger_id"]))
-        return todo
+        ordered = sorted(shards)
+        while True:
+            async with self.db.write() as tx:
+                rows = await tx.fetch("take_wait_changes", shards=ordered, n=_CHANGES_PER_TAKE)
+            # Both drivers' rows iterate their values (loading.py reads its pages so too).
+            for shard, task_row, trigger_id in cast(list[tuple[int, int | None, int | None]], rows):
+                todo.shards.add(shard)
+                if task_row is not None:
+                    todo.task_rows.add(task_row)
+                if trigger_id is not None:
+                    todo.trigger_ids.add(trigger_id)
+            if len(rows) < _CHANGES_PER_TAKE:
+                return todo
+            del rows
+            await asyncio.sleep(0)
 
     async def delete_unwaited_triggers_of(self, ids: Collection[int]) -> int:
         """Delete those of the trigger rows ``ids`` nobody waits on; returns how many."""

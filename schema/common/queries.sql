@@ -467,10 +467,13 @@ WHERE t.state = 'DEFERRED' AND (t.id % :n_shards) = ANY(:shards)
   AND (t.trigger_id IS NULL OR NOT EXISTS (SELECT 1 FROM trigger g WHERE g.id = t.trigger_id));
 
 -- name: take_wait_changes
--- The change log's rows of these shards (019_wait_changes.sql), taken: what changed since
--- the last look, so that an idle reconcile and repair read nothing else. A row committed
--- after this statement began is the next look's.
-DELETE FROM wait_change WHERE shard = ANY(:shards) RETURNING shard, task_row, trigger_id;
+-- The change log's rows of these shards (019_wait_changes.sql), taken, :n at most: what
+-- changed since the last look, so that an idle reconcile and repair read nothing else. A
+-- row committed after this statement began is the next look's. (A million rows taken in
+-- one statement held SQLite's write lock, and the loop reading them, for a second.)
+DELETE FROM wait_change
+WHERE id IN (SELECT id FROM wait_change WHERE shard = ANY(:shards) LIMIT :n)
+RETURNING shard, task_row, trigger_id;
 
 -- name: orphan_deferred_of
 -- orphan_deferred among the tasks the change log named: those that began waiting, and

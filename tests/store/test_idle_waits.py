@@ -182,3 +182,26 @@ async def test_an_idle_reconcile_and_cleanup_read_none_of_the_waits(
     finally:
         trig.stop()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_backlog_of_changes_is_taken_whole_a_few_rows_a_transaction(
+    live_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The change log of a bulk write (every wait began) is taken in transactions of a
+    bounded size, none left behind."""
+    from triggerer import store as triggerer_store
+    from triggerer.store import TriggererStore
+
+    await write_waits(live_store)
+    monkeypatch.setattr(triggerer_store, "_CHANGES_PER_TAKE", 700)
+    statements = Statements()
+    statements.wrap(monkeypatch)
+    statements.on = True
+    ops = TriggererStore(live_store.db, live_store.clock)
+    changes = await ops.take_wait_changes(range(SHARDS))
+    takes = sum(1 for name, _ in statements.calls if name == "take_wait_changes")
+    assert takes == (POLLED + EVENTS) // 700 + 1
+    assert len(changes.task_rows) == len(changes.trigger_ids) == POLLED + EVENTS
+    assert changes.shards == set(range(SHARDS))
+    again = await ops.take_wait_changes(range(SHARDS))
+    assert len(again.task_rows) == POLLED + EVENTS  # nothing new: the same, kept
