@@ -225,6 +225,11 @@ class Loader:
         owned = self._owned
         if not isinstance(owned, LeasedShards):
             return ordered, 0
+        if owned.taken_since(self._takings) >= set(ordered):
+            # Every shard is looked at anyway (a first load, a takeover of all): the log's
+            # rows are left to the repair after the load (a bulk write's million would
+            # delay the first checks by seconds).
+            return ordered, owned.takings
         # Taken before anything is read: a change committed later has its own row.
         changes = await self._ops.take_wait_changes(ordered)
         self._dirty |= changes.shards
