@@ -64,6 +64,7 @@ from . import common
 
 NAME = "idle"
 TARGET_RATIO = 2.0
+LABEL = {"postgresql": "PG", "sqlite": "SQLite"}
 KEYS = ("db_rows_read_per_min", "db_vm_steps_per_min", "db_statements_per_min", "triggerer_cpu_pct")
 
 
@@ -381,7 +382,7 @@ def plot(results: list[dict[str, Any]], path_dir: Path) -> Path:
     )
     for ax, (backend, key, title) in zip(axes, series, strict=True):
         shown = [r for r in results if backend is None or r["backend"] == backend]
-        labels = [f"{r['backend'][:2]} {r['waits']:,}" for r in shown]
+        labels = [f"{LABEL[r['backend']]} {r['waits']:,}" for r in shown]
         ax.bar(labels, [r[key] or 0 for r in shown], color="tab:blue")
         ax.set_title(title)
         ax.tick_params(axis="x", labelrotation=30)
