@@ -31,6 +31,32 @@ from .store import TriggererStore
 log = logging.getLogger("slotless.triggerer")
 
 
+class LeasedShards(set[int]):
+    """The shards a triggerer leases: one set, changed in place by the leases and read live
+    by the loader during a load. ``taken_at`` numbers each shard's latest taking (a shard
+    lost and taken back between two looks is taken again): a reconcile or a repair reads
+    in full only the shards taken since it last looked (:meth:`taken_since`), the others
+    by the change log alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.takings = 0
+        self.taken_at: dict[int, int] = {}
+
+    def take(self, shards: set[int]) -> None:
+        for shard in sorted(shards - self):
+            self.takings += 1
+            self.taken_at[shard] = self.takings
+            self.add(shard)
+
+    def give(self, shards: set[int]) -> None:
+        self -= shards
+
+    def taken_since(self, takings: int) -> set[int]:
+        """The shards held now that were taken after ``takings`` (a past ``self.takings``)."""
+        return {s for s in self if self.taken_at.get(s, 0) > takings}
+
+
 class Leases:
     def __init__(
         self,
@@ -52,7 +78,8 @@ class Leases:
         self._wake_checker = wake_checker  # fenced checks may go on after a renewal
         self._moved = moved  # the shards held changed: reload them
         self._lag = lag  # the loop's lag (seconds), announced with each renewal
-        self.shards: set[int] = set()
+        # The shards leased, changed in place (the loader reads it live during a load).
+        self.shards = LeasedShards()
         # Monotonic time until which the last renewal covers our shards: past it (we were
         # paused, or renewals fail) we check nothing and write no fire until renewed.
         self._valid_until = 0.0
@@ -96,6 +123,9 @@ class Leases:
             raise
         if shards != self.shards:
             if gone := self.shards - shards:
+                # Out of the live set first: a load in flight (it awaits between its pages)
+                # takes no row of theirs from now on (loading.py reads this very set).
+                self.shards.give(gone)
                 # Fenced until their checks are forgotten (the drop yields to the loop): no
                 # check of a shard given away or lost starts after the renewal that found
                 # it gone, so no wait is checked by two triggerers past one renewal.
@@ -108,7 +138,8 @@ class Leases:
                     "off from the database?): stopped checking them", self._owner, len(lost)
                 )  # fmt: skip
             log.info("triggerer %s holds %d shards", self._owner, len(shards))
-            self.shards = shards
+            # Changed in place, never replaced: the loader holds this set while it loads.
+            self.shards.take(shards)
             self._moved()
         # Our leases run from the transaction's start; keep a tenth in hand.
         self._valid_until = began + ttl * 0.9

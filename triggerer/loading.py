@@ -29,6 +29,7 @@ from triggers.base import SHARDS, BaseTrigger
 from triggers.registry import TriggerLoadError, load_trigger, resolve, trigger_class
 
 from .checks import Check, CheckTable, Subscriber, freeze_held
+from .leasing import LeasedShards
 from .settling import waits_of
 from .splitdict import SplitDict
 from .store import TriggererStore
@@ -92,13 +93,27 @@ class Loader:
         self._loaded_beyond: set[int] = set()  # trigger ids above a full reload's `newest`
         self._max_release_id = 0  # the newest operator release read (wait_release)
         self.unloadable = 0  # rows failed because they could not become a trigger
+        # The shards this triggerer leases, as the leases keep them (the live set, changed
+        # in place): a load pages over a snapshot of them and awaits between pages, and a
+        # renewal may give some away meanwhile (leasing.py).
+        self._owned: Collection[int] = ()
+        # What the last full load looked at: the leases' takings then (shards taken since
+        # are read again), and the shards the change log named that it has not compared yet.
+        self._takings = 0
+        self._dirty: set[int] = set()
         # classpath -> what a row of it needs (or why it cannot load), for one load.
         self._classes: dict[str, _Kind | TriggerLoadError] = {}
 
     async def load(self, shards: Collection[int], *, full: bool) -> None:
-        """Read the waits of ``shards``: all of them (``full``) or the new ones."""
+        """Read the waits of ``shards``: all of them (``full``) or the new ones.
+
+        ``shards`` is the leases' live set: a row of a shard no longer in it when the row
+        arrives is not taken, and a full load ends by forgetting what is held of shards
+        not in it, so the table holds exactly the waits of the shards leased."""
+        self._owned = shards
         ordered = sorted(shards)
         if not ordered:
+            self._forget_unowned()
             return
         self._taken = 0  # rows of this load so far
         self._unfrozen = 0
@@ -123,6 +138,7 @@ class Loader:
             self._max_release_id = max(self._max_release_id, await self._ops.max_release_id())
         else:
             await self._drop_released()
+        look, takings = await self._to_look_at(ordered) if full else (ordered, 0)
         # A first load has nothing to reconcile: no set of a million rows seen.
         # Split as the table's indexes are: a set of a million grows in one long step too.
         seen: SplitDict[int, None] | None = SplitDict() if self._table.by_row else None
@@ -135,14 +151,16 @@ class Loader:
             # for seconds.
             table, changed = self._table, []
             step = _fitting(table.subscriptions / len(ordered), self._shards_per_query)
-            for first in range(0, len(ordered), step):
-                group = ordered[first : first + step]
+            for first in range(0, len(look), step):
+                group = look[first : first + step]
                 began = time.perf_counter()
                 sums = await self._ops.shard_sums(group)
                 changed += [s for s in group if table.shard_sum(s) != sums.get(s, (0, 0))]
-                if step < len(ordered):
+                if step < len(look):
                     await pace(time.perf_counter() - began)
             ordered = changed
+        elif full:
+            ordered = look
         reread = set(ordered)
         pages: _ShardGroups | _IdWindows
         if full and len(ordered) * _WINDOWS_FROM_SHARE >= SHARDS:
@@ -181,6 +199,11 @@ class Loader:
         if full:
             self._max_trigger_id = max(self._max_trigger_id, newest)
             self._table.compact()
+            # Looked at: clean until the change log names them or they are taken again.
+            self._takings = takings
+            self._dirty.difference_update(look)
+        if full:
+            await self._forget_unowned_async()
         if full and seen is not None and reread:
             # Resumed, timed out or failed elsewhere. Read a 64th at a time (a million rows
             # in one pass would stall the loop); one seen now and gone by the next part is
@@ -192,6 +215,51 @@ class Loader:
                     if check is not None and check.shard in reread and task_row not in seen:
                         self._table.unsubscribe(task_row)
                 await asyncio.sleep(0)
+
+    async def _to_look_at(self, ordered: list[int]) -> tuple[list[int], int]:
+        """The shards a full load must look at, of ``ordered``, and the leases' takings
+        count they reflect: those taken since the last full load (read in full, or
+        compared by checksum) and those the change log names (compared). An idle
+        reconcile looks at none: one statement, no row read. Shards given as a plain
+        collection (not the leases' set) are all looked at."""
+        owned = self._owned
+        if not isinstance(owned, LeasedShards):
+            return ordered, 0
+        if owned.taken_since(self._takings) >= set(ordered):
+            # Every shard is looked at anyway (a first load, a takeover of all): the log's
+            # rows are left to the repair after the load (a bulk write's million would
+            # delay the first checks by seconds).
+            return ordered, owned.takings
+        # Taken before anything is read: a change committed later has its own row.
+        changes = await self._ops.take_wait_changes(ordered)
+        self._dirty |= changes.shards
+        changes.shards.clear()
+        self._dirty.intersection_update(ordered)  # a shard given away is read whole if retaken
+        wanted = owned.taken_since(self._takings) | self._dirty
+        return [s for s in ordered if s in wanted], owned.takings
+
+    def _unowned(self) -> list[int]:
+        """Shards not leased of which the table holds waits (their sums say so in O(64))."""
+        owned = self._owned
+        return [s for s in range(SHARDS) if s not in owned and self._table.shard_sum(s)[0]]
+
+    def _forget_unowned(self) -> None:
+        if gone := set(self._unowned()):
+            for check in [c for c in self._table.by_hash.values() if c.shard in gone]:
+                self._table.drop(check)
+
+    async def _forget_unowned_async(self) -> None:
+        """Forget the checks of shards given away while the load ran, a 64th of the table
+        at a time (the leases forgot theirs at the renewal; a row of theirs already in
+        flight may have landed since). Normally there are none: one sum per shard says so."""
+        if not (gone := set(self._unowned())):
+            return
+        table = self._table
+        for checks in table.by_hash.value_chunks():
+            for check in checks:
+                if check.shard in gone:
+                    table.drop(check)
+            await asyncio.sleep(0)
 
     async def _drop_released(self) -> None:
         """Unsubscribe the waits an operator ended since the last look (cancel, clear)."""
@@ -225,6 +293,7 @@ class Loader:
         chunk_start = 0  # the first row not yet settled
         slice_end = time.perf_counter() + _LOAD_SLICE
         task = WaitKind.TASK.value  # a plain str: compared each row, ~10 ns less than the member
+        owned = self._owned  # live: a renewal during this load's awaits changes it
         for i, row in enumerate(_in_column_order(rows)):
             if i & 63 == 63 and (
                 i - chunk_start >= _ROWS_PER_YIELD or time.perf_counter() >= slice_end
@@ -235,6 +304,8 @@ class Loader:
                 slice_end = time.perf_counter() + _LOAD_SLICE
             (trigger_id, classpath, kwargs, poke_hash, shard, wait_kind, wait_id, next_method,
              not_before) = row  # fmt: skip
+            if shard not in owned:
+                continue  # given away while the page was read: its new owner loads it
             # The wait's key (most rows are tasks': their key is their id).
             task_row = wait_id if wait_kind == task else pack(wait_kind, wait_id)
             if seen is not None:

@@ -15,11 +15,16 @@ and whenever the shards change), so an orphan is repaired within one reconcile p
 * a row that cannot become a trigger (not allow-listed, bad kwargs) is failed by the
   loader as it reads it; it is counted here.
 
+Idle waits cost nothing: a shard is searched in full only when taken (at start, from a
+peer); after that, only the tasks and trigger rows that the change log (the database's
+triggers of schema 019_wait_changes.sql) names are looked at, so a pass over a hundred
+thousand unchanged waits reads none of them.
+
 A row with no trigger has no shard: it is homed by ``task id mod SHARDS``, so exactly one
-triggerer repairs it. Every repair is a compare-and-set through the state machine (a row
-that moved meanwhile is left alone) leaving a line in the task's log; the counts are the
-``slotless_triggerer_repaired_total`` metric (docs/metrics.md), and each repair is logged
-at WARNING.
+triggerer repairs it (the change log homes it the same way). Every repair is a
+compare-and-set through the state machine (a row that moved meanwhile is left alone)
+leaving a line in the task's log; the counts are the ``slotless_triggerer_repaired_total``
+metric (docs/metrics.md), and each repair is logged at WARNING.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from executor.statemachine import retry_or_fail, transition
 from executor.states import State
 from triggers.base import SHARDS
 
+from .leasing import LeasedShards
 from .loading import pace
 from .store import TriggererStore
 
@@ -48,6 +54,8 @@ KINDS = (MISSING_TRIGGER, TIMED_OUT, UNWAITED_TRIGGER, UNKNOWN_OWNER, UNLOADABLE
 # Shards repaired per transaction once the triggerer holds GROUP_ABOVE waits (see _groups).
 SHARDS_PER_PASS = 8
 GROUP_ABOVE = 100_000
+# Tasks and trigger rows named by the change log, repaired per transaction at most.
+_IDS_PER_PASS = 10_000
 
 
 class Repair:
@@ -56,25 +64,78 @@ class Repair:
     def __init__(self, ops: TriggererStore) -> None:
         self._ops = ops
         self.counts: Counter[str] = Counter({k: 0 for k in KINDS})
+        self._takings = 0  # the leases' takings at the last pass (see run)
 
     def count(self, kind: str, n: int = 1) -> None:
         self.counts[kind] += n
 
     async def run(self, shards: Collection[int], held: int = 0) -> Counter[str]:
         """One pass over ``shards`` (``held``: the waits the triggerer holds); returns what
-        it repaired."""
+        it repaired.
+
+        A shard taken since the last pass (all of them the first time; every shard when
+        ``shards`` is a plain collection, not the leases' set) is searched in full: an
+        orphan made while nobody held it, or by a triggerer that died before repairing
+        it, is found there. The others are searched only where the change log said a wait
+        began or stopped (the loader's reconcile took those rows just before): idle, a pass
+        reads no wait at all."""
         done: Counter[str] = Counter()
-        groups = _groups(shards, held)
+        if isinstance(shards, LeasedShards):
+            takings, fresh = shards.takings, shards.taken_since(self._takings)
+        else:
+            takings, fresh = 0, set(shards)
+        groups = _groups(fresh, held)
         for group in groups:
-            for part in (self._deferred, self._running):
-                began = time.perf_counter()
-                got = await part(group)
-                self.counts.update(got)  # counted as each part commits
-                done += got
-                if len(groups) > 1:
-                    await pace(time.perf_counter() - began)
-        done[UNWAITED_TRIGGER] += await self.delete_unwaited(shards, held)
+            began = time.perf_counter()
+            got = await self._deferred("orphan_deferred", shards=group, n_shards=SHARDS)
+            self.counts.update(got)  # counted as each part commits
+            done += got
+            if len(groups) > 1:
+                await pace(time.perf_counter() - began)
+        # Few rows whatever the waits (a partial index of RUNNING rows with no owner).
+        got = await self._running(shards)
+        self.counts.update(got)
+        done += got
+        done += await self._changed(shards)
+        if fresh:
+            done[UNWAITED_TRIGGER] += await self.delete_unwaited(fresh, held)
+        self._takings = takings
         return +done
+
+    async def _changed(self, shards: Collection[int]) -> Counter[str]:
+        """Repair what the change log named: tasks that began waiting or lost their trigger
+        row, trigger rows a wait left. Forgotten only once acted on (a failed pass tries
+        them again)."""
+        # Taken now too: the reconcile before this pass took its own rows, and what it
+        # took for the repair waits in ops.changes.
+        todo = await self._ops.take_wait_changes(shards)
+        done: Counter[str] = Counter()
+        rows = list(todo.task_rows)  # not sorted whole: a million would hold the loop
+        for first in range(0, len(rows), _IDS_PER_PASS):
+            part = sorted(rows[first : first + _IDS_PER_PASS])
+            got = await self._deferred("orphan_deferred_of", rows=part)
+            self.counts.update(got)
+            done += got
+            todo.task_rows.difference_update(part)
+        done[UNWAITED_TRIGGER] += await self.delete_unwaited_changed(shards, take=False)
+        return done
+
+    async def delete_unwaited_changed(self, shards: Collection[int], *, take: bool = True) -> int:
+        """Delete the trigger rows nobody waits on among those the change log of ``shards``
+        names (a wait left them); returns how many. The timeout loop's cleanup, and each
+        repair pass: idle, one statement that reads no row (``take``: the log's new rows
+        are taken first)."""
+        todo = await self._ops.take_wait_changes(shards) if take else self._ops.changes
+        ids = list(todo.trigger_ids)
+        n = 0
+        for first in range(0, len(ids), _IDS_PER_PASS):
+            part = sorted(ids[first : first + _IDS_PER_PASS])
+            n += await self._ops.delete_unwaited_triggers_of(part)
+            todo.trigger_ids.difference_update(part)
+        if n:  # routine: every fired or ended wait leaves its row behind
+            log.debug("deleted %d trigger rows nobody waits on", n)
+        self.count(UNWAITED_TRIGGER, n)
+        return n
 
     async def delete_unwaited(self, shards: Collection[int], held: int = 0) -> int:
         """Delete the trigger rows of ``shards`` nobody waits on; returns how many."""
@@ -90,11 +151,13 @@ class Repair:
         self.count(UNWAITED_TRIGGER, n)
         return n
 
-    async def _deferred(self, shards: Collection[int]) -> Counter[str]:
+    async def _deferred(self, statement: str, **params: object) -> Counter[str]:
+        """End the orphaned DEFERRED tasks ``statement`` finds (orphan_deferred: of shards;
+        orphan_deferred_of: among the tasks and trigger rows the change log named)."""
         done: Counter[str] = Counter()
         now = self._ops.clock()
         async with self._ops.db.write() as tx:
-            rows = await tx.fetch("orphan_deferred", shards=sorted(shards), n_shards=SHARDS)
+            rows = await tx.fetch(statement, **params)
             for r in rows:
                 gone = (
                     "its trigger_id is NULL"

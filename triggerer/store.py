@@ -8,11 +8,13 @@ fire racing a timeout, changes nothing the second time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import cast
 
 from executor.carried import Outputs, Resumes
 from executor.statemachine import retry_or_fail, transition
@@ -27,6 +29,9 @@ from triggers.base import SHARDS
 from .waitref import WaitKind, Waits, by_kind, is_task
 
 log = logging.getLogger("slotless.triggerer")
+
+# Change log rows taken per transaction (take_wait_changes).
+_CHANGES_PER_TAKE = 20_000
 
 
 @dataclass(slots=True)
@@ -51,12 +56,32 @@ class TriggererBatch:
         return bool(self.fires or self.failures or self.logs)
 
 
+@dataclass(slots=True)
+class WaitChanges:
+    """What the change log (schema 019_wait_changes.sql) named since it was last taken,
+    kept until acted on: whichever of the reconcile and the repair takes the rows, each
+    finds its part here. The shards named (their checksums may differ: the loader's), the
+    tasks that began waiting or lost their trigger row (orphans, maybe) and the trigger
+    rows a wait began or stopped waiting on (nobody may wait on them any more): the
+    repair's."""
+
+    shards: set[int] = field(default_factory=set)
+    task_rows: set[int] = field(default_factory=set)
+    trigger_ids: set[int] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        """Whether the repair has something to look at."""
+        return bool(self.task_rows or self.trigger_ids)
+
+
 class TriggererStore:
     """What a triggerer reads and writes; ``clock`` is the store's (the server's on PG)."""
 
     def __init__(self, db: Database, clock: Callable[[], float]) -> None:
         self.db = db
         self.clock = clock
+        # Taken from the change log, until the reconcile and the repair act on it.
+        self.changes = WaitChanges()
 
     async def lease_shards(
         self,
@@ -150,6 +175,36 @@ class TriggererStore:
         async with self.db.read() as tx:
             rows = await tx.fetch("shard_sums", shards=sorted(shards))
         return {int(r["shard"]): (int(r["n"]), int(r["h"])) for r in rows}
+
+    async def take_wait_changes(self, shards: Collection[int]) -> WaitChanges:
+        """Take the change log's rows of ``shards`` into ``changes`` (returned): idle, one
+        statement that reads no row. A backlog (a bulk write, a shard nobody held for a
+        while) is taken ``_CHANGES_PER_TAKE`` rows a transaction, read by position (a name
+        is a scan of the columns on SQLite's rows), the loop free between them."""
+        todo = self.changes
+        ordered = sorted(shards)
+        while True:
+            async with self.db.write() as tx:
+                rows = await tx.fetch("take_wait_changes", shards=ordered, n=_CHANGES_PER_TAKE)
+            # Both drivers' rows iterate their values (loading.py reads its pages so too).
+            for shard, task_row, trigger_id in cast(list[tuple[int, int | None, int | None]], rows):
+                todo.shards.add(shard)
+                if task_row is not None:
+                    todo.task_rows.add(task_row)
+                if trigger_id is not None:
+                    todo.trigger_ids.add(trigger_id)
+            if len(rows) < _CHANGES_PER_TAKE:
+                return todo
+            del rows
+            await asyncio.sleep(0)
+
+    async def delete_unwaited_triggers_of(self, ids: Collection[int]) -> int:
+        """Delete those of the trigger rows ``ids`` nobody waits on; returns how many."""
+        async with self.db.write() as tx:
+            await tx.execute("prune_releases", before=self.clock() - 3600)
+            if not ids:
+                return 0
+            return await tx.execute("delete_unwaited_triggers_of", ids=sorted(ids))
 
     async def max_trigger_id(self) -> int:
         async with self.db.read() as tx:

@@ -1,5 +1,8 @@
-"""The timeout sweep: ends the waits whose own timeout passed, and now and then deletes
-the trigger rows nobody waits on and (the holder of shard 0) prunes old events."""
+"""The timeout sweep: ends the waits whose own timeout passed (read through the index on
+the wait's timeout: only those due), and now and then deletes the trigger rows nobody
+waits on and (the holder of shard 0) prunes old events. The trigger rows looked at are
+those the change log names (a wait left them: repair.py), not every trigger row of its
+shards: that sweep read every idle wait each minute."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ class Sweep:
                     self._table.unsubscribe(row)
                 if time.monotonic() - last_cleanup > self._config.cleanup_every:
                     last_cleanup = time.monotonic()
-                    await self._repair.delete_unwaited(self._shards(), self._table.subscriptions)
+                    await self._repair.delete_unwaited_changed(self._shards())
                     if 0 in self._shards():  # one triggerer prunes events: shard 0's holder
                         await self._ops.prune_events(self._config.event_retention)
                 backoff.succeeded()

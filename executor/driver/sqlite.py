@@ -58,11 +58,10 @@ class SqliteTx:
 
     async def execute(self, name: str, /, **params: Any) -> int:
         # One round trip to the connection's thread, not two (execute, then close the
-        # cursor): each costs 20-100 us. The transaction holds the connection alone, so
-        # the change counter moves only by this statement (the schema has no SQL triggers).
-        before = self._conn.total_changes
-        await self._conn.execute_fetchall(*self._bind(name, params))
-        return self._conn.total_changes - before
+        # cursor): each costs 20-100 us.
+        return cast(
+            int, await self._conn._execute(_changed, self._conn._conn, *self._bind(name, params))
+        )
 
     async def executemany(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
         query = self._sql[name]
@@ -95,9 +94,7 @@ class _ThreadTx(SqliteTx):
         return cast(list[Row], self._raw.execute(*self._bind(name, params)).fetchall())
 
     async def execute(self, name: str, /, **params: Any) -> int:
-        before = self._raw.total_changes
-        self._raw.execute(*self._bind(name, params)).close()
-        return self._raw.total_changes - before
+        return _changed(self._raw, *self._bind(name, params))
 
     async def executemany(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
         query = self._sql[name]
@@ -114,6 +111,17 @@ class _ThreadTx(SqliteTx):
     async def script(self, sql: str) -> None:
         for statement in _statements(sql):
             self._raw.execute(statement)
+
+
+def _changed(raw: sqlite3.Connection, sql: str, params: dict[str, Any]) -> int:
+    """Run one statement; the rows it changed itself (sqlite3_changes: not those its SQL
+    triggers changed, as the connection's total_changes would count them)."""
+    cur = raw.execute(sql, params)
+    try:
+        cur.fetchall()  # a RETURNING statement counts its rows once stepped to the end
+        return max(cur.rowcount, 0)
+    finally:
+        cur.close()
 
 
 def _nothing() -> None:
@@ -299,6 +307,16 @@ async def _wal(conn: aiosqlite.Connection) -> None:
 
 
 def _statements(script: str) -> list[str]:
-    """Split a DDL file into statements (our DDL has no ``--`` or ``;`` inside literals)."""
+    """Split a DDL file into statements (our DDL has no ``--`` or ``;`` inside literals);
+    a trigger's ``BEGIN ... END`` stays whole (sqlite3.complete_statement says when)."""
     text = re.sub(r"--[^\n]*", "", script)
-    return [s.strip() for s in text.split(";") if s.strip()]
+    out, part = [], ""
+    for piece in text.split(";"):
+        part += piece + ";"
+        if sqlite3.complete_statement(part):
+            if stmt := part.strip().removesuffix(";").strip():
+                out.append(stmt)
+            part = ""
+    if stmt := part.strip().removesuffix(";").strip():
+        out.append(stmt)
+    return out

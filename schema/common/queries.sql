@@ -466,6 +466,32 @@ FROM task t
 WHERE t.state = 'DEFERRED' AND (t.id % :n_shards) = ANY(:shards)
   AND (t.trigger_id IS NULL OR NOT EXISTS (SELECT 1 FROM trigger g WHERE g.id = t.trigger_id));
 
+-- name: take_wait_changes
+-- The change log's rows of these shards (019_wait_changes.sql), taken, :n at most: what
+-- changed since the last look, so that an idle reconcile and repair read nothing else. A
+-- row committed after this statement began is the next look's. (A million rows taken in
+-- one statement held SQLite's write lock, and the loop reading them, for a second.)
+DELETE FROM wait_change
+WHERE id IN (SELECT id FROM wait_change WHERE shard = ANY(:shards) LIMIT :n)
+RETURNING shard, task_row, trigger_id;
+
+-- name: orphan_deferred_of
+-- orphan_deferred among the tasks the change log named: those that began waiting, and
+-- those waiting on a trigger row when it was deleted.
+SELECT t.id, t.trigger_id, t.attempt, t.max_attempts, t.soft_fail, t.wait_started_at,
+       t.wait_timeout_at
+FROM task t
+WHERE t.id = ANY(:rows) AND t.state = 'DEFERRED'
+  AND (t.trigger_id IS NULL OR NOT EXISTS (SELECT 1 FROM trigger g WHERE g.id = t.trigger_id));
+
+-- name: delete_unwaited_triggers_of
+-- delete_orphan_triggers among the trigger rows the change log named (a wait left them).
+DELETE FROM trigger
+WHERE id = ANY(:ids)
+  AND NOT EXISTS (SELECT 1 FROM task t WHERE t.trigger_id = trigger.id AND t.state = 'DEFERRED')
+  AND NOT EXISTS (SELECT 1 FROM start_wait s WHERE s.trigger_id = trigger.id)
+  AND NOT EXISTS (SELECT 1 FROM run_wait w WHERE w.trigger_id = trigger.id);
+
 -- name: orphan_running
 -- RUNNING tasks whose owner is unknown to the store: no owner or no heartbeat ever (a
 -- claim sets both; the workers' reap only judges rows that have them). An expanded mapped
