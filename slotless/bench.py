@@ -22,7 +22,23 @@ def add_commands(sub: Any) -> None:
     bench.set_defaults(func=cmd_bench)
 
 
-BENCHES = ("slots", "capacity", "dedup", "fanout", "throughput", "schedules", "events")
+# Every runnable benchmark module (benchmarks/common.py, calibration.py and airflow_env.py
+# are their helpers).
+BENCHES = (
+    "slots",
+    "capacity",
+    "dedup",
+    "batching",
+    "fanout",
+    "throughput",
+    "schedules",
+    "events",
+    "push",
+    "idle",
+    "postgres",
+    "chaos",
+    "vs_airflow",
+)
 
 
 async def cmd_bench(args: argparse.Namespace) -> int:

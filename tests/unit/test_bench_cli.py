@@ -1,0 +1,16 @@
+"""``slotless bench NAME`` offers every runnable benchmark of the checkout, and only those."""
+
+from __future__ import annotations
+
+from support.helpers import REPO
+
+from slotless.bench import BENCHES
+
+HELPERS = {"__init__", "common", "calibration", "airflow_env"}
+
+
+def test_every_benchmark_module_is_offered_and_each_offered_one_runs_as_a_module() -> None:
+    modules = {p.stem for p in (REPO / "benchmarks").glob("*.py")} - HELPERS
+    assert set(BENCHES) == modules
+    for name in BENCHES:
+        assert '__name__ == "__main__"' in (REPO / "benchmarks" / f"{name}.py").read_text(), name
