@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.helpers import wait_until
 
-from benchmarks.vs_airflow import PROBE, derive, pick, ratio
+from benchmarks.vs_airflow import PROBE, System, derive, pick, rate_over_whole_cycles, ratio, w3
 
 CHILD = """
 import asyncio, glob, os, time
@@ -79,3 +81,52 @@ def test_ratios_and_marginal_memory_come_from_the_measured_figures() -> None:
     assert pick(doc["airflow"]["w1"], "pss_bytes", n=5000) == 400_000_000
     assert pick(doc["airflow"]["w1"], "pss_bytes", n=19000) is None  # failed: no figure
     assert ratio(3.0, 1.5) == 2.0 and ratio(None, 1.0) is None and ratio(1.0, 0) is None
+
+
+class _Bursts(System):
+    """A triggerer stand-in checking `per_cycle` waits in one burst every `period` seconds
+    (an interval plus the time a check takes), as slotless's triggerer does."""
+
+    name = "bursts"
+
+    def __init__(self, work: Path, per_cycle: int, period: float) -> None:
+        super().__init__(work)
+        self.per_cycle, self.period = per_cycle, period
+
+    def seed(self, paths: list[str], interval: float) -> float:
+        return 0.0
+
+    def start(self, n: int, n_distinct: int) -> None:
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+    def probe(self) -> dict[str, Any]:
+        return {"glob": 0, "scandir": 0, "distinct": 0, "stalls": [], "all_seen_at": None}
+
+    def checks(self) -> int:
+        bursts = int((time.monotonic() - self.started_at) / self.period) + 1
+        return bursts * self.per_cycle
+
+    def held(self, n_distinct: int) -> bool:
+        return True
+
+
+def test_w3_counts_whole_cycles_not_the_bursts_a_window_happens_to_hold(tmp_path: Path) -> None:
+    # 600 checks every 0.6 s (0.5 s interval + 0.1 s of checking): 1,000/s. A fixed 2 s
+    # window holds 3 or 4 bursts, 900/s or 1,200/s, depending on where it starts.
+    out = w3(_Bursts(tmp_path, 600, 0.6), 1000, 600, 0.5, 2.0, 10)
+    assert "failed" not in out
+    assert out["checks_per_s"] == pytest.approx(1000, rel=0.05)
+    assert out["checks_per_cycle"] == 600
+    assert out["cycles_counted"] >= 2
+
+
+def test_checks_spread_over_time_are_counted_over_the_whole_window() -> None:
+    samples = [(t / 10, 20 * t) for t in range(101)]  # 200 checks/s, no pause
+    got = rate_over_whole_cycles(samples, 5.0)
+    assert got["checks_per_s"] == 200.0 and got["cycles_counted"] is None
