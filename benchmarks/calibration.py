@@ -153,7 +153,7 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
         return {"min": None, "median": None, "max": None, "values": list(values)}
     return {
         "min": min(clean),
-        "median": statistics.median(clean),
+        "median": round(statistics.median(clean), 6),
         "max": max(clean),
         "values": list(values),
     }
@@ -243,6 +243,17 @@ class Recording:
             "figures": {k: spread([r["figures"].get(k) for r in self.runs]) for k in names},
             "runs": self.runs,
         }
+
+    def medians(self) -> dict[str, float | None]:
+        """Each headline figure's median over the runs (None: never measured)."""
+        return {k: v["median"] for k, v in self.repeats()["figures"].items()}
+
+    def kept(self, figure: str) -> int:
+        """The run whose ``figure`` is the median one: its details go in the document."""
+        values = [r["figures"].get(figure) for r in self.runs]
+        if not values or any(v is None for v in values):
+            return 0
+        return median_index([float(v) for v in values if v is not None])
 
     @property
     def load(self) -> dict[str, Any]:
