@@ -11,8 +11,16 @@ once, about a minute with a warm pip cache; not in CI). Each system then runs:
   its children (above the same triggerer holding nothing), time from start until every wait
   has been checked once, idle CPU-seconds per minute, event-loop stalls over 50 ms;
 * W2: 1,000 file waits, the files created in one burst, at 1 s and at 5 s intervals: file
-  created -> task leaves DEFERRED, p50 / p99 / max;
-* W3: 1,000 waits on 600 distinct paths: checks per second made, counted inside the trigger.
+  created -> task leaves DEFERRED, p50 / p99 / max; slotless twice, polling (``--no-push``,
+  as Airflow's FileTrigger does) and with push (inotify, its default);
+* W3: 1,000 waits on 600 distinct paths: checks per second made, counted inside the trigger,
+  polling (slotless also with push, where it makes no periodic check between safety
+  polls). slotless checks a cycle in one burst: the rate is taken over whole cycles, from
+  the end of the first burst in the window to the end of the last.
+
+Each system's run is repeated (``--repeats``, default 3; ``--airflow-repeats`` for
+Airflow's, whose run is long), with the machine's calibration and load
+(benchmarks/calibration.py).
 
 How each is measured, the same for both: a probe (benchmarks/airflow_side/probe) in the
 triggerer's processes counts checks by an audit hook (Airflow's FileTrigger globs once per
@@ -580,10 +588,16 @@ def run_system(
             r = loaded(partial(w2, system, args.w2_n, interval, 300, args.fire_limit))
             res["w2"].append(r)
             log(f"  {json.dumps(r)}")
-    log(f"{name}: W3")
-    system = make(root / f"{name}-w3")
-    res["w3"] = loaded(partial(w3, system, args.w3_n, args.w3_distinct, 5.0, args.w3_window, 300))
-    log(f"  {json.dumps(res['w3'])}")
+    # W3 counts periodic checks: polling, like Airflow's. With push, slotless makes none
+    # between the safety polls (inotify says when a path changes): measured apart.
+    for push in w2_push:
+        key = "w3_push" if push else "w3"
+        log(f"{name}: W3, {'push' if push else 'polling'}")
+        system = make(root / f"{name}-{key}", push=push)
+        res[key] = loaded(
+            partial(w3, system, args.w3_n, args.w3_distinct, 5.0, args.w3_window, 300)
+        )
+        log(f"  {json.dumps(res[key])}")
     res["settings"] = _settings_of(make, root)
     return res
 
@@ -736,6 +750,8 @@ def headline(res: dict[str, Any]) -> dict[str, float | None]:
     w3 = res.get("w3") or {}
     out["w3_checks_per_s"] = w3.get("checks_per_s")
     out["w3_checks_per_cycle"] = w3.get("checks_per_cycle")
+    if "w3_push" in res:
+        out["w3_checks_per_s_push"] = (res["w3_push"] or {}).get("checks_per_s")
     return out
 
 
