@@ -59,6 +59,7 @@ from typing import Any
 from . import calibration
 from .airflow_env import BENCH_VENV, CONSTRAINTS, airflow_python
 from .common import (
+    RESULTS,
     MachineLoad,
     percentile,
     result_document,
@@ -702,6 +703,8 @@ def main(argv: list[str] | None = None) -> None:
         for n in (1000, 5000, 19000)
         if n not in args.w1_sizes
     ]
+    if args.only:
+        keep_other(doc, args.only, RESULTS / "vs_airflow.json")
     a, s = doc.get("airflow", {}), doc.get("slotless", {})
     doc["ratios"] = {
         "w1_bytes_per_wait": ratio(
@@ -735,6 +738,24 @@ def main(argv: list[str] | None = None) -> None:
     plot(doc)
     log(f"wrote {path} in {time.monotonic() - began:.0f} s")
     print(json.dumps(doc["ratios"], indent=2))
+
+
+def keep_other(doc: dict[str, Any], only: str, previous: Path) -> None:
+    """With ``--only``, the other system's section of the last result file, as it was, with
+    when and how it was measured (``measured``): one side can be rerun without the other
+    (Airflow's takes half an hour)."""
+    if not previous.exists():
+        return
+    old = json.loads(previous.read_text())
+    other = "slotless" if only == "airflow" else "airflow"
+    if other not in old:
+        return
+    section = dict(old[other])
+    section.setdefault(
+        "measured",
+        {k: old.get(k) for k in ("date", "command", "git", "machine_load", "calibration")},
+    )
+    doc[other] = section
 
 
 def headline(res: dict[str, Any]) -> dict[str, float | None]:

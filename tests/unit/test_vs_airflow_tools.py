@@ -16,7 +16,16 @@ from typing import Any
 import pytest
 from support.helpers import wait_until
 
-from benchmarks.vs_airflow import PROBE, System, derive, pick, rate_over_whole_cycles, ratio, w3
+from benchmarks.vs_airflow import (
+    PROBE,
+    System,
+    derive,
+    keep_other,
+    pick,
+    rate_over_whole_cycles,
+    ratio,
+    w3,
+)
 
 CHILD = """
 import asyncio, glob, os, time
@@ -130,3 +139,24 @@ def test_checks_spread_over_time_are_counted_over_the_whole_window() -> None:
     samples = [(t / 10, 20 * t) for t in range(101)]  # 200 checks/s, no pause
     got = rate_over_whole_cycles(samples, 5.0)
     assert got["checks_per_s"] == 200.0 and got["cycles_counted"] is None
+
+
+def test_a_one_sided_rerun_keeps_the_other_side_with_when_it_was_measured(
+    tmp_path: Path,
+) -> None:
+    old = tmp_path / "vs_airflow.json"
+    old.write_text(
+        json.dumps(
+            {
+                "date": "2026-11-24T04:30:07+00:00",
+                "command": "python -m benchmarks.vs_airflow",
+                "airflow": {"w3": {"checks_per_s": 201.6}},
+                "slotless": {"w3": {"checks_per_s": 99.9}},
+            }
+        )
+    )
+    doc: dict[str, Any] = {"slotless": {"w3": {"checks_per_s": 120.0}}}
+    keep_other(doc, "slotless", old)
+    assert doc["slotless"]["w3"]["checks_per_s"] == 120.0  # the new run stays
+    assert doc["airflow"]["w3"]["checks_per_s"] == 201.6
+    assert doc["airflow"]["measured"]["date"] == "2026-11-24T04:30:07+00:00"
