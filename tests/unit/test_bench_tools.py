@@ -98,3 +98,9 @@ def test_each_condition_once_per_cycle_is_judged_on_the_cycles_seen() -> None:
     twice = [*log, (5.2, "a")]
     bad = capacity.duplicates_summary({"call_log": twice, "distinct_checks": 2}, 3, 0.4, 5.0)
     assert bad["each_condition_once_per_cycle"] is False
+
+
+def test_a_target_with_no_figure_is_not_measured_not_met() -> None:
+    assert capacity._at_most(None, 1.1) is None  # no probe landed: no p99, no pass
+    assert capacity._at_most(0.5, 1.1) is True
+    assert capacity._at_most(2.0, 1.1) is False
