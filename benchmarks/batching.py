@@ -42,8 +42,10 @@ from typing import Any
 
 import psutil
 
+from benchmarks import calibration
 from benchmarks.common import (
     MachineLoad,
+    load_row,
     print_table,
     result_document,
     save_figure,
@@ -413,6 +415,7 @@ def plot(doc: dict) -> Path:
     ax3.set_ylabel("seconds per cycle (log)")
     ax3.set_title(f"SFTP: {sftp['sensors']:,} sensors, one dir ({sftp['server'].split()[0]})")
     ax3.bar_label(bars, labels=[f"{t:.3g} s" for t in times])
+    fig.suptitle(calibration.caption(doc), fontsize=9)
     return save_figure(fig, "batching")
 
 
@@ -455,10 +458,25 @@ async def main_async(args: argparse.Namespace) -> dict:
             "cycle_seconds_unbatched": s3["unbatched_head_per_key"]["cycle_seconds_median"],
             "s3": s3,
             "sftp": sftp,
-            "load": load.summary,
+            "run_load": load.summary,
         }
     )
     return doc
+
+
+def headline(doc: dict[str, Any]) -> dict[str, float | None]:
+    """One run's headline figures."""
+    sftp = doc["sftp"]
+    return {
+        "requests_per_cycle_batched": doc["requests_per_cycle_batched"],
+        "requests_per_cycle_unbatched": doc["requests_per_cycle_unbatched"],
+        "cycle_seconds_batched": doc["cycle_seconds_batched"],
+        "cycle_seconds_unbatched": doc["cycle_seconds_unbatched"],
+        "sftp_cycle_seconds_batched": sftp["batched"]["cycle_seconds"],
+        "sftp_checks_per_second_new_connection": sftp["new_connection_per_check"][
+            "checks_per_second"
+        ],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -473,8 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=5.0, help="poke interval end to end (s)")
     p.add_argument("--sftp-sensors", type=int, default=1000)
     p.add_argument("--connection-sample", type=int, default=30)
+    calibration.add_repeats_argument(p)
     args = p.parse_args(argv)
-    doc = asyncio.run(main_async(args))
+    with calibration.Recording(Path(tempfile.gettempdir())) as rec:
+        docs = rec.repeat(args.repeats, lambda i: asyncio.run(main_async(args)), headline)
+    # The run with the median batched cycle gives the details; each headline figure is
+    # its median over the runs.
+    doc = docs[rec.kept("cycle_seconds_batched")]
+    doc.update(rec.medians())
+    doc.update(rec.fields())
     path = write_json("batching", doc)
     png = plot(doc)
     s3, sftp = doc["s3"], doc["sftp"]
@@ -522,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
                 "SFTP, connection per check",
                 f"{sftp['new_connection_per_check']['checks_per_second']} checks/s",
             ),
+            *calibration.repeat_rows(doc["repeats"]),
+            calibration.calibration_row(doc["calibration"]),
+            load_row(doc["load"]),
         ],
         caption=f"{path.relative_to(REPO)}, {png.relative_to(REPO)}",
     )

@@ -62,7 +62,7 @@ from triggers.base import BaseTrigger, TriggerEvent
 from triggers.context import TriggerContext
 from triggers.files import FileTrigger
 
-from . import common
+from . import calibration, common
 
 NAME = "chaos"
 TARGET_TAKEOVER_P99_S = 3.0
@@ -157,6 +157,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--workdir", help="where the cluster, DAG and logs go (default: temp)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     p.add_argument("--results", type=Path, default=common.RESULTS, help="output folder")
+    calibration.add_repeats_argument(p)
     args = p.parse_args(argv)
     if args.quick:
         args.tasks, args.sensors, args.land_over = 4000, 1000, 90.0
@@ -593,17 +594,40 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
         fontsize=9,
     )
     ax2.legend(fontsize=8)
-    fig.suptitle(common.machine_caption(doc["machine"]), fontsize=7)
+    fig.suptitle(calibration.caption(doc), fontsize=7)
     return common.save_figure(fig, NAME, results)
+
+
+def headline(detail: dict[str, Any]) -> dict[str, float | None]:
+    """One run's headline figures (the faulted run's)."""
+    judged = detail["chaos"]["judged"]
+    return {
+        "tasks_lost": judged["tasks_lost"],
+        "attempts_duplicated": judged["attempts_duplicated"],
+        "events_fired_twice": judged["events_fired_twice"],
+        "triggerer_takeover_p99_s": judged["takeover"]["p99"],
+        "worker_retry_p99_s": judged["retry"]["p99"],
+        "makespan_s": detail["chaos"]["makespan_s"],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
+
+    def once(folder: Path, i: int) -> dict[str, Any]:
+        where = folder / f"run{i}"
+        where.mkdir(exist_ok=True)
         if os.geteuid() == 0:
-            os.chmod(folder, 0o755)  # the cluster's user walks into it
-        detail = asyncio.run(main_async(args, folder))
+            os.chmod(where, 0o755)  # the cluster's user walks into it
+        return asyncio.run(main_async(args, where))
+
+    with common.workdir(args.workdir, args.keep) as folder, calibration.Recording(folder) as rec:
+        if os.geteuid() == 0:
+            os.chmod(folder, 0o755)
+        details = rec.repeat(args.repeats, lambda i: once(folder, i), headline)
+    detail = details[rec.kept("triggerer_takeover_p99_s")]
+    load = rec.load
     doc = common.result_document(
         NAME,
         argv,
@@ -621,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         common.REPO,
     )
-    doc["load"] = load.summary
+    doc.update(rec.fields())
     chaos = detail["chaos"]
     judged = chaos["judged"]
     doc["tasks_lost"] = judged["tasks_lost"]
@@ -657,7 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
          f"{doc['worker_retry_max_s']} s (n={doc['worker_retry_n']})"),
         ("makespan chaos / no faults",
          f"{doc['makespan_s']} / {doc['makespan_no_faults_s']} s"),
-        common.load_row(load.summary),
+        *calibration.repeat_rows(doc["repeats"]),
+        calibration.calibration_row(doc["calibration"]),
+        common.load_row(load),
     ]  # fmt: skip
     common.print_table("chaos", rows, caption=f"{json_path}\n{png_path}")
     return 0

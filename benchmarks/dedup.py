@@ -35,7 +35,7 @@ from triggers.base import BaseTrigger
 from triggers.registry import register
 from triggers.s3 import S3KeyTrigger
 
-from . import common
+from . import calibration, common
 from .capacity import insert_waits
 
 NAME = "dedup"
@@ -78,6 +78,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--cycles", type=int, default=3, help="whole cycles counted per config")
     p.add_argument("--seed", type=int, default=2)
     p.add_argument("--results", type=Path, default=common.RESULTS)
+    calibration.add_repeats_argument(p)
     return p.parse_args(argv)
 
 
@@ -199,9 +200,19 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
     p = doc["params"]
     fig.suptitle(
         f"{sensors:,} S3 sensors, {p['duplicates']:.0%} duplicates, {p['prefixes']} prefixes "
-        f"(moto server on 127.0.0.1)"
+        f"(moto server on 127.0.0.1)\n{calibration.caption(doc)}",
+        fontsize=9,
     )
     return common.save_figure(fig, NAME, results)
+
+
+def headline(configs: dict[str, Any]) -> dict[str, float | None]:
+    """One run's headline figures: checks and S3 requests per cycle of each configuration."""
+    out: dict[str, float | None] = {}
+    for name, c in configs.items():
+        out[f"checks_per_cycle_{name}"] = c["checks_per_cycle"]
+        out[f"s3_requests_per_cycle_{name}"] = c["s3_requests_per_cycle"]
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -217,12 +228,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "store": "sqlite",
         "s3_server": "moto (its own process, 127.0.0.1)",
     }
-    with common.MachineLoad() as load:
+    with calibration.Recording(Path(tempfile.gettempdir())) as rec:
         doc = common.result_document(NAME, argv, params, Path(tempfile.gettempdir()))
         doc["command"] = "slotless bench dedup" + "".join(f" {a}" for a in argv)
         with common.progress() as bar:
-            configs = asyncio.run(main_async(args, bar))
-    doc["machine_load"] = load.summary
+            runs = rec.repeat(args.repeats, lambda i: asyncio.run(main_async(args, bar)), headline)
+    configs = runs[rec.kept("s3_requests_per_cycle_on_batched")]
+    doc["machine_load"] = rec.load
+    doc.update(rec.fields())
     doc["configs"] = configs
     off, on, batched = configs["off"], configs["on"], configs["on_batched"]
     doc["summary"] = {
@@ -280,6 +293,9 @@ def _table(doc: dict[str, Any]) -> None:
         f"{100 * s['batched_requests_over_one_per_sensor']:.2f}% of one request per sensor "
         f"(target < 1%: {s['target_requests_under_1_percent']})"
     )
+    for name, value in calibration.repeat_rows(doc["repeats"]):
+        console.print(f"{name}: {value}")
+    console.print(" ".join(calibration.calibration_row(doc["calibration"])))
     console.print(f"machine: {common.load_row(doc['machine_load'])[1]}")
 
 

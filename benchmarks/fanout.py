@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import common
+from . import calibration, common
 
 NAME = "fanout"
 P = TypeVar("P")  # a point of a series, as _thin keeps it
@@ -70,11 +70,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--workdir", help="where the DAG file and database go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     p.add_argument("--results", type=Path, default=common.RESULTS, help="output folder")
+    calibration.add_repeats_argument(p)
     return p.parse_args(argv)
 
 
 def run(folder: Path, n: int, slots: int) -> dict[str, Any]:
     import slotless.cli  # noqa: F401  (imported before the baseline RSS sample)
+
+    folder.mkdir(parents=True, exist_ok=True)
 
     dag_file = common.write_dag_file(folder, f"fanout_{n}", DAG_SOURCE.format(n=n))
     db = common.fresh_db(folder, f"fanout_{n}")
@@ -228,9 +231,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fan_in_trigger_rule": "all_done",
     }
     common.pin_cpus(args.cpus)
-    with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
+    with common.workdir(args.workdir, args.keep) as folder, calibration.Recording(folder) as rec:
         doc = common.result_document(NAME, argv, params, folder)
-        figures = run(folder, args.children, args.slots)
+        runs = rec.repeat(
+            args.repeats,
+            lambda i: run(folder / f"run{i}", args.children, args.slots),
+            lambda f: {k: f[k] for k in ("materialize_s", "total_s", "tasks_per_s", "peak_rss_mb")},
+        )
+    figures = runs[rec.kept("total_s")]
+    doc.update(rec.fields())
     doc.update(
         {
             "children": figures.pop("children"),
@@ -239,8 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tasks_per_s": figures.pop("tasks_per_s"),
             "peak_rss_mb": figures.pop("peak_rss_mb"),
             "targets": {"materialize_s": TARGET_MATERIALIZE_S, "total_s": TARGET_TOTAL_S},
-            "machine_load": load.summary,
+            "machine_load": rec.load,
             **figures,
+            **rec.medians(),
         }
     )
     json_path = common.write_json(NAME, doc, args.results)

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from . import common
+from . import calibration, common
 
 NAME = "postgres"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -690,6 +690,21 @@ async def main_async(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     return out
 
 
+def repeated_figures(detail: dict[str, Any], repeat: int) -> list[dict[str, float | None]]:
+    """Each repeat's claims/s and tasks/s per worker count (``--repeat`` runs of each);
+    fire -> start and many hosts are measured once, in the first."""
+    runs: list[dict[str, float | None]] = [{} for _ in range(repeat)]
+    for phase, key in (("claims", "claims_per_s"), ("tasks", "tasks_per_s")):
+        for row in detail.get(phase, []):
+            for i, value in enumerate(row.get(f"{key}_samples", [])):
+                runs[i][f"{key}_{row['workers']}"] = value
+    if "notify" in detail:
+        runs[0]["fire_to_start_p99_ms"] = detail["notify"]["p99_ms"]
+    if "many_hosts" in detail:
+        runs[0]["defers_per_s"] = detail["many_hosts"]["defers_per_s"]
+    return runs
+
+
 def median_of(samples: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """The sample with the median ``key``, carrying every sample's ``key``."""
     ordered = sorted(samples, key=lambda s: s[key])
@@ -811,8 +826,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One phase rerun: the others' figures (and their commands) are kept as they were.
         path = args.results / f"{NAME}.json"
         previous = json.loads(path.read_text()) if path.exists() else {}
-    with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
+    with common.workdir(args.workdir, args.keep) as folder, calibration.Recording(folder) as rec:
         detail = asyncio.run(main_async(args, folder))
+    for figures in repeated_figures(detail, args.repeat):
+        rec.add(figures)
     doc = common.result_document(
         NAME,
         argv,
@@ -833,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         common.REPO,
     )
     doc["server"] = server_facts(args.dsn)
-    doc["load"] = load.summary
+    doc.update(rec.fields())
     if previous:
         kept = {k: v for k, v in previous.items() if k not in doc}
         # Each phase says the command, load and commit it was measured with.
@@ -909,7 +926,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("  first fire -> last fire", f"{m['fires_spread_s']:.2f} s"),
             ("  last file -> run ended", f"{m['run_ended_s']:.2f} s"),
         ]
-    rows.append(common.load_row(load.summary))
+    rows += calibration.repeat_rows(doc["repeats"])
+    rows.append(calibration.calibration_row(doc["calibration"]))
+    rows.append(common.load_row(rec.load))
     common.print_table("PostgreSQL", rows, caption=f"{json_path}\n{png_path}")
     return 0
 

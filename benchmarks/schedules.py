@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import common
+from . import calibration, common
 
 NAME = "schedules"
 
@@ -651,6 +651,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--workdir", help="where DAG files and the database go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument("--results", type=Path, default=common.RESULTS)
+    calibration.add_repeats_argument(p)
     args = p.parse_args(argv)
     args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in args.sections if s not in SECTIONS]
@@ -677,29 +678,46 @@ def merged(path: Path, new: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def numbers(figures: dict[str, Any]) -> dict[str, float | None]:
+    """One run's headline figures: every number its sections report at the top level."""
+    return {
+        k: v
+        for f in figures.values()
+        for k, v in f.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
 def plot(doc: dict[str, Any], results: Path) -> Path:
     drawn = [s for s in SECTIONS.values() if s.first_key in doc]
     fig, axes = common.subplots(len(drawn))
     for section, ax in zip(drawn, axes if len(drawn) > 1 else [axes], strict=True):
         section.plot(ax, doc)
-    fig.suptitle(f"slotless scheduling ({common.machine_caption(doc['machine'])})")
+    fig.suptitle(f"slotless scheduling ({calibration.caption(doc)})", fontsize=9)
     return common.save_figure(fig, NAME, results)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    figures: dict[str, Any] = {}
-    with common.workdir(args.workdir, args.keep) as workdir, common.MachineLoad() as load:
+
+    def once(workdir: Path, i: int) -> dict[str, Any]:
+        where = workdir / f"run{i}"
+        where.mkdir(exist_ok=True)
+        return {name: SECTIONS[name].run(args, where) for name in args.sections}
+
+    with common.workdir(args.workdir, args.keep) as workdir, calibration.Recording(workdir) as rec:
         head = common.result_document(NAME, argv, {}, workdir)
-        for name in args.sections:
-            figures[name] = SECTIONS[name].run(args, workdir)
+        every = rec.repeat(args.repeats, lambda i: once(workdir, i), numbers)
+    first = next(iter(rec.runs[0]["figures"]), None)
+    figures = every[rec.kept(first) if first else 0]
+    load = rec.load
     runs = {
-        name: {"date": head["date"], "command": head["command"], "machine_load": load.summary}
+        name: {"date": head["date"], "command": head["command"], "machine_load": load}
         for name in args.sections
     }
     params = {name: SECTIONS[name].params(args) for name in args.sections}
-    new = {**head, "params": params, "runs": runs}
+    new = {**head, "params": params, "runs": runs, **rec.fields()}
     for keys in figures.values():
         new.update(keys)
     doc = merged(args.results / f"{NAME}.json", new)
@@ -712,7 +730,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(v, int | float)  # the per-tick details are in the JSON
     ]
     common.print_table(
-        f"schedules: {', '.join(args.sections)}", [*rows, common.load_row(load.summary)]
+        f"schedules: {', '.join(args.sections)}",
+        [
+            *rows,
+            *calibration.repeat_rows(doc["repeats"]),
+            calibration.calibration_row(doc["calibration"]),
+            common.load_row(load),
+        ],
     )
     common.console.print(f"wrote {path} and {png}")
     return 0

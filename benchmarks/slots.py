@@ -33,7 +33,7 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import common
+from . import calibration, common
 
 if TYPE_CHECKING:
     from executor.dag import SensorMode
@@ -61,6 +61,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--workdir", help="where databases and files go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--results", type=Path, default=common.RESULTS)
+    calibration.add_repeats_argument(p)
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in args.modes:
@@ -404,22 +405,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         "store": "sqlite",
         "trigger": "triggers.files.FileTrigger (one file each, one directory)",
     }
-    with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
-        doc = common.result_document(NAME, argv, params, folder)
-        doc["command"] = "slotless bench slots" + "".join(f" {a}" for a in argv)
+
+    def once(i: int) -> dict[str, Any]:
         modes: dict[str, Any] = {}
         with common.progress() as bar:
             for mode in args.modes:
-                modes[mode] = asyncio.run(run_mode(mode, folder, args, offsets, bar))
-    doc["machine_load"] = load.summary
+                where = folder / f"run{i}"
+                where.mkdir(exist_ok=True)
+                modes[mode] = asyncio.run(run_mode(mode, where, args, offsets, bar))
+        return modes
+
+    with common.workdir(args.workdir, args.keep) as folder, calibration.Recording(folder) as rec:
+        doc = common.result_document(NAME, argv, params, folder)
+        doc["command"] = "slotless bench slots" + "".join(f" {a}" for a in argv)
+        runs = rec.repeat(args.repeats, once, lambda m: _headline(m, args))
+    modes = runs[rec.kept(f"makespan_s_{args.modes[-1]}")]
+    load = rec.load
+    doc["machine_load"] = load
+    doc.update(rec.fields())
     doc["modes"] = modes
     summary = _summary(modes, args)
     doc["summary"] = summary
     png = plot(doc, args.results)
     path = common.write_json(NAME, doc, args.results)
-    _table(modes, summary, args, load.summary)
+    _table(modes, summary, args, load)
     common.console.print(f"wrote {path} and {png}")
     return 0
+
+
+def _headline(modes: dict[str, Any], args: argparse.Namespace) -> dict[str, float | None]:
+    """One run's headline figures: per mode, sensor slot-seconds, makespan, p99 latency."""
+    out: dict[str, float | None] = {}
+    for mode, m in modes.items():
+        out[f"sensor_slot_seconds_{mode}"] = m["sensor_slot_seconds"]
+        out[f"makespan_s_{mode}"] = m["makespan_s"]
+        out[f"latency_p99_s_{mode}"] = m.get("latency_p99_s")
+    return out
 
 
 def _summary(modes: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:

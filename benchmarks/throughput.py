@@ -32,7 +32,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from . import common
+from . import calibration, common
 
 NAME = "throughput"
 TARGET_TASKS_PER_S = 2000
@@ -340,7 +340,7 @@ def plot(doc: dict[str, Any], results: Path) -> Path:
     ax2.set_ylabel("µs per completion transaction")
     ax2.set_title("Cost of one completion vs fan-in")
     ax2.legend(fontsize=8)
-    fig.suptitle(common.machine_caption(doc["machine"]), fontsize=9)
+    fig.suptitle(calibration.caption(doc), fontsize=9)
     return common.save_figure(fig, NAME, results)
 
 
@@ -361,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "task": "no-op (returns None)",
     }
     common.pin_cpus(args.cpus)
-    with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
+    with common.workdir(args.workdir, args.keep) as folder, calibration.Recording(folder) as rec:
         doc = common.result_document(NAME, argv, params, folder)
         with common.progress() as bar:
             chain, flat = (
@@ -378,13 +378,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for shape, n in (("chain", args.chain), ("flat", args.flat))
             )
             fanin = asyncio.run(completion_costs(folder, args.parents, args.samples, bar))
+    for flat_run, chain_run in zip(flat["runs"], chain["runs"], strict=True):
+        rec.add(
+            {
+                "tasks_per_s_flat": flat_run["tasks_per_s"],
+                "tasks_per_s_chain": chain_run["tasks_per_s"],
+            }
+        )
     doc.update(
         {
             "tasks_per_s_flat": flat["tasks_per_s_median"],
             "tasks_per_s_chain": chain["tasks_per_s_median"],
             "completion_cost_us_by_parents": {str(c["parents"]): c["mean_us"] for c in fanin},
             "target_tasks_per_s": TARGET_TASKS_PER_S,
-            "machine_load": load.summary,
+            "machine_load": rec.load,
+            **rec.fields(),
             "chain": chain,
             "flat": flat,
             "completion_cost": fanin,
@@ -427,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{c['mean_us']:,.0f} µs ({c['median_us']:,.0f}, {c['p99_us']:,.0f})",
             )
         )
+    rows += calibration.repeat_rows(doc["repeats"], "{:,.0f}")
+    rows.append(calibration.calibration_row(doc["calibration"]))
     rows.append(common.load_row(doc["machine_load"]))
     common.print_table(
         f"throughput: SQLite, {args.slots} slots, {args.isolation or 'default'} isolation",

@@ -11,8 +11,16 @@ once, about a minute with a warm pip cache; not in CI). Each system then runs:
   its children (above the same triggerer holding nothing), time from start until every wait
   has been checked once, idle CPU-seconds per minute, event-loop stalls over 50 ms;
 * W2: 1,000 file waits, the files created in one burst, at 1 s and at 5 s intervals: file
-  created -> task leaves DEFERRED, p50 / p99 / max;
-* W3: 1,000 waits on 600 distinct paths: checks per second made, counted inside the trigger.
+  created -> task leaves DEFERRED, p50 / p99 / max; slotless twice, polling (``--no-push``,
+  as Airflow's FileTrigger does) and with push (inotify, its default);
+* W3: 1,000 waits on 600 distinct paths: checks per second made, counted inside the trigger,
+  polling (slotless also with push, where it makes no periodic check between safety
+  polls). slotless checks a cycle in one burst: the rate is taken over whole cycles, from
+  the end of the first burst in the window to the end of the last.
+
+Each system's run is repeated (``--repeats``, default 3; ``--airflow-repeats`` for
+Airflow's, whose run is long), with the machine's calibration and load
+(benchmarks/calibration.py).
 
 How each is measured, the same for both: a probe (benchmarks/airflow_side/probe) in the
 triggerer's processes counts checks by an audit hook (Airflow's FileTrigger globs once per
@@ -48,10 +56,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from . import calibration
 from .airflow_env import BENCH_VENV, CONSTRAINTS, airflow_python
 from .common import (
+    RESULTS,
     MachineLoad,
-    machine_caption,
     percentile,
     result_document,
     save_figure,
@@ -124,8 +133,9 @@ class System:
 
     name = ""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, push: bool = False) -> None:
         self.work = work
+        self.push = push  # slotless: wake waits by inotify; Airflow's FileTrigger only polls
         work.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
         self.probe_dir = work / "probe"
@@ -310,8 +320,8 @@ class Airflow(System):
 class Slotless(System):
     name = "slotless"
 
-    def __init__(self, work: Path) -> None:
-        super().__init__(work)
+    def __init__(self, work: Path, push: bool = True) -> None:
+        super().__init__(work, push)
         self.db = work / "slotless.db"
         self.port = free_port()
         self.run_id = "vs_airflow"
@@ -332,12 +342,14 @@ class Slotless(System):
     def command(self, n: int) -> tuple[list[str], dict[str, str]]:
         self.settings = {
             "command": "slotless triggerer (defaults: 64 shards, 256 checks in flight, "
-            "batches of 1,000)",
+            "batches of 1,000; push by inotify unless --no-push)",
             "database": "sqlite (one file, WAL)",
             "open files limit (ulimit -n)": _nofile(),
         }
         argv = [sys.executable, "-m", "slotless", "triggerer", "--db", f"sqlite:///{self.db}"]
         argv += ["--metrics-port", str(self.port), "--metrics-host", "127.0.0.1"]
+        if not self.push:
+            argv.append("--no-push")
         return argv, {k: v for k, v in os.environ.items() if k != "SLOTLESS_DB"}
 
     def metric(self, name: str) -> float:
@@ -425,7 +437,7 @@ def w2(system: System, n: int, interval: float, hold_limit: float, fire_limit: f
     inbox = system.work / "burst"
     inbox.mkdir(parents=True, exist_ok=True)
     paths = [f"{inbox}/{i}.csv" for i in range(n)]
-    out: dict[str, Any] = {"n": n, "interval_s": interval}
+    out: dict[str, Any] = {"n": n, "interval_s": interval, "push": system.push}
     try:
         out["seed_s"] = round(system.seed(paths, interval), 2)
         system.start(n, n)
@@ -465,27 +477,73 @@ def w3(system: System, n: int, distinct: int, interval: float, window: float, li
     """N waits on `distinct` paths: checks made per second, counted inside the trigger."""
     inbox = system.work / "shared"
     paths = [f"{inbox}/{i % distinct}.csv" for i in range(n)]
-    out: dict[str, Any] = {"n": n, "distinct_paths": distinct, "interval_s": interval}
+    out: dict[str, Any] = {
+        "n": n,
+        "distinct_paths": distinct,
+        "interval_s": interval,
+        "push": system.push,
+    }
     try:
         out["seed_s"] = round(system.seed(paths, interval), 2)
         system.start(n, distinct)
         out["all_held_s"] = round(system.wait_held(distinct, limit), 2)
         time.sleep(interval)
-        c0, p0, t0 = system.checks(), system.probe(), time.monotonic()
-        time.sleep(window)
-        c1, p1, t1 = system.checks(), system.probe(), time.monotonic()
-        if not system.alive():
-            raise Failed(system.why_dead())
-        out["window_s"] = round(t1 - t0, 2)
-        out["checks_per_s"] = round((c1 - c0) / (t1 - t0), 1)
-        out["listings_per_s"] = round(
-            (p1["scandir"] - p0["scandir"] + p1["glob"] - p0["glob"]) / (t1 - t0), 1
-        )
+        checks: list[tuple[float, int]] = []
+        listings: list[tuple[float, int]] = []
+        t0 = time.monotonic()
+        while True:
+            now = time.monotonic()
+            p = system.probe()
+            checks.append((now, system.checks()))
+            listings.append((now, p["scandir"] + p["glob"]))
+            if now - t0 >= window:
+                break
+            if not system.alive():
+                raise Failed(system.why_dead())
+            time.sleep(0.05)
+        out["window_s"] = round(checks[-1][0] - checks[0][0], 2)
+        out.update(rate_over_whole_cycles(checks, interval))
+        out["listings_per_s"] = rate_over_whole_cycles(listings, interval)["checks_per_s"]
     except Failed as exc:
         out["failed"] = str(exc)
     finally:
         system.stop()
     return out
+
+
+def rate_over_whole_cycles(samples: list[tuple[float, int]], interval: float) -> dict[str, Any]:
+    """Checks per second from (time, checks so far) samples, over whole cycles only.
+
+    slotless checks a cycle's waits in one burst every interval: a fixed window holds
+    one burst more or less depending on where it starts (20 s of 5 s cycles count 3 or
+    4 bursts), so the rate is taken from the end of the first burst seen to the end of
+    the last one, which holds whole cycles. Checks that never pause for half an
+    interval (Airflow's, each trigger on its own clock) have no bursts: their rate is
+    over the whole window.
+    """
+    changes = [(t, c) for (_, before), (t, c) in itertools.pairwise(samples) if c > before]
+    bursts: list[list[tuple[float, int]]] = []
+    for t, c in changes:
+        if not bursts or t - bursts[-1][-1][0] > interval / 2:
+            bursts.append([])
+        bursts[-1].append((t, c))
+    if len(bursts) >= 2:
+        (t_a, c_a), (t_b, c_b) = bursts[0][-1], bursts[-1][-1]
+        cycles = len(bursts) - 1
+        return {
+            "checks_per_s": round((c_b - c_a) / (t_b - t_a), 1),
+            "checks_per_cycle": round((c_b - c_a) / cycles, 1),
+            "cycle_s": round((t_b - t_a) / cycles, 3),
+            "cycles_counted": cycles,
+        }
+    (t_a, c_a), (t_b, c_b) = samples[0], samples[-1]
+    rate = (c_b - c_a) / (t_b - t_a) if t_b > t_a else 0.0
+    return {
+        "checks_per_s": round(rate, 1),
+        "checks_per_cycle": round(rate * interval, 1),
+        "cycle_s": None,
+        "cycles_counted": None,
+    }
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -501,11 +559,14 @@ def loaded(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def run_system(
     name: str,
-    make: Callable[[Path], System],
+    make: Callable[..., System],
     args: argparse.Namespace,
     root: Path,
     log: Callable[[str], None],
+    w2_push: tuple[bool, ...] = (False,),
 ) -> dict[str, Any]:
+    """Every workload on one system; W2 once per push mode (Airflow's triggers only poll;
+    slotless runs with push by default, and W2 is where it shows, so it runs both)."""
     res: dict[str, Any] = {"w1": [], "w2": [], "w3": None}
     log(f"{name}: W1 baseline (no waits)")
     base = loaded(
@@ -520,16 +581,24 @@ def run_system(
             r["bytes_per_wait"] = round((r["pss_bytes"] - base["pss_bytes"]) / n)
         res["w1"].append(r)
         log(f"  {json.dumps(r)}")
-    for interval in (1.0, 5.0):
-        log(f"{name}: W2 at {interval:g} s")
-        system = make(root / f"{name}-w2-{interval:g}")
-        r = loaded(partial(w2, system, args.w2_n, interval, 300, args.fire_limit))
-        res["w2"].append(r)
-        log(f"  {json.dumps(r)}")
-    log(f"{name}: W3")
-    system = make(root / f"{name}-w3")
-    res["w3"] = loaded(partial(w3, system, args.w3_n, args.w3_distinct, 5.0, args.w3_window, 300))
-    log(f"  {json.dumps(res['w3'])}")
+    for push in w2_push:
+        mode = "push" if push else "polling"
+        for interval in (1.0, 5.0):
+            log(f"{name}: W2 at {interval:g} s, {mode}")
+            system = make(root / f"{name}-w2-{interval:g}-{mode}", push=push)
+            r = loaded(partial(w2, system, args.w2_n, interval, 300, args.fire_limit))
+            res["w2"].append(r)
+            log(f"  {json.dumps(r)}")
+    # W3 counts periodic checks: polling, like Airflow's. With push, slotless makes none
+    # between the safety polls (inotify says when a path changes): measured apart.
+    for push in w2_push:
+        key = "w3_push" if push else "w3"
+        log(f"{name}: W3, {'push' if push else 'polling'}")
+        system = make(root / f"{name}-{key}", push=push)
+        res[key] = loaded(
+            partial(w3, system, args.w3_n, args.w3_distinct, 5.0, args.w3_window, 300)
+        )
+        log(f"  {json.dumps(res[key])}")
     res["settings"] = _settings_of(make, root)
     return res
 
@@ -565,6 +634,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--w2-n", type=int, default=1000)
     ap.add_argument("--w3-n", type=int, default=1000)
     ap.add_argument("--w3-distinct", type=int, default=600)
+    calibration.add_repeats_argument(ap)
+    ap.add_argument(
+        "--airflow-repeats",
+        type=int,
+        default=3,
+        help="runs of Airflow's side (default 3; each is long, 1 keeps the command short)",
+    )
     raw = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(raw)
     args.w1_sizes = [int(x) for x in args.w1_sizes.split(",") if x]
@@ -601,19 +677,34 @@ def main(argv: list[str] | None = None) -> None:
         doc["airflow_version"] = versions
         doc["airflow_constraints"] = CONSTRAINTS.name
         doc["airflow_venv_ready_s"] = round(venv_s, 1)
-        systems: dict[str, Callable[[Path], System]] = {
-            "airflow": lambda w: Airflow(w, python),
-            "slotless": lambda w: Slotless(w),
+        systems: dict[str, tuple[Callable[..., System], tuple[bool, ...]]] = {
+            "airflow": (lambda w, push=False: Airflow(w, python), (False,)),
+            "slotless": (lambda w, push=True: Slotless(w, push), (False, True)),
         }
-        for name, make in systems.items():
-            if args.only and name != args.only:
-                continue
-            doc[name] = run_system(name, make, args, root, log)
+        with calibration.Recording(root) as rec:
+            for name, (make, w2_push) in systems.items():
+                if args.only and name != args.only:
+                    continue
+                repeats = args.airflow_repeats if name == "airflow" else args.repeats
+                runs = []
+                for i in range(repeats):
+                    log(f"{name}: run {i + 1} of {repeats}")
+                    runs.append(run_system(name, make, args, root / f"run{i}", log, w2_push))
+                    rec.add({f"{name}_{k}": v for k, v in headline(runs[-1]).items()})
+                # The run with the median W2 p99 (1 s, polling) gives the details; each
+                # headline figure's spread over the runs is in `repeats`.
+                p99s = [headline(r).get("w2_p99_s_1s_polling") for r in runs]
+                kept = 0 if None in p99s else calibration.median_index(p99s)  # type: ignore[arg-type]
+                doc[name] = {**runs[kept], "kept_run": kept, "runs": len(runs)}
+        doc.update(rec.fields())
+        doc["machine_load"] = rec.load
     doc["not_run"] = [
         f"W1 at {n:,}: not asked for (--w1-sizes)"
         for n in (1000, 5000, 19000)
         if n not in args.w1_sizes
     ]
+    if args.only:
+        keep_other(doc, args.only, RESULTS / "vs_airflow.json")
     a, s = doc.get("airflow", {}), doc.get("slotless", {})
     doc["ratios"] = {
         "w1_bytes_per_wait": ratio(
@@ -628,14 +719,14 @@ def main(argv: list[str] | None = None) -> None:
             pick(a.get("w1", []), "all_held_s", n=5000),
             pick(s.get("w1", []), "all_held_s", n=5000),
         ),
-        "w2_p99_1s": ratio(
-            pick(a.get("w2", []), "p99_s", interval_s=1.0),
-            pick(s.get("w2", []), "p99_s", interval_s=1.0),
-        ),
-        "w2_p99_5s": ratio(
-            pick(a.get("w2", []), "p99_s", interval_s=5.0),
-            pick(s.get("w2", []), "p99_s", interval_s=5.0),
-        ),
+        **{
+            f"w2_p99_{i:g}s_{mode}": ratio(
+                pick(a.get("w2", []), "p99_s", interval_s=i),
+                pick(s.get("w2", []), "p99_s", interval_s=i, push=mode == "push"),
+            )
+            for mode in ("polling", "push")
+            for i in (1.0, 5.0)
+        },
         "w3_checks_per_s": ratio(
             (a.get("w3") or {}).get("checks_per_s"), (s.get("w3") or {}).get("checks_per_s")
         ),
@@ -647,6 +738,42 @@ def main(argv: list[str] | None = None) -> None:
     plot(doc)
     log(f"wrote {path} in {time.monotonic() - began:.0f} s")
     print(json.dumps(doc["ratios"], indent=2))
+
+
+def keep_other(doc: dict[str, Any], only: str, previous: Path) -> None:
+    """With ``--only``, the other system's section of the last result file, as it was, with
+    when and how it was measured (``measured``): one side can be rerun without the other
+    (Airflow's takes half an hour)."""
+    if not previous.exists():
+        return
+    old = json.loads(previous.read_text())
+    other = "slotless" if only == "airflow" else "airflow"
+    if other not in old:
+        return
+    section = dict(old[other])
+    section.setdefault(
+        "measured",
+        {k: old.get(k) for k in ("date", "command", "git", "machine_load", "calibration")},
+    )
+    doc[other] = section
+
+
+def headline(res: dict[str, Any]) -> dict[str, float | None]:
+    """One run of one system: each workload's headline figures (none for a failed one)."""
+    out: dict[str, float | None] = {}
+    for r in res["w1"]:
+        for key in ("all_held_s", "bytes_per_wait", "idle_cpu_s_per_min"):
+            out[f"w1_{key}_{r['n']}"] = r.get(key)
+    for r in res["w2"]:
+        mode = "push" if r.get("push") else "polling"
+        for key in ("p50_s", "p99_s"):
+            out[f"w2_{key}_{r['interval_s']:g}s_{mode}"] = r.get(key)
+    w3 = res.get("w3") or {}
+    out["w3_checks_per_s"] = w3.get("checks_per_s")
+    out["w3_checks_per_cycle"] = w3.get("checks_per_cycle")
+    if "w3_push" in res:
+        out["w3_checks_per_s_push"] = (res["w3_push"] or {}).get("checks_per_s")
+    return out
 
 
 def derive(doc: dict[str, Any]) -> None:
@@ -667,6 +794,14 @@ def derive(doc: dict[str, Any]) -> None:
         ]
 
 
+W2_OFFSETS = {"airflow, polling": -0.28, "slotless, polling": 0.0, "slotless, push": 0.28}
+W2_COLORS = {
+    "airflow, polling": "#d62728",
+    "slotless, polling": "#1f77b4",
+    "slotless, push": "#2ca02c",
+}
+
+
 def plot(doc: dict[str, Any]) -> None:
     fig, axes = subplots(3, width=5.0)
     colors = {"airflow": "#d62728", "slotless": "#1f77b4"}
@@ -685,22 +820,29 @@ def plot(doc: dict[str, Any]) -> None:
         for r in res["w1"]:
             if "failed" in r:
                 axes[0].annotate("failed", (r["n"], 0), color=colors[name])
-        w2 = {r["interval_s"]: r for r in res["w2"]}
-        offset = -0.2 if name == "airflow" else 0.2
-        for x, interval in enumerate((1.0, 5.0)):
-            r = w2.get(interval, {})
-            if "p99_s" in r:
-                axes[1].bar(x + offset, r["p99_s"], width=0.4, color=colors[name])
-                axes[1].plot([x + offset], [r["p50_s"]], "k_", markersize=14)
+        for r in res["w2"]:
+            if "p99_s" not in r:
+                continue
+            series = f"{name}, {'push' if r.get('push') else 'polling'}"
+            x = (0 if r["interval_s"] == 1.0 else 1) + W2_OFFSETS[series]
+            axes[1].bar(x, r["p99_s"], width=0.27, color=W2_COLORS[series], label=series)
+            axes[1].plot([x], [r["p50_s"]], "k_", markersize=10)
         w3 = res.get("w3") or {}
         if "checks_per_s" in w3:
             axes[2].bar(name, w3["checks_per_s"], color=colors[name])
     axes[0].set(xlabel="waits held", ylabel="KiB PSS per wait", title="W1: memory per wait")
     axes[0].legend()
     axes[1].set_xticks([0, 1], ["1 s interval", "5 s interval"])
-    axes[1].set(ylabel="seconds (bar p99, tick p50)", title="W2: file created -> task moves")
+    axes[1].set(
+        ylabel="seconds (bar p99, tick p50), log",
+        title="W2: file created -> task moves",
+        yscale="log",
+    )
+    handles, labels = axes[1].get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    axes[1].legend(unique.values(), unique.keys(), fontsize=8)
     axes[2].set(ylabel="checks per second", title="W3: 1,000 waits on 600 paths (5 s)")
-    fig.suptitle("Airflow's triggerer vs slotless's, SQLite. " + machine_caption(doc["machine"]))
+    fig.suptitle("Airflow's triggerer vs slotless's, SQLite. " + calibration.caption(doc))
     save_figure(fig, "vs_airflow")
 
 

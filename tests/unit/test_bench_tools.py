@@ -79,3 +79,28 @@ def test_bench_command_refuses_unknown_names(capsys: pytest.CaptureFixture[str])
 
 def test_bench_command_passes_options_through(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "dedup", "--help"]) == 0
+
+
+def test_no_duplicates_workload_is_not_measured_not_true() -> None:
+    skipped = capacity.duplicates_summary(None, 10_000, 0.4, 5.0)
+    assert skipped["measured"] is False
+    assert skipped["each_condition_once_per_cycle"] is None  # not a vacuous True
+    assert "not measured" in capacity.duplicates_line(skipped)
+    no_cycle = capacity.duplicates_summary({"call_log": [], "distinct_checks": 6}, 10, 0.4, 5.0)
+    assert no_cycle["each_condition_once_per_cycle"] is None
+
+
+def test_each_condition_once_per_cycle_is_judged_on_the_cycles_seen() -> None:
+    log = [(0.0, "a"), (0.1, "b"), (5.0, "a"), (5.1, "b")]
+    ok = capacity.duplicates_summary({"call_log": log, "distinct_checks": 2}, 3, 0.4, 5.0)
+    assert ok["each_condition_once_per_cycle"] is True
+    assert ok["checks_per_cycle"] == [2, 2]
+    twice = [*log, (5.2, "a")]
+    bad = capacity.duplicates_summary({"call_log": twice, "distinct_checks": 2}, 3, 0.4, 5.0)
+    assert bad["each_condition_once_per_cycle"] is False
+
+
+def test_a_target_with_no_figure_is_not_measured_not_met() -> None:
+    assert capacity._at_most(None, 1.1) is None  # no probe landed: no p99, no pass
+    assert capacity._at_most(0.5, 1.1) is True
+    assert capacity._at_most(2.0, 1.1) is False
