@@ -61,6 +61,8 @@ _ROWS_PER_FREEZE = 16_000
 # burst it is done within seconds (in 5 ms slices), and a burst costs less per check
 # than a steady trickle (a wake-up serves many checks), cycle after cycle.
 FIRST_CHECKS_PER_S = 10_000
+# A big load's first guess of its own speed (rows a second), before its first page is in.
+_GUESS_ROWS_PER_S = 150_000
 SPREAD_ABOVE = 50_000
 # The load statements' columns the loader reads, in the order it unpacks them.
 _COLUMNS = (
@@ -191,6 +193,8 @@ class Loader:
                 if page is not None:
                     ahead = asyncio.ensure_future(self._ops.load_triggers(*page.query))
                 await self._take(rows, full=full, newest=newest, seen=seen, spread=spread)
+                if spread is not None:
+                    spread.read(self._taken, self._clock())
                 del rows
         finally:
             if ahead is not None and not ahead.done():
@@ -525,18 +529,35 @@ class _Spread:
     """Where a big load's checks are first due: row k of an estimated n at
     ``began + (k / n) * min(n / FIRST_CHECKS_PER_S, interval)`` (or when it is read, if
     later), so the checks of the first rows read come first and the first cycle takes one
-    interval from the load's start. Counted from each row's own reading instead, a load of
-    8 s made a first cycle of interval + 8 s, whose last 8 s ran the first checks of the
-    last rows beside the second checks of the first: twice the rate (and the log lines of
-    checks 1 and 2), a minute after the load, stalling the loop."""
+    interval from the load's expected end. Counted from each row's own reading instead, a
+    load of 8 s made a first cycle of interval + 8 s, whose last 8 s ran the first checks
+    of the last rows beside the second checks of the first: twice the rate (and the log
+    lines of checks 1 and 2), a minute after the load, stalling the loop.
+
+    ``began`` is the load's expected end, guessed at a fast machine's rate and moved later
+    (never earlier) as each page is taken: first checks run inside a load compete with it,
+    and the slower the machine, the longer the load and the more of them ran inside it (a
+    million waits took 11 to 49 s here and 9 to 13 s once the checks waited for the end)."""
 
     rows: int  # the load's estimated size
     window: float  # seconds its first checks are spread over (capped by each interval)
-    began: float  # when the load's first rows were read
+    began: float  # when the first checks begin: the load's expected end
+    started: float = 0.0  # when the load's first rows were read
 
     @classmethod
     def of(cls, rows: int, began: float) -> _Spread | None:
-        return cls(rows, rows / FIRST_CHECKS_PER_S, began) if rows > SPREAD_ABOVE else None
+        if rows <= SPREAD_ABOVE:
+            return None
+        # Until a page is taken, guess the load's length from a fast machine's rate.
+        return cls(rows, rows / FIRST_CHECKS_PER_S, began + rows / _GUESS_ROWS_PER_S, began)
+
+    def read(self, taken: int, now: float) -> None:
+        """``taken`` rows were loaded by ``now``: the checks of the rows still to come begin
+        when the load is expected to end, so that they do not compete with it (the longer
+        a load takes, the more first checks ran inside it). Never earlier than said."""
+        if taken:
+            end = self.started + (now - self.started) * max(self.rows, taken) / taken
+            self.began = max(self.began, end)
 
     def first_at(self, at: float, k: int, interval: float) -> float:
         # An estimate a little short wraps around instead of piling up at the end.

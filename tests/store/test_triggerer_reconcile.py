@@ -187,3 +187,16 @@ async def test_a_big_load_spreads_its_first_checks(live_store, monkeypatch) -> N
         range(SHARDS), full=True
     )
     assert all(check.due <= time.time() for check in table.by_hash.values())
+
+
+def test_a_big_loads_first_checks_begin_when_the_load_is_expected_to_end() -> None:
+    spread = loading._Spread.of(1_000_000, 100.0)
+    assert spread is not None and spread.started == 100.0
+    guessed = spread.began  # before a page is in: a fast machine's rate
+    assert guessed == 100.0 + 1_000_000 / loading._GUESS_ROWS_PER_S
+    spread.read(250_000, 105.0)  # a quarter in 5 s: the load ends at 120
+    assert spread.began == 120.0
+    assert spread.first_at(105.0, 250_000, 60.0) >= 120.0  # nothing due inside the load
+    spread.read(900_000, 106.0)  # faster now: the estimate never moves back
+    assert spread.began == 120.0
+    assert loading._Spread.of(loading.SPREAD_ABOVE, 0.0) is None  # a small load: at once
