@@ -60,7 +60,7 @@ from typing import Any
 
 import psutil
 
-from . import common
+from . import calibration, common
 
 NAME = "idle"
 TARGET_RATIO = 2.0
@@ -331,7 +331,9 @@ def per_minute(waits: int, base: dict[str, float], busy: dict[str, float]) -> di
 STATEMENTS = Statements()
 
 
-async def configuration(backend: str, waits: int, args: argparse.Namespace, folder: Path) -> dict:
+async def configuration(
+    backend: str, waits: int, args: argparse.Namespace, folder: Path, rec: calibration.Recording
+) -> dict:
     runs = []
     for i in range(args.repeat):
         if backend == "sqlite":
@@ -343,6 +345,7 @@ async def configuration(backend: str, waits: int, args: argparse.Namespace, fold
 
             async with Schema(args.dsn) as schema:
                 runs.append(await one_run(schema.url, waits, args, schema.name))
+        rec.add({f"{backend}_{waits}_{key}": runs[-1][key] for key in KEYS})
         common.console.print(
             f"{backend} {waits:>9,} waits, run {i + 1}: "
             + ", ".join(f"{k} {runs[-1][k]}" for k in KEYS if runs[-1][k] is not None)
@@ -394,10 +397,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     STATEMENTS.install()
     results = []
-    with common.workdir(args.workdir, args.keep) as folder, common.MachineLoad() as load:
+    with (
+        common.workdir(args.workdir, args.keep) as folder,
+        calibration.Recording(folder) as rec,
+    ):
         for backend, text in (("postgresql", args.pg_sizes), ("sqlite", args.sqlite_sizes)):
             for waits in sizes(text):
-                results.append(asyncio.run(configuration(backend, waits, args, folder)))
+                results.append(asyncio.run(configuration(backend, waits, args, folder, rec)))
     doc = common.result_document(
         NAME,
         argv,
@@ -410,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         common.REPO,
     )
-    doc["load"] = load.summary
+    doc.update(rec.fields())  # calibration, repeats (each configuration's figures), load
     doc["results"] = results
     doc["targets"] = verdicts(results)
     common.write_json(NAME, doc, args.results)
