@@ -293,7 +293,7 @@ def test_sqlite_locked_beyond_the_busy_timeout_fails_no_task(
     dag_file.write_text(textwrap.dedent(LOCK_DAG).format(n=30))
     run_id = create_run(db_url, dag_file, "locked")
     log = tmp_path / "worker.log"
-    worker = start("worker", db_url, log, "--poll-interval", "0.05", SLOTLESS_SQLITE_BUSY_MS="200")
+    worker = start("worker", db_url, log, "--poll-interval", "0.05", SLOTLESS_SQLITE_BUSY_MS="100")
     holder = sqlite3.connect(db_path, isolation_level=None, timeout=30)
     try:
         for _ in range(3):  # three times, each ten times the busy timeout
@@ -305,7 +305,7 @@ def test_sqlite_locked_beyond_the_busy_timeout_fails_no_task(
                 60,
             )
             holder.execute("BEGIN EXCLUSIVE")
-            time.sleep(2.0)
+            time.sleep(1.0)  # the span the lock is held, not a wait for something
             holder.execute("COMMIT")
         wait_until(
             lambda: (
