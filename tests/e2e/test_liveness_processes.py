@@ -1,8 +1,9 @@
 """Liveness bound to the process, with real processes on SQLite and on PostgreSQL.
 
 * A SIGKILLed triggerer's shards, and a SIGKILLed worker's attempt, are taken over long
-  before their TTL (60 s here): the dead process's lock (an advisory lock on PostgreSQL,
-  a file lock on SQLite) is released by the server or the kernel, and the others notice.
+  before their TTL (20 s for a triggerer, 60 s for a worker here): the dead process's lock
+  (an advisory lock on PostgreSQL, a file lock on SQLite) is released by the server or the
+  kernel, and the others notice.
 * A SIGSTOPped triggerer or worker keeps its lock: it is declared dead only when its TTL
   (2 s here) passes. When it resumes (SIGCONT) it learns that it lost its shards or its
   attempt before doing anything else: the triggerer checks none of the waits it lost (each
@@ -43,6 +44,10 @@ pytestmark = pytest.mark.slow
 backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
 DAY = date(2026, 4, 25)
 LONG_TTL = "60"  # far beyond every deadline below: only the liveness lock can be quicker
+# A triggerer renews (and rebalances) its leases every fifth of its TTL, so two triggerers
+# split the shards only after one renewal: 12 s at 60 s. At 20 s the split takes 4 s, and
+# a takeover is still awaited for only half the TTL.
+LONG_TRIGGERER_TTL = 20.0
 SHORT_TTL = "2"
 
 
@@ -279,17 +284,18 @@ async def test_a_killed_triggerer_is_taken_over_long_before_its_lease_ends(
 ) -> None:
     n = 200
     run_id, inbox, record, first, second, worker, serving = await split_between_two(
-        procs, url, live_store, tmp_path, n, LONG_TTL
+        procs, url, live_store, tmp_path, n, str(LONG_TRIGGERER_TTL)
     )
     try:
         dead, survivor = triggerer_id(url, first), triggerer_id(url, second)
         first.send_signal(signal.SIGKILL)
         assert first.wait(10) == -signal.SIGKILL
-        # Its leases have almost a minute left: only its released lock can explain this.
+        # Renewed at most a fifth of the TTL ago, its leases still have 6 s left at the
+        # deadline: only its released lock can explain this.
         await asyncio.to_thread(
             wait_until,
             lambda: shards_of(url) == Counter({survivor: SHARDS}),
-            30,
+            LONG_TRIGGERER_TTL / 2,
             what="the survivor to hold every shard",
         )
         assert triggerer_id(url, first) is None  # forgotten at once, not after the TTL

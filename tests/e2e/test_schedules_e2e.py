@@ -2,8 +2,8 @@
 
 The issue's invariant is "a DAG on ``* * * * *``, two triggerers, one SIGKILLed: exactly one
 run per minute over 5 minutes, none missed, none doubled". The clock is shrunk, the
-invariant kept: a schedule of every 2 seconds, lease TTL 2 s, about 30 s with a triggerer
-killed mid-way, on PostgreSQL. Runs must cover consecutive intervals with no gap and no
+invariant kept: a schedule of every second, lease TTL 2 s, 4 intervals before a triggerer
+is killed and 8 after, on PostgreSQL. Runs must cover consecutive intervals with no gap and no
 duplicate. Also: a broken DAG file beside a scheduled one is listed with its error while
 the good DAG keeps running on schedule, and a paused DAG creates no run.
 """
@@ -30,10 +30,10 @@ from executor.store import Store, open_store
 pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures
 pytestmark = pytest.mark.slow
 
-EVERY = 2  # seconds between intervals (the shrunk minute)
+EVERY = 1  # seconds between intervals (the shrunk minute)
 
 
-def every_two_seconds(dag_id: str, start: datetime, *, catchup: bool = True) -> str:
+def every_interval(dag_id: str, start: datetime, *, catchup: bool = True) -> str:
     return f"""
 from datetime import datetime, timedelta
 from executor import DAG
@@ -74,7 +74,7 @@ async def test_two_triggerers_one_killed_one_run_per_interval(pg_url: str, tmp_p
     dags = tmp_path / "dags"
     dags.mkdir()
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
-    (dags / "ticker.py").write_text(every_two_seconds("ticker", start))
+    (dags / "ticker.py").write_text(every_interval("ticker", start))
     (dags / "broken.py").write_text("import not_a_module_anywhere\n")
     store = await open_store(pg_url)
     procs = [start_triggerer(pg_url, dags, tmp_path / f"t{i}.log") for i in range(2)]
@@ -126,7 +126,7 @@ async def test_a_paused_dag_creates_no_run_and_unpausing_does_not_flood(
     dags = tmp_path / "dags"
     dags.mkdir()
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
-    (dags / "quiet.py").write_text(every_two_seconds("quiet", start, catchup=False))
+    (dags / "quiet.py").write_text(every_interval("quiet", start, catchup=False))
     listing = cli("dags", "list", "--db", url, "--dags", str(dags))
     assert listing.returncode == 0, listing.stderr
     assert cli("dags", "pause", "quiet", "--db", url).returncode == 0
