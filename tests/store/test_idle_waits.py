@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,11 +25,12 @@ from support.helpers import async_wait_until, raw_sql
 from support.triggers import FlagTrigger, fast_config
 
 from executor.driver import postgres, sqlite
-from executor.store import Store, open_store
+from executor.store import Store
 from triggerer.service import Triggerer
 from triggers.base import SHARDS
 
 backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
+live_store = backends.live_store  # fixture
 
 pytestmark = pytest.mark.usefixtures("fresh_triggers")
 
@@ -45,15 +45,6 @@ WHOLE_SHARDS = {
     "delete_orphan_triggers",
     "load_trigger_range",
 }
-
-
-@pytest.fixture
-async def live_store(url: str) -> AsyncIterator[Store]:
-    s = await open_store(url)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 class Statements:

@@ -6,7 +6,6 @@ or whose timeout passed, even from memory."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import date
 
 import pytest
@@ -16,24 +15,14 @@ from support.helpers import async_wait_until, raw_sql
 from support.triggers import FLAGS, FlagTrigger, serving
 
 from executor import DAG
-from executor.store import Store, open_store
 
 backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
+live_store = backends.live_store  # fixture
 
 DAY = date(2026, 4, 25)
 RECONCILE = 0.5  # the test triggerer's reload_every: each repair must land within it
 
 pytestmark = pytest.mark.usefixtures("fresh_triggers")
-
-
-@pytest.fixture
-async def live_store(url: str) -> AsyncIterator[Store]:
-    """A store on ``url`` with the real clock (a triggerer runs against it)."""
-    s = await open_store(url)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 async def state(url: str, run_id: str, task_id: str) -> str:

@@ -14,7 +14,6 @@ interleavings.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,25 +21,17 @@ from support import backends
 from support.helpers import async_wait_until
 from support.triggers import FlagTrigger, fast_config
 
-from executor.store import Store, open_store
+from executor.store import Store
 from triggerer.service import Triggerer
 from triggers.base import SHARDS
 
 backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
+live_store = backends.live_store  # fixture
 
 pytestmark = pytest.mark.usefixtures("fresh_triggers")
 
 WAITS = 2000
 JOINING = 3
-
-
-@pytest.fixture
-async def live_store(url: str) -> AsyncIterator[Store]:
-    s = await open_store(url)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 async def write_waits(store: Store, n: int) -> dict[int, int]:

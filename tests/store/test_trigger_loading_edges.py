@@ -18,7 +18,6 @@ import logging
 import textwrap
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import date
 from pathlib import Path
 
@@ -28,26 +27,18 @@ from support.helpers import async_wait_until, raw_sql
 from support.triggers import FlagTrigger, serving
 
 from executor import DAG
-from executor.store import Store, open_store
+from executor.store import Store
 from triggers import registry
 from triggers.limits import MAX_SERIALIZED_BYTES
 
 backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
+live_store = backends.live_store  # fixture
 
 DAY = date(2026, 11, 26)
 IMPORT_SECONDS = 2.5  # longer than the lease below: on the loop, it would lapse
 LEASE_TTL = 2.0
 
 pytestmark = pytest.mark.usefixtures("fresh_triggers")
-
-
-@pytest.fixture
-async def live_store(url: str) -> AsyncIterator[Store]:
-    s = await open_store(url)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 async def state(url: str, run_id: str) -> str:

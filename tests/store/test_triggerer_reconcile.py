@@ -13,7 +13,7 @@ loader, table and store:
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import Collection
 from datetime import date
 from itertools import pairwise
 
@@ -23,7 +23,7 @@ from support.helpers import async_wait_until
 from support.triggers import FlagTrigger, serving
 
 from executor import DAG
-from executor.store import Row, Store, open_store
+from executor.store import Row, Store
 from triggerer import loading
 from triggerer.checks import CheckTable
 from triggerer.loading import Loader
@@ -32,6 +32,7 @@ from triggerer.writing import Outbox
 from triggers.base import SHARDS
 
 backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
+live_store = backends.live_store  # fixture
 
 DAY = date(2026, 4, 27)
 WAITS = 12
@@ -53,15 +54,6 @@ class CountingStore(TriggererStore):
         self.reads.append(sorted(shards))
         self.windows.append((after_id, upto))
         return await super().load_triggers(shards, after_id, upto)
-
-
-@pytest.fixture
-async def live_store(url: str) -> AsyncIterator[Store]:
-    s = await open_store(url)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 async def deferred_waits(store: Store, dag_id: str, n: int = WAITS) -> str:

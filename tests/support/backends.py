@@ -1,7 +1,8 @@
 """Fixtures for the store layer's tests: each runs on SQLite and on PostgreSQL.
 
 A test module takes them with ``backend, url, store = backends.backend, backends.url,
-backends.store`` (and ``pg_server`` with them: the PostgreSQL fixture they use)."""
+backends.store`` (and ``pg_server`` with them: the PostgreSQL fixture they use; and
+``live_store`` where a triggerer runs against the store on the real clock)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,16 @@ async def url(backend: str) -> AsyncIterator[str]:
 async def store(url: str, clock: FakeClock) -> AsyncIterator[Store]:
     """A store on ``url`` whose clock is ``clock`` (moves only when the test says)."""
     s = await open_store(url, clock=clock)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+async def live_store(url: str) -> AsyncIterator[Store]:
+    """A store on ``url`` with the real clock (a triggerer runs against it)."""
+    s = await open_store(url)
     try:
         yield s
     finally:
