@@ -175,6 +175,12 @@ def test_postgres_restart_and_a_stop_longer_than_the_stale_ttl_mid_run(
             return bool(rows) and rows[0]["n"] == sensors
 
         wait_until(deferred, 60, what="every sensor to defer")
+
+        def held() -> bool:  # the triggerer started (it exits if the server is down then)
+            rows = pg(url, "SELECT coalesce(sum(triggers), 0) AS n FROM triggerer")
+            return bool(rows) and rows[0]["n"] == sensors
+
+        wait_until(held, 60, what="the triggerer to hold every sensor's wait")
         # 1. A restart while every sensor waits in the triggerer.
         pg_cluster.restart()
         for i in range(sensors // 2):
