@@ -115,7 +115,7 @@ class Loader:
         self._owned = shards
         ordered = sorted(shards)
         if not ordered:
-            self._forget_unowned()
+            await self._forget_unowned()
             return
         self._taken = 0  # rows of this load so far
         self._unfrozen = 0
@@ -207,7 +207,7 @@ class Loader:
             self._takings = takings
             self._dirty.difference_update(look)
         if full:
-            await self._forget_unowned_async()
+            await self._forget_unowned()
         if full and seen is not None and reread:
             # Resumed, timed out or failed elsewhere. Read a 64th at a time (a million rows
             # in one pass would stall the loop); one seen now and gone by the next part is
@@ -247,12 +247,7 @@ class Loader:
         owned = self._owned
         return [s for s in range(SHARDS) if s not in owned and self._table.shard_sum(s)[0]]
 
-    def _forget_unowned(self) -> None:
-        if gone := set(self._unowned()):
-            for check in [c for c in self._table.by_hash.values() if c.shard in gone]:
-                self._table.drop(check)
-
-    async def _forget_unowned_async(self) -> None:
+    async def _forget_unowned(self) -> None:
         """Forget the checks of shards given away while the load ran, a 64th of the table
         at a time (the leases forgot theirs at the renewal; a row of theirs already in
         flight may have landed since). Normally there are none: one sum per shard says so."""

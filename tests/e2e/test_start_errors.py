@@ -31,6 +31,7 @@ from support.helpers import (
     cli,
     cli_env,
     raw_sql,
+    skip_unless_ci,
     stop_process,
     write_dag,
 )
@@ -140,7 +141,7 @@ def read_only_file(path: Path) -> Iterator[None]:
         return
     done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot make a file read-only as root here: {done.stderr.strip()}")
+        skip_unless_ci("read-only file tests", f"chattr +i failed: {done.stderr.strip()}")
     try:
         yield
     finally:
@@ -199,7 +200,10 @@ async def test_a_sqlite_file_gone_read_only_under_a_triggerer_is_a_warning_per_p
 
     def read_only() -> None:
         if os.geteuid() != 0:
-            pytest.skip("an open SQLite file cannot be made read-only for its writer but as root")
+            skip_unless_ci(
+                "read-only file tests",
+                "an open SQLite file cannot be made read-only for its writer but as root",
+            )
         # The writes land in the WAL first: freeze both (not -shm: a shared memory map
         # written to an immutable file is a SIGBUS).
         for p in (path, Path(f"{path}-wal")):

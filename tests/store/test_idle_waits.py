@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from support import backends
 from support.helpers import async_wait_until, raw_sql
-from support.triggers import FlagTrigger, fast_config
+from support.triggers import fast_config, write_flag_waits
 
 from executor.driver import postgres, sqlite
 from executor.store import Store
@@ -79,24 +79,7 @@ class Statements:
 
 async def write_waits(store: Store) -> None:
     """POLLED never-true polled waits and EVENTS event waits, each on its own trigger row."""
-    cp = FlagTrigger.classpath()
-    n = POLLED + EVENTS
-    async with store.db.write() as tx:
-        await tx.script(
-            "INSERT INTO dag_run (run_id, dag_id, logical_date, state, created_at, "
-            f"tasks_unfinished) VALUES ('idle', 'idle', '2026-01-01', 'RUNNING', 0, {n})"
-        )
-        await tx.script(
-            "INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, event_key) "
-            f"WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < {n}) "
-            f"SELECT '{cp}', '{{\"name\": \"w' || i || '\", \"poke_interval\": 600}}', "
-            f"'h' || i, i % {SHARDS}, 0, CASE WHEN i > {POLLED} THEN 'ev' || i END FROM k"
-        )
-        await tx.script(
-            "INSERT INTO task (run_id, task_id, state, trigger_rule, updated_at, trigger_id, "
-            "wait_timeout_at) SELECT 'idle', 'w' || g.id, 'DEFERRED', 'all_success', 0, g.id, "
-            "4000000000 FROM trigger g"
-        )
+    await write_flag_waits(store, "idle", POLLED + EVENTS, polled=POLLED, timeout_at=4e9)
 
 
 async def count_vm_steps(store: Store) -> list[int]:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from support import backends
 from support.helpers import async_wait_until
-from support.triggers import FlagTrigger, fast_config
+from support.triggers import fast_config, write_flag_waits
 
 from executor.store import Store
 from triggerer.service import Triggerer
@@ -36,22 +36,7 @@ JOINING = 3
 
 async def write_waits(store: Store, n: int) -> dict[int, int]:
     """``n`` DEFERRED tasks, each on its own never-true trigger row; task id -> shard."""
-    cp = FlagTrigger.classpath()
-    async with store.db.write() as tx:
-        await tx.script(
-            "INSERT INTO dag_run (run_id, dag_id, logical_date, state, created_at, "
-            f"tasks_unfinished) VALUES ('handover', 'handover', '2026-01-01', 'RUNNING', 0, {n})"
-        )
-        await tx.script(
-            "INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at) "
-            f"WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < {n}) "
-            f"SELECT '{cp}', '{{\"name\": \"w' || i || '\", \"poke_interval\": 600}}', "
-            f"'h' || i, i % {SHARDS}, 0 FROM k"
-        )
-        await tx.script(
-            "INSERT INTO task (run_id, task_id, state, trigger_rule, updated_at, trigger_id) "
-            "SELECT 'handover', 'w' || g.id, 'DEFERRED', 'all_success', 0, g.id FROM trigger g"
-        )
+    await write_flag_waits(store, "handover", n)
     async with store.db.read() as tx:
         rows = await tx.fetch("load_triggers", shards=list(range(SHARDS)), after=0)
     return {r["wait_id"]: r["shard"] for r in rows}

@@ -15,7 +15,9 @@ import textwrap
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import pytest
 
 from executor.states import RUN_TERMINAL
 from executor.store import Store
@@ -258,3 +260,11 @@ def attempt_of(row: Any) -> dict[str, Any]:
         "max_attempts": row.max_attempts,
         "run_id": row.run_id,
     }
+
+
+def skip_unless_ci(what: str, reason: str) -> NoReturn:
+    """Skip with ``reason`` on a machine that cannot run the test; fail under CI=true,
+    where it must run (a skip there would hide a test that never ran)."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} must run under CI=true: {reason}")
+    pytest.skip(reason)

@@ -20,11 +20,12 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
-from support.helpers import free_port
+from support.helpers import free_port, skip_unless_ci
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -33,11 +34,9 @@ def configured_dsn() -> str:
     return os.environ.get("SLOTLESS_TEST_PG_DSN") or DEFAULT_DSN
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """Skip with ``reason``, or fail under CI=true where PostgreSQL tests must run."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"PostgreSQL tests must run under CI=true: {reason}")
-    pytest.skip(reason)
+    skip_unless_ci("PostgreSQL tests", reason)
 
 
 async def _probe(dsn: str) -> str | None:

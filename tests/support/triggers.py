@@ -25,7 +25,7 @@ from executor.store import Store
 from executor.worker import Worker
 from support.helpers import sql
 from triggerer.service import Triggerer, TriggererConfig
-from triggers.base import BaseTrigger, TransientError, TriggerEvent
+from triggers.base import SHARDS, BaseTrigger, TransientError, TriggerEvent
 from triggers.context import TriggerContext
 from triggers.registry import register
 
@@ -385,3 +385,31 @@ def flag_path_trigger(directory: Path, name: str, interval: float = 0.1) -> Base
     from triggers.files import FileTrigger
 
     return FileTrigger(path=str(directory / name), poke_interval=interval)
+
+
+async def write_flag_waits(
+    store: Store, run_id: str, n: int, *, polled: int | None = None, timeout_at: float | None = None
+) -> None:
+    """``n`` DEFERRED tasks of a new run ``run_id``, each on its own never-true FlagTrigger
+    row (shard ``i % SHARDS``), written in three statements behind the store's back: a
+    load-sized set in a second. Rows above ``polled`` are event waits (event key ``ev<i>``);
+    ``timeout_at`` is each wait's timeout (none if None)."""
+    cp = FlagTrigger.classpath()
+    event_key = "NULL" if polled is None else f"CASE WHEN i > {polled} THEN 'ev' || i END"
+    timeout = "NULL" if timeout_at is None else repr(float(timeout_at))
+    async with store.db.write() as tx:
+        await tx.script(
+            "INSERT INTO dag_run (run_id, dag_id, logical_date, state, created_at, "
+            f"tasks_unfinished) VALUES ('{run_id}', '{run_id}', '2026-01-01', 'RUNNING', 0, {n})"
+        )
+        await tx.script(
+            "INSERT INTO trigger (classpath, kwargs, poke_hash, shard, created_at, event_key) "
+            f"WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < {n}) "
+            f"SELECT '{cp}', '{{\"name\": \"w' || i || '\", \"poke_interval\": 600}}', "
+            f"'h' || i, i % {SHARDS}, 0, {event_key} FROM k"
+        )
+        await tx.script(
+            "INSERT INTO task (run_id, task_id, state, trigger_rule, updated_at, trigger_id, "
+            f"wait_timeout_at) SELECT '{run_id}', 'w' || g.id, 'DEFERRED', 'all_success', 0, "
+            f"g.id, {timeout} FROM trigger g"
+        )
