@@ -141,7 +141,8 @@ class Grid:
     newer: RunKey | None  # the key of the page of newer runs (None: the newest page)
     at_newest: bool  # whether these are the newest runs (no page of newer ones)
     now: float
-    max_active_runs: int | None = None
+    max_active_runs: int | None = None  # the catalogue's; None: not catalogued
+    file_mtime: float | None = None  # its file's mtime as the catalogue last parsed it
 
     @property
     def live(self) -> bool:
@@ -343,6 +344,7 @@ class Grids(Part):
         return Grid(
             dag_id, dag, shape, runs, tasks, cells, instances, map_indexes, older, newer,
             at_newest, now, None if found is None else found["max_active_runs"],
+            None if found is None else found["file_mtime"],
         )  # fmt: skip
 
     async def _calendar(self, tx: Tx, dag_id: str, timezone: str | None) -> Calendar:
