@@ -40,6 +40,8 @@ INSTANCES_SHOWN = 100
 MAX_EXPANDED = 10
 # The calendar: this many whole weeks back from the current one (a year), Monday first.
 CALENDAR_WEEKS = 53
+# A task taking time now: its duration is counted to the present.
+_GOING = frozenset({"RUNNING", "DEFERRED", "SENSING"})
 # A run that has not ended, as the calendar colours its day.
 _UNFINISHED = frozenset({"RUNNING", "QUEUED", "PAUSED"})
 
@@ -114,15 +116,15 @@ class GridCell:
         return self.counts is not None
 
     def seconds(self, now: float) -> float | None:
-        """How long it ran: to its end, or to ``now`` while it still runs; None if it never
-        started."""
+        """How long it ran: so far while it runs (or waits in a sensor), else from its
+        (last attempt's) start to its end; None if it never started."""
         if self.started_at is None:
             return None
-        if self.ended_at is not None and (self.state in TERMINAL or self.mapped):
+        if self.state in _GOING:
+            return max(0.0, now - self.started_at)
+        if self.ended_at is not None:
             return max(0.0, self.ended_at - self.started_at)
-        if self.state in TERMINAL:
-            return None
-        return max(0.0, now - self.started_at)
+        return None
 
 
 @dataclass(slots=True)

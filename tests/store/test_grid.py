@@ -18,7 +18,7 @@ from executor import DAG
 from executor.loader import load_dag
 from executor.store import Store
 from executor.store.catalogue import DeclaredDag
-from executor.store.grid import MAX_RUNS, BadRunKey, Grid, RunKey, task_order
+from executor.store.grid import MAX_RUNS, BadRunKey, Grid, GridCell, RunKey, task_order
 from executor.store.runs import RunShape
 from executor.worker import Worker
 
@@ -218,3 +218,15 @@ def test_a_page_key_reads_back_exactly_and_a_bad_one_says_what_it_should_be() ->
         with pytest.raises(BadRunKey, match="before must be <created_at>,<run_id>"):
             RunKey.parse(bad)
     assert json.dumps(key.text())  # a plain string in the API
+
+
+def test_a_cells_duration_counts_to_now_only_while_it_goes() -> None:
+    def cell(state: str, started: float | None, ended: float | None) -> GridCell:
+        return GridCell("r", "t", state, started, ended)
+
+    assert cell("SUCCESS", 10.0, 12.5).seconds(100.0) == 2.5
+    assert cell("RUNNING", 10.0, None).seconds(100.0) == 90.0
+    assert cell("DEFERRED", 10.0, None).seconds(100.0) == 90.0  # a sensor's wait so far
+    assert cell("RETRYING", 10.0, 11.0).seconds(100.0) == 1.0  # its last attempt
+    assert cell("PENDING", None, None).seconds(100.0) is None  # never started
+    assert cell("UPSTREAM_FAILED", None, None).seconds(100.0) is None
