@@ -8,6 +8,7 @@ paged back to the older runs and forward again."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import urllib.request
@@ -20,7 +21,15 @@ import pytest
 from openapi_spec_validator import validate
 from support.browser import devtools
 from support.exchanging import claim, complete
-from support.helpers import attempt_of, free_port, sql, start_cli, stop_process, write_dag
+from support.helpers import (
+    REPO,
+    attempt_of,
+    free_port,
+    sql,
+    start_cli,
+    stop_process,
+    write_dag,
+)
 from support.ops import http_get, wait_for_http
 
 from executor.catalogue import scan
@@ -30,6 +39,8 @@ from executor.store import open_store
 from executor.worker import Worker
 
 pytestmark = pytest.mark.slow
+
+ARTIFACTS = REPO / "test-artifacts"
 
 GRIDDY = """
 from executor import DAG
@@ -338,6 +349,10 @@ async def test_in_chromium_a_cell_opens_its_task_and_the_grid_pages_back(dag_ui)
             "getComputedStyle(document.querySelector('#grid a.cell.mixed')).backgroundImage"
         )
         assert background.startswith("linear-gradient") and "rgb(229, 57, 53)" in background
+        # A picture of it for people (test-artifacts/, as the other pages' tests keep theirs).
+        shot = await page.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "web-dag-page.png").write_bytes(base64.b64decode(shot["data"]))
         # Click the failed shard of the oldest failing run shown: its task page opens.
         failing = runs[10]
         selector = (
