@@ -145,6 +145,7 @@ class Grid:
     now: float
     max_active_runs: int | None = None  # the catalogue's; None: not catalogued
     file_mtime: float | None = None  # its file's mtime as the catalogue last parsed it
+    mapped_tasks: frozenset[str] = frozenset()  # tasks mapped in a run shown
 
     @property
     def live(self) -> bool:
@@ -152,7 +153,8 @@ class Grid:
         return any(not r.finished for r in self.runs)
 
     def mapped(self, task_id: str) -> bool:
-        return any(c.mapped for (_, t), c in self.cells.items() if t == task_id)
+        """Whether the task is mapped in a run shown (one cell for its instances)."""
+        return task_id in self.mapped_tasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +331,8 @@ class Grids(Part):
                 if r["task_id"] not in first_seen or seen < first_seen[r["task_id"]]:
                     first_seen[r["task_id"]] = seen
             for task_id in list(dict.fromkeys(expand))[:MAX_EXPANDED]:
-                if not any(c.mapped and c.task_id == task_id for c in cells.values()):
+                if not any(cells[(run_id, task_id)].mapped for run_id in run_ids
+                           if (run_id, task_id) in cells):  # fmt: skip
                     continue
                 got: dict[tuple[str, int], GridCell] = {}
                 for r in await tx.fetch(
@@ -347,6 +350,7 @@ class Grids(Part):
             dag_id, dag, shape, runs, tasks, cells, instances, map_indexes, older, newer,
             at_newest, now, None if found is None else found["max_active_runs"],
             None if found is None else found["file_mtime"],
+            frozenset(c.task_id for c in cells.values() if c.mapped),
         )  # fmt: skip
 
     async def _calendar(self, tx: Tx, dag_id: str, timezone: str | None) -> Calendar:

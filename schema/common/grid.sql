@@ -2,7 +2,8 @@
 -- /calendar; executor/store/grid.py): its runs as the grid's columns, read by keyset on
 -- (created_at, run_id) through dag_run_by_dag_created (022), then the task rows of only
 -- those runs (through the task table's unique (run_id, task_id, map_index)); its calendar
--- as one grouped read of a year of logical dates (dag_run_by_date). Nothing here writes.
+-- as one grouped read of a year of logical dates (dag_run_by_date, which holds the state
+-- too since 022). Nothing here writes.
 
 -- name: grid_dag
 -- One catalogued DAG as the DAGs list reads it (catalogue_dags), with what its page adds:
@@ -71,7 +72,7 @@ SELECT 1 AS found FROM dag_run WHERE dag_id = :dag_id LIMIT 1;
 
 -- name: grid_calendar
 -- :dag_id's runs by logical date (a date on the DAG's clock, 'YYYY-MM-DD') and state, from
--- :since to :until (inclusive): the calendar's days. A range of dag_run_by_date.
+-- :since to :until (inclusive): the calendar's days. A range of dag_run_by_date, read alone.
 SELECT logical_date AS day, state, count(*) AS n FROM dag_run
 WHERE dag_id = :dag_id AND logical_date >= :since AND logical_date <= :until
 GROUP BY logical_date, state;
