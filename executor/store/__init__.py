@@ -17,6 +17,7 @@ from .catalogue import Catalogue
 from .control import Runs
 from .events import Events
 from .exchange import Exchange
+from .grid import Grids
 from .inspecting import Views
 from .part import Clock
 from .people import Answers
@@ -59,6 +60,7 @@ class Store:
         self.pools = Pools(db, clock)
         self.callbacks = Callbacks(db, clock)
         self.views = Views(db, clock)
+        self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
 
     @property
     def url(self) -> str:

@@ -7,4 +7,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-SECTIONS: tuple[Callable[[web.Application], None], ...] = ()
+# api_dags: its /api/v1 routes are registered when it is imported.
+from . import api_dags, dag_page  # noqa: F401
+
+SECTIONS: tuple[Callable[[web.Application], None], ...] = (dag_page.add_routes,)
