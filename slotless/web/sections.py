@@ -7,4 +7,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-SECTIONS: tuple[Callable[[web.Application], None], ...] = ()
+from . import api_waits, waits_page  # noqa: F401  (api_waits: its /api/v1 routes register on import)
+
+SECTIONS: tuple[Callable[[web.Application], None], ...] = (waits_page.add_routes,)
