@@ -204,3 +204,28 @@ async def test_grouped_query_at_100_000_waits(store: Store) -> None:
         assert page.waits == (n if name != "dag" else n // 100)
     print(f"waits page at {n} waits:", {k: f"{v * 1000:.0f} ms" for k, v in took.items()})
     assert max(took.values()) < 5.0, took
+
+
+def test_a_sample_not_written_is_taken_again_over_the_longer_span() -> None:
+    c = _Counters()
+    sampler = Sampler(
+        Gauges(
+            checks_done=lambda: c.done,
+            lags=lambda: (0.0, 0.0),
+            waits=lambda: 0,
+            checks=lambda: 0,
+            shards=lambda: 0,
+        ),
+        every=30.0,
+        clock=lambda: c.t,
+    )
+    assert sampler.take() is not None  # the first beat samples at once
+    c.t, c.done = 10.0, 100
+    assert sampler.take() is None  # not due: nothing to write
+    c.t, c.done = 30.0, 300
+    lost = sampler.take()
+    assert lost is not None and lost.checks_per_s == pytest.approx(10.0)
+    sampler.put_back()  # its beat failed
+    c.t, c.done = 33.0, 600
+    again = sampler.take()
+    assert again is not None and again.checks_per_s == pytest.approx(600 / 33)
