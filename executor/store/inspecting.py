@@ -159,12 +159,6 @@ class Views(Part):
             row = await tx.fetchone("ops_retrying_since")
         return None if row is None else row["since"]
 
-    async def waiting_tasks(self, state: str, limit: int) -> list[WaitingRow]:
-        """Tasks in one waiting state, the longest wait first (with what they wait for)."""
-        query, typed = _WAITING[state]
-        async with self.db.read() as tx:
-            return list(typed.all(await tx.fetch(query, n=limit)))
-
     async def list_triggerers(self) -> list[TriggererRow]:
         """Live and recently seen triggerers, each with the number of shards it holds."""
         async with self.db.read() as tx:
@@ -178,11 +172,6 @@ class Views(Part):
         """The newest runs, each with its task instances by state."""
         async with self.db.snapshot() as tx:
             return await _recent_runs(tx, limit)
-
-    async def runs_needing_attention(self, limit: int = 100) -> list[AttentionRow]:
-        """Runs PAUSED by their failure policy, or going on past their deadline."""
-        async with self.db.read() as tx:
-            return AttentionRow.all(await tx.fetch("ops_runs_needing_attention", n=limit))
 
     async def status(self, limit: int, now: float) -> StatusRows:
         """Everything the run list shows, in one snapshot: at most ``limit`` runs, tasks
