@@ -215,6 +215,6 @@ async def test_every_rendered_snapshot_is_a_state_the_store_held(url: str, tmp_p
     by_counts = {
         (r, tuple(sorted(Counter(s for _, s, _ in tasks).items()))) for r, _, tasks in seen
     }
+    held: dict[str, set[Any]] = {"run": runs, "task": task_a, "index": by_counts}
     for kind, s in shown:
-        held = {"run": runs, "task": task_a, "index": by_counts}[kind]
-        assert s in held, f"the {kind} page showed {s}: the store never held it"
+        assert s in held[kind], f"the {kind} page showed {s}: the store never held it"

@@ -12,6 +12,7 @@ import pytest
 from support import backends
 from support.helpers import write_dag
 
+from executor.driver.db import Tx
 from executor.loader import load_dag
 from executor.store import Store, open_store
 
@@ -35,7 +36,7 @@ async def _run(store: Store, tmp_path: Path) -> str:
     return await store.runs.create_run(dag, date(2026, 6, 1))
 
 
-async def _state(tx, run_id: str) -> str:  # type: ignore[no-untyped-def]
+async def _state(tx: Tx, run_id: str) -> str:
     row = await tx.fetchone("run_info", run_id=run_id)
     assert row is not None
     return str(row["state"])
