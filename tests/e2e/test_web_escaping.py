@@ -104,6 +104,19 @@ async def test_markup_is_text_on_every_page_and_in_its_live_json(served: dict[st
                 assert piece in text, (url, piece)
 
 
+async def test_a_form_in_a_live_block_comes_back_to_its_page(served: dict[str, Any]):
+    """The poll renders the run's "cancel run" form again: it returns to the page, not to
+    the poll's URL."""
+    client: TestClient = served["client"]
+    run = f"/runs/{quote(served['run_id'], safe='')}"
+    resp = await client.get("/api/live" + run)
+    [block] = (await resp.json())["blocks"].values()
+    assert 'action="/actions/cancel"' in block
+    back = f"/runs/{served['run_id']}"  # the page's path, as the request had it
+    assert f'<input type="hidden" name="back" value="{back}">' in block
+    assert "/api/live" not in block
+
+
 async def test_in_chromium_markup_stays_text_and_a_live_block_turns_without_reload(
     served: dict[str, Any],
 ):
