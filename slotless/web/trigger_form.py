@@ -93,8 +93,9 @@ def conf_text(conf: str | Mapping[str, Any] | None) -> str | None:
 # -- params -> fields ----------------------------------------------------------------------
 
 
-def param_fields(params: object) -> list[ParamField]:
-    """The form's fields for a DAG's declared params (none: no fields, the JSON box only)."""
+def param_fields(params: object) -> list[ParamField] | None:
+    """The form's fields for a DAG's declared params (none: no fields, the JSON box only);
+    None when a params model has no JSON schema to draw them from."""
     if isinstance(params, type) and issubclass(params, BaseModel):
         return _model_fields(params)
     if isinstance(params, Mapping):
@@ -117,8 +118,11 @@ def _default_field(name: str, value: Any) -> ParamField:
     return ParamField(name, kind, kind if kind != "json" else "JSON", value, has_default=True)
 
 
-def _model_fields(model: type[BaseModel]) -> list[ParamField]:
-    schema = model.model_json_schema()
+def _model_fields(model: type[BaseModel]) -> list[ParamField] | None:
+    try:
+        schema = model.model_json_schema()
+    except Exception:  # a field type with no JSON schema: the JSON box still takes a conf
+        return None
     defs = schema.get("$defs", {})
     required = set(schema.get("required", []))
     out = []
@@ -183,23 +187,22 @@ class _Form:
     error: str = ""  # what was refused, in one line
     problem: str = ""  # why the DAG cannot be triggered now
     mode: str = "fields"  # which form was sent: fields or json
+    json_only: bool = False  # the params cannot be drawn as fields: the JSON box only
 
 
 def _view(request: web.Request, form: _Form) -> View:
     action = dag_href(form.dag_id) + "/trigger"
-    fields = form.fields
-    too_many = fields is not None and len(fields) > MAX_FIELDS
     ctx = {
         "dag_id": form.dag_id,
         "action": action,
-        "fields": None if too_many else fields,
-        "too_many": too_many,
+        "fields": form.fields,
+        "json_only": form.json_only,
         "max_fields": MAX_FIELDS,
         "values": form.values,
         "errors": form.errors,
         "error": form.error,
         "problem": form.problem,
-        "mode": "json" if too_many else form.mode,
+        "mode": "json" if form.json_only else form.mode,
         "prefix": PREFIX,
     }
     return View("trigger.html", f"trigger {form.dag_id}", ctx)
@@ -229,9 +232,19 @@ async def trigger_page(request: web.Request) -> web.Response:
     if dag is None:
         form = _Form(dag_id, None, {}, problem=problem)
         return respond(request, _view(request, form), status=status)
-    fields = param_fields(dag.params)
+    fields, json_only = _drawable(dag)
     values = {f.name: f.text(f.default) for f in fields if f.has_default}
-    return respond(request, _view(request, _Form(dag_id, fields, values)))
+    form = _Form(dag_id, fields, values, json_only=json_only)
+    return respond(request, _view(request, form))
+
+
+def _drawable(dag: DAG) -> tuple[list[ParamField], bool]:
+    """The fields to draw, and whether the conf can only be given as JSON (a params model
+    with no JSON schema, or more than MAX_FIELDS params)."""
+    fields = param_fields(dag.params)
+    if fields is None or len(fields) > MAX_FIELDS:
+        return [], True
+    return fields, False
 
 
 def _read_fields(
@@ -290,13 +303,13 @@ async def trigger_post(request: web.Request, checked: Checked) -> web.Response:
     if dag is None:
         form = _Form(dag_id, None, {}, problem=problem)
         return respond(request, _view(request, form), status=status)
-    fields = param_fields(dag.params)
-    mode = "json" if posted.get("mode") == "json" or len(fields) > MAX_FIELDS else "fields"
+    fields, json_only = _drawable(dag)
+    mode = "json" if posted.get("mode") == "json" or json_only else "fields"
     conf: dict[str, Any] | None
     if mode == "json":
         raw = posted.get("conf")
         text = raw.strip() if isinstance(raw, str) else ""
-        form = _Form(dag_id, fields, {"conf": text}, mode="json")
+        form = _Form(dag_id, fields, {"conf": text}, mode="json", json_only=json_only)
         try:
             conf = parse_conf(text or None)
         except BadConf as exc:

@@ -16,6 +16,7 @@ from urllib.parse import quote, unquote
 
 import aiohttp
 import pytest
+from pydantic import BaseModel, ConfigDict
 from support.browser import devtools
 from support.helpers import cli, free_port, sql, start_cli, stop_process, write_dag
 from support.ops import wait_for_http
@@ -209,9 +210,18 @@ def test_a_conf_is_shown_as_text():
     assert "Started without a conf" in environment().get_template("_conf.html").render(
         conf_text=conf_text(None)
     )
-    assert param_fields(None) == [] and [f.kind for f in param_fields({"a": 1, "b": True})] == [
-        "integer", "boolean",
-    ]  # fmt: skip
+    drawn = param_fields({"a": 1, "b": True, "c": [1], "d": "x", "e": 0.5})
+    assert [f.kind for f in drawn or []] == ["integer", "boolean", "json", "string", "number"]
+    assert param_fields(None) == []
+
+    class Odd:
+        pass
+
+    class NoSchema(BaseModel):
+        model_config = ConfigDict(arbitrary_types_allowed=True)
+        x: Odd | None = None
+
+    assert param_fields(NoSchema) is None  # drawn as the JSON box only
 
 
 async def test_in_a_browser_refused_then_started(ui):
