@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support import backends
-from support.helpers import write_dag
+from support.helpers import run_to_end, write_dag
 
 from executor.loader import load_dag
 from executor.store import Store
@@ -113,3 +113,65 @@ async def test_an_open_transaction_holds_the_cursor_back(
         assert page.cursor == cursor and not page.finished
     got, _ = await read_all(store, run_id, cursor, 100)
     assert got == ["slow", "fast"]
+
+
+TALKER = """
+import time
+from pathlib import Path
+
+from executor import DAG
+
+STOP = Path({stop!r})
+dag = DAG("talker")
+
+
+@dag.task
+def talk(ctx):
+    n = 0
+    while not STOP.exists() and n < 5000:
+        ctx.log(f"tick {{n}}")
+        n += 1
+        time.sleep(0.005)
+    ctx.log("last")
+"""
+
+
+async def test_a_running_tasks_lines_are_read_while_it_runs(store: Store, tmp_path: Path):
+    """A worker writes its running attempt's lines as they come (a flush every 0.5 s), the
+    rest with the outcome: read after a cursor, in small pages, each line once, in order."""
+    stop = tmp_path / "stop"
+    path = write_dag(tmp_path, TALKER.format(stop=str(stop)), "talker.py")
+    run_id = await store.runs.create_run(
+        load_dag(str(path), "talker"), date(2026, 4, 25), dag_file=str(path)
+    )
+    worker = asyncio.create_task(run_to_end(store, run_id, timeout=60))
+    seen: list[str] = []
+    cursor = 0
+    deadline = time.monotonic() + 30
+    try:
+        while len(seen) < 200:  # read while the task runs: a few flushes' worth
+            assert time.monotonic() < deadline, f"only {len(seen)} lines while running"
+            page = await store.loglines.after(run_id, "talk", -1, cursor, 7)
+            assert page is not None
+            if not seen:
+                assert not page.finished
+            seen += [e.message for e in page.entries if e.kind == "log"]
+            cursor = page.cursor
+            await asyncio.sleep(0.02)
+        assert "last" not in seen  # all of these were read before it ended
+        stop.touch()
+        while True:
+            assert time.monotonic() < deadline, "the task did not end"
+            page = await store.loglines.after(run_id, "talk", -1, cursor, 7)
+            assert page is not None
+            seen += [e.message for e in page.entries if e.kind == "log"]
+            cursor = page.cursor
+            if page.finished:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.touch()
+        info = await worker
+    assert info["state"] == "SUCCESS"
+    assert seen[-1] == "last"
+    assert seen == [f"tick {i}" for i in range(len(seen) - 1)] + ["last"]
