@@ -30,6 +30,7 @@ from typing import Any
 from .attempt import Attempts
 from .callbacks import Deliveries
 from .catalogue import DEFAULT_PARSE_TIMEOUT
+from .context import TaskContext
 from .dag import DAG
 from .driver.db import TASKS_CHANNEL
 from .driver.faults import Backoff, is_transient, split_apart
@@ -108,10 +109,11 @@ class Worker:
         # the other workers have had stale_after seconds to heartbeat again.
         self._db_failed_at = -float("inf")
         # A running attempt's lines are written every LOG_FLUSH_EVERY (a log grows while
-        # its task runs), the rest with its outcome: per row, how many are written already.
+        # its task runs), the rest with its outcome: per row, the attempt's context and how
+        # many of its lines are written already (a row prepared again has a new context).
         # The lock keeps a flush and an outcome's taking of the rest apart, so that no line
         # is written twice nor left out, and the flushed ones commit first.
-        self._flushed: dict[int, int] = {}
+        self._flushed: dict[int, tuple[TaskContext, int]] = {}
         self._log_lock = asyncio.Lock()
         self.completed = 0
         # Called after each exchange with (outcomes recorded, rows claimed): the metrics.
@@ -270,8 +272,10 @@ class Worker:
                 break
         backoff.succeeded()
         async with self._log_lock:  # after a flush under way: its lines are not sent twice
-            self._attempts.running.pop(row.id, None)
-            outcome.logs = outcome.logs[self._flushed.pop(row.id, 0) :]
+            ctx = self._attempts.running.pop(row.id, None)
+            flushed, done = self._flushed.pop(row.id, (None, 0))
+            if ctx is not None and flushed is ctx and outcome.logs is ctx.lines:
+                outcome.logs = outcome.logs[done:]
         kind = outcome.slot_kind or ("resume" if row.next_method else "execute")
         outcome.slot = SlotInterval(self.worker_id, slot, kind, started, time.time())
         self._running.discard(row.id)
@@ -290,14 +294,15 @@ class Worker:
             await asyncio.sleep(LOG_FLUSH_EVERY)
             async with self._log_lock:
                 lines: list[LogLine] = []
-                upto: dict[int, int] = {}
+                upto: dict[int, tuple[TaskContext, int]] = {}
                 for row_id, ctx in list(self._attempts.running.items()):
                     logged = ctx.lines
-                    n, done = len(logged), self._flushed.get(row_id, 0)
+                    flushed, done = self._flushed.get(row_id, (None, 0))
+                    n, done = len(logged), done if flushed is ctx else 0
                     if n > done:
                         lines += [LogLine(row_id, ctx.attempt, ts, str(msg))
                                   for ts, msg in logged[done:n]]  # fmt: skip
-                        upto[row_id] = n
+                        upto[row_id] = (ctx, n)
                 if not lines:
                     continue
                 try:

@@ -48,6 +48,16 @@ def talk(ctx):
         time.sleep(0.1)
     ctx.log(f"done after {{n}} ticks")
     return n
+
+
+@dag.task
+def items(ctx):
+    return ["a", "b"]
+
+
+@dag.task(expand=items)
+def each(ctx):
+    ctx.log(f"item {{ctx.item}} of {{ctx.total}}")
 """
 
 
@@ -189,6 +199,26 @@ async def test_the_download_is_the_whole_log(stack):
     for line, e in zip(got, everything, strict=True):
         assert line.endswith(e["message"]) or e["kind"] == "transition", line
     assert XSS in text  # as written: a text file, not a page
+    # A mapped task's instance: its own log, by its index.
+    inst = f"{s['base']}/api/v1/runs/{quote(s['run_id'], safe='')}/tasks/each/1/log"
+    await async_wait_until(
+        lambda: any(
+            e["message"] == "item b of 2" for e in json.loads(http_get(inst)[1])["entries"]
+        ),
+        timeout=60,
+        what="the mapped instance's line",
+    )
+    page_url = f"{s['base']}/runs/{quote(s['run_id'], safe='')}/tasks/each/1/log"
+    status, html = http_get(page_url)
+    assert status == 200 and "item b of 2" in html and "item a of 2" not in html
+    status, text = http_get(page_url + ".txt")
+    assert status == 200
+    assert len(text.splitlines()) == len(json.loads(http_get(inst)[1])["entries"])
+    assert "item b of 2" in text and "item a of 2" not in text
+    status, body = http_get(inst.replace("/1/log", "/x/log"))
+    assert status == 400 and json.loads(body)["field"] == "map_index"
+    status, body = http_get(inst.replace("/1/log", "/7/log"))
+    assert status == 404 and json.loads(body)["field"] == "task_id"
     # An unknown task: 404s everywhere, no traceback.
     status, body = http_get(f"{s['base']}/runs/{quote(s['run_id'], safe='')}/tasks/nope/log")
     assert status == 404 and "has no task" in body
