@@ -58,6 +58,11 @@ class ParamField:
     description: str = ""
     options: list[tuple[str, str]] = field(default_factory=list)  # enum: (JSON text, label)
 
+    @property
+    def default_json(self) -> str:
+        """The default as JSON, as a person reads it (escaped by the template, not here)."""
+        return json.dumps(self.default, ensure_ascii=False)
+
     def text(self, value: Any) -> str:
         """``value`` as the field's text."""
         if value is None and self.kind != "json":
