@@ -199,7 +199,7 @@ async def test_a_good_value_starts_a_run_with_that_conf(ui, http):
     assert json.loads(runs(ui)[-1]["conf"]) == {"rows": 3}
 
 
-def test_a_conf_is_shown_as_text():
+def test_a_conf_is_shown_as_text() -> None:
     shown = (
         environment()
         .get_template("_conf.html")
