@@ -19,6 +19,7 @@ from .events import Events
 from .exchange import Exchange
 from .grid import Grids
 from .inspecting import Views
+from .loglines import LogLines
 from .part import Clock
 from .people import Answers
 from .pools import Pools
@@ -34,6 +35,7 @@ __all__ = [
     "Database",
     "Events",
     "Exchange",
+    "LogLines",
     "Pools",
     "Row",
     "Runs",
@@ -63,6 +65,7 @@ class Store:
         self.views = Views(db, clock)
         self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
         self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
+        self.loglines = LogLines(db, clock)  # a task's log after a cursor; running lines
 
     @property
     def url(self) -> str:
