@@ -63,14 +63,24 @@ def logical_shown(run: Any) -> str:
     text = get("logical_time")
     if not text:
         return str(get("logical_date"))
-    zone = _zone(get("timezone"))
-    at = datetime.fromisoformat(text).astimezone(zone)
     end = get("data_interval_end")
-    if at.time() == time(0) and (
-        not end or datetime.fromisoformat(end).astimezone(zone).time() == time(0)
+    return shown_at(
+        datetime.fromisoformat(text),
+        _zone(get("timezone")),
+        None if not end else datetime.fromisoformat(end),
+    )
+
+
+def shown_at(at: datetime, zone: ZoneInfo, interval_end: datetime | None = None) -> str:
+    """:func:`logical_shown` of a logical instant ``at`` read on ``zone``, for a run whose
+    data interval ends at ``interval_end`` (None: it has none): what is shown of a run
+    before it exists (``slotless backfill`` names the intervals it is about to create)."""
+    local = at.astimezone(zone)
+    if local.time() == time(0) and (
+        interval_end is None or interval_end.astimezone(zone).time() == time(0)
     ):
-        return at.date().isoformat()
-    return wall_text(at)
+        return local.date().isoformat()
+    return wall_text(local)
 
 
 def _zone(name: str | None) -> ZoneInfo:
