@@ -55,9 +55,9 @@ def logical_shown(run: Any) -> str:
     of one day read alike.
 
     ``run`` is a run row: a mapping (a driver row, ``run_info``) or an object with the
-    attributes (``RunRow``); ``logical_time``, ``timezone``, ``data_interval_start`` and
-    ``data_interval_end`` may be missing or None (a row of a process of the previous
-    release): then the logical date alone is shown.
+    attributes (``RunRow``), read for ``logical_time``, ``timezone``, ``data_interval_end``
+    and ``logical_date``. Without a logical time (a row written by the previous release)
+    the logical date alone is shown.
     """
     get = run.get if isinstance(run, Mapping) else lambda k: getattr(run, k, None)
     text = get("logical_time")
@@ -80,7 +80,18 @@ def shown_at(at: datetime, zone: ZoneInfo, interval_end: datetime | None = None)
         interval_end is None or interval_end.astimezone(zone).time() == time(0)
     ):
         return local.date().isoformat()
-    return wall_text(local)
+    text = wall_text(local)
+    # A wall time the clock passes twice (the hour repeated when DST ends) names two
+    # instants: both passes show their offset, "2026-10-25 02:00+02:00" then "+01:00".
+    if local.replace(fold=1 - local.fold).utcoffset() != local.utcoffset():
+        text += offset_text(local)
+    return text
+
+
+def offset_text(at: datetime) -> str:
+    """``+01:00``: an aware datetime's UTC offset, as ISO 8601 writes it."""
+    raw = at.strftime("%z")
+    return f"{raw[:3]}:{raw[3:]}"
 
 
 def _zone(name: str | None) -> ZoneInfo:

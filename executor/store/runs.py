@@ -26,7 +26,7 @@ from ..driver.db import Tx
 from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
 from ..rules import Counts, Decision, decide
-from ..runnames import RunType, logical_time_text, midnight, wall_text
+from ..runnames import RunType, logical_time_text, midnight, offset_text, wall_text
 from ..runpolicy import RunPolicy, anchor, late_json, moment
 from ..runwaits import Wait, arm, waits_of
 from ..schedules import Interval
@@ -196,10 +196,7 @@ def interval_run_id(dag_id: str, interval: Interval, suffix: str = "") -> str:
 def _id_tail(interval: Interval) -> str:
     """Runs of one tick share it: 10,000 DAGs due together format it once."""
     at = interval.start.astimezone(interval.zone)
-    offset = "" if interval.zone.key == "UTC" else at.strftime("%z")
-    if offset:
-        offset = f"{offset[:3]}:{offset[3:]}"
-    return wall_text(at, "T") + offset
+    return wall_text(at, "T") + ("" if interval.zone.key == "UTC" else offset_text(at))
 
 
 @functools.lru_cache(maxsize=1024)
