@@ -115,3 +115,14 @@ def test_a_notification_names_the_run_by_its_logical_time() -> None:
 
 def test_the_apis_run_types_are_the_stores() -> None:
     assert get_args(RunTypeName) == RUN_TYPES
+
+
+def test_one_instant_on_two_clocks_has_two_ids() -> None:
+    """Intervals compare equal whatever their zone: the id of one is never the other's."""
+    at = datetime(2026, 11, 26, 5, tzinfo=UTC)
+    utc = Schedule.parse("@hourly").interval_starting(at)
+    paris = Schedule.parse("@hourly", timezone="Europe/Paris").interval_starting(at)
+    assert utc is not None and paris is not None and utc == paris
+    assert interval_run_id("a", utc) == "a:2026-11-26T05:00"
+    assert interval_run_id("a", paris) == "a:2026-11-26T06:00+01:00"
+    assert interval_run_id("a", utc) == "a:2026-11-26T05:00"  # asked again, after Paris
