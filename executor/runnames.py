@@ -12,7 +12,7 @@ Nothing of ours is imported: every layer above may use it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, time
 from enum import StrEnum
 from typing import Any
@@ -54,12 +54,12 @@ def logical_shown(run: Any) -> str:
     run of a sub-daily schedule always shows its time, 00:00 included, so that the runs
     of one day read alike.
 
-    ``run`` is a run row: a mapping (a driver row, ``run_info``) or an object with the
-    attributes (``RunRow``), read for ``logical_time``, ``timezone``, ``data_interval_end``
+    ``run`` is a run row: a driver's row (``Views.run_info``), a mapping, or an object
+    with the attributes (``RunRow``), read for ``logical_time``, ``timezone``, ``data_interval_end``
     and ``logical_date``. Without a logical time (a row written by the previous release)
     the logical date alone is shown.
     """
-    get = run.get if isinstance(run, Mapping) else lambda k: getattr(run, k, None)
+    get = _getter(run)
     text = get("logical_time")
     if not text:
         return str(get("logical_date"))
@@ -92,6 +92,15 @@ def offset_text(at: datetime) -> str:
     """``+01:00``: an aware datetime's UTC offset, as ISO 8601 writes it."""
     raw = at.strftime("%z")
     return f"{raw[:3]}:{raw[3:]}"
+
+
+def _getter(run: Any) -> Callable[[str], Any]:
+    if isinstance(run, Mapping):
+        return run.get
+    if hasattr(run, "keys"):  # a driver's row (sqlite3.Row): by name, not a Mapping
+        names = set(run.keys())
+        return lambda k: run[k] if k in names else None
+    return lambda k: getattr(run, k, None)
 
 
 def _zone(name: str | None) -> ZoneInfo:

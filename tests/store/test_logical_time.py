@@ -5,6 +5,7 @@ and the JSON API show them (executor/runnames.py: logical_shown)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from executor.catalogue import _declared
 from executor.runnames import logical_shown
 from executor.store import Store, open_store
 from executor.store.catalogue import DeclaredDag
+from executor.worker import Worker
 from slotless.status import collect, render
 from slotless.web.app import make_app
 from triggerer.store import Fire, TriggererBatch
@@ -282,3 +284,35 @@ async def test_runs_written_before_020_get_their_columns_filled(
         assert (await store.views.run_info(started.run_id) or {})["run_type"] == "manual"
     finally:
         await store.close()
+
+
+async def test_a_notification_names_the_run_by_its_logical_time(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    clock.set(T0.timestamp())
+    said = tmp_path / "said.txt"
+    source = f"""
+from datetime import datetime
+from executor import DAG
+
+def tell(ctx):
+    with open({str(said)!r}, "a") as f:
+        f.write(ctx.body().splitlines()[0] + "\\n")
+
+dag = DAG("hourly_metrics", schedule="@hourly", on_failure=tell,
+          start_date=datetime.fromisoformat("{(T0 - timedelta(hours=1)).isoformat()}"))
+
+@dag.task
+def work(ctx):
+    raise RuntimeError("no data")
+"""
+    await catalogue_file(store, write_dag(tmp_path, source))
+    await fire_start_waits(store)
+    [run] = await all_runs(store)
+    assert run["run_id"] == "hourly_metrics:2026-11-26T11:00"
+
+    async def told() -> bool:
+        return said.exists() and said.read_text().endswith("\n")
+
+    await asyncio.wait_for(Worker(store, poll_interval=0.02).run(until=told), 30)
+    assert said.read_text() == "run hourly_metrics:2026-11-26T11:00 (2026-11-26 11:00)\n"

@@ -3,6 +3,7 @@ time, and the run id of a schedule's run, on UTC and on a zone with DST."""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import get_args
@@ -126,3 +127,16 @@ def test_one_instant_on_two_clocks_has_two_ids() -> None:
     assert interval_run_id("a", utc) == "a:2026-11-26T05:00"
     assert interval_run_id("a", paris) == "a:2026-11-26T06:00+01:00"
     assert interval_run_id("a", utc) == "a:2026-11-26T05:00"  # asked again, after Paris
+
+
+def test_a_drivers_row_reads_by_name() -> None:
+    """sqlite3.Row is no Mapping: read by its column names (the bug a notification had)."""
+    conn = sqlite3.connect(":memory:")
+    conn.row_factory = sqlite3.Row
+    got = conn.execute(
+        "SELECT '2026-11-26' AS logical_date, '2026-11-26T06:00:00+00:00' AS logical_time,"
+        " 'UTC' AS timezone, '2026-11-26T07:00:00+00:00' AS data_interval_end"
+    ).fetchone()
+    assert logical_shown(got) == "2026-11-26 06:00"
+    older = conn.execute("SELECT '2026-11-26' AS logical_date").fetchone()
+    assert logical_shown(older) == "2026-11-26"
