@@ -294,7 +294,11 @@ def render(data: StatusView, console: Console) -> None:
         console.print(Text("tasks of unfinished runs: ").append(states_text(data.tasks_by_state)))
 
     runs = Table(title="recent runs", title_justify="left")
-    for col in ("run", "logical time", "type", "state", "started", "tasks by state"):
+    # The run id folds rather than ends in "…" on a narrow terminal: it is what a person
+    # copies into `slotless logs` or `clear`; the logical time stays on one line.
+    runs.add_column("run", overflow="fold")
+    runs.add_column("logical time", no_wrap=True)
+    for col in ("type", "state", "started", "tasks by state"):
         runs.add_column(col)
     for r in data.runs:
         started = datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S")
