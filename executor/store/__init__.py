@@ -17,10 +17,12 @@ from .catalogue import Catalogue
 from .control import Runs
 from .events import Events
 from .exchange import Exchange
+from .grid import Grids
 from .inspecting import Views
 from .part import Clock
 from .people import Answers
 from .pools import Pools
+from .waitlist import Waitlist
 
 DEFAULT_DB = "sqlite:///slotless.db"
 
@@ -59,6 +61,8 @@ class Store:
         self.pools = Pools(db, clock)
         self.callbacks = Callbacks(db, clock)
         self.views = Views(db, clock)
+        self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
+        self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
 
     @property
     def url(self) -> str:

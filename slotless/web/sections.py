@@ -1,0 +1,16 @@
+"""The pages built on the renderer (:mod:`.render`): each module here adds its own routes,
+its handlers reading one view from the store and answering with :func:`.respond.respond`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+# The api_* modules' /api/v1 routes are registered when they are imported.
+from . import api_dags, api_waits, dag_page, waits_page  # noqa: F401
+
+SECTIONS: tuple[Callable[[web.Application], None], ...] = (
+    dag_page.add_routes,
+    waits_page.add_routes,
+)
