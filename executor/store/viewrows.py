@@ -241,6 +241,10 @@ class RunSquare(_FromRow):
     logical_date: str
     state: str
     created_at: float
+    # what executor.runnames.logical_shown reads to name the run for people
+    logical_time: str | None
+    timezone: str | None
+    data_interval_end: str | None
 
     @property
     def finished(self) -> bool:

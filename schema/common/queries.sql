@@ -855,9 +855,10 @@ SELECT dag_id, file, paused, parse_error, file_mtime FROM dag WHERE dag_id = :da
 -- The :n latest runs of each catalogued DAG by logical date (its grid of squares, as in
 -- Airflow: a backfill of old dates lands on the left), oldest first; created_at, then
 -- run_id, break a tie between runs of one date.
-SELECT dag_id, run_id, logical_date, state, created_at
+SELECT dag_id, run_id, logical_date, state, created_at, logical_time, timezone, data_interval_end
 FROM (
-    SELECT r.dag_id, r.run_id, r.logical_date, r.state, r.created_at,
+    SELECT r.dag_id, r.run_id, r.logical_date, r.state, r.created_at, r.logical_time,
+           r.timezone, r.data_interval_end,
            COALESCE(r.data_interval_start, r.logical_date) AS moment,
            ROW_NUMBER() OVER (PARTITION BY r.dag_id
                               ORDER BY COALESCE(r.data_interval_start, r.logical_date) DESC,
