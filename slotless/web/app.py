@@ -121,8 +121,10 @@ async def task(request: web.Request) -> web.Response:
         name = task_name(task_id, index)
         return _not_found(request, f"Run {run_id!r} has no task {name!r}.")
     view = pages.task_view(d)
-    if not polled(request):  # the log viewer is outside the live block: drawn once, then fed
+    if not polled(request):  # outside the live block: the log viewer is drawn once, then fed
         view.ctx["log"] = await logs_page.read_log_stream(store, run_id, task_id, index)
+        times = await store.grids.task_durations(run_id, task_id, index)
+        view.ctx["durations"] = pages.durations(times, task_id, index, store.clock())
     return respond(request, view)
 
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from executor.rows import TaskRow
+from executor.runnames import logical_shown
 from executor.states import RUN_TERMINAL
+from executor.store.grid import TaskRunTime
 from executor.store.inspecting import INSTANCES_SHOWN, RUNS_PER_DAG, DagsPage, RunGraph, TaskDetail
 from executor.store.viewrows import HeldRow
 from triggers.base import clip
@@ -265,3 +268,19 @@ def _deferred(d: TaskDetail) -> list[Item]:
     )
     items.append(("when it fires", fires, ""))
     return items
+
+
+def durations(
+    times: Sequence[TaskRunTime], task_id: str, map_index: int, now: float
+) -> list[tuple[str, float | None, str, str]]:
+    """The task's durations over its DAG's newest runs, as ``_durations.html`` draws them:
+    (label, seconds, state, href) per run, oldest first."""
+    return [
+        (
+            f"{logical_shown(t)} \u00b7 {t.run_id}",
+            t.seconds(now),
+            t.state,
+            task_href(t.run_id, task_id, map_index),
+        )
+        for t in times
+    ]
