@@ -12,6 +12,7 @@ import time
 from urllib.parse import urlparse
 
 from ..driver.db import Database, Row, SchemaTooNew, Tx
+from .audit import Audit
 from .callbacks import Callbacks
 from .catalogue import Catalogue
 from .control import Runs
@@ -27,6 +28,7 @@ DEFAULT_DB = "sqlite:///slotless.db"
 __all__ = [
     "DEFAULT_DB",
     "Answers",
+    "Audit",
     "Callbacks",
     "Catalogue",
     "Database",
@@ -59,6 +61,7 @@ class Store:
         self.pools = Pools(db, clock)
         self.callbacks = Callbacks(db, clock)
         self.views = Views(db, clock)
+        self.audit = Audit(db, clock)
 
     @property
     def url(self) -> str:
