@@ -35,7 +35,7 @@ class Role(enum.IntEnum):
 
     @property
     def article(self) -> str:
-        """"a viewer", "an operator", "an admin": for the one line a refusal is."""
+        """ "a viewer", "an operator", "an admin": for the one line a refusal is."""
         return f"{'an' if self.name[0] in 'AEIOU' else 'a'} {self}"
 
 
@@ -99,7 +99,8 @@ def parse_tokens(text: str | None) -> dict[str, Token]:
     """``"alice:admin:s3cret,bob:0ther"`` -> {name: Token}; see the module for the forms.
 
     :class:`TokenError` for an empty name or secret, a name or a secret given twice, a
-    role that is none of viewer, operator, admin; its message names the entry's position and name."""
+    role that is none of viewer, operator, admin; its message names the entry's position
+    and name."""
     tokens: dict[str, Token] = {}
     for i, entry in enumerate((e.strip() for e in (text or "").split(",")), start=1):
         if not entry:

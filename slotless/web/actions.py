@@ -1,11 +1,12 @@
 """The page's writes: one small handler per action, served as ``POST /actions/<name>``.
 
 :func:`app.act` does everything they share before a handler runs (writes enabled, a
-signed-in session, the form's CSRF token for ``/actions/<name>``; any failure is a 403 and
-one log line) and after it (a 303 back to the form's ``back`` path, with the handler's
-message flashed there). A handler only reads its form fields, calls the store, and returns
-the message to show, or raises :class:`Refused` with one that says what was wrong (shown
-as an error; nothing may have changed).
+signed-in session, the form's CSRF token for ``/actions/<name>``, the session's role at
+least the one :data:`slotless.roles.NEEDS` gives the action; any failure is a 403 and one
+log line) and after it (the audit row, :func:`audit`; a 303 back to the form's ``back``
+path, with the handler's message flashed there). A handler only reads its form fields,
+calls the store, and returns the message to show, or raises :class:`Refused` with one that
+says what was wrong (shown as an error; nothing may have changed).
 
 To add one, e.g. a run's "clear" button::
 
@@ -14,12 +15,20 @@ To add one, e.g. a run's "clear" button::
         n = await a.store.clear_run(a.field("run_id"))  # whatever the store offers
         return f"cleared {n} tasks"
 
-and draw its form on a page with ``pages.action_form(w, "clear", {"run_id": ...}, "clear")``.
+give it its line in :data:`slotless.roles.NEEDS` (without one it needs ``admin``), and draw
+its form on a page with ``pages.action_form(w, "clear", {"run_id": ...}, "clear")`` (drawn
+only for a session whose role may use it: ``Writes.can``).
+
+What a handler does is recorded under the session's token name (``who=a.who`` to the
+store: the task and run log says ``cleared by alice``) and in the audit list, by
+:func:`audit`, right after the handler returns (the store's operations open their own
+transactions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +41,10 @@ from executor.store import Store
 from executor.store.catalogue import UnknownDag
 from executor.store.control import ControlError, Done
 
+from ..roles import Role
 from ..trigger import DagPaused, trigger_run
+
+log = logging.getLogger("slotless.web")
 
 
 class Refused(ValueError):
@@ -49,6 +61,7 @@ class Act:
     form: MultiDictProxy[Any]
     parse_timeout: float
     who: str = "operator"  # the signed-in session's token name
+    role: Role = Role.OPERATOR  # and its role
 
     @property
     def name(self) -> str:
@@ -121,7 +134,9 @@ async def trigger(a: Act) -> str:
 
 
 def _who(a: Act) -> str:
-    return f"web:{a.request.remote or 'unknown'}"
+    """Who the task and run log says did it: the token's name (the audit list says it
+    came through the page)."""
+    return a.who
 
 
 async def _control(a: Act, operation: Awaitable[Done]) -> str:
@@ -167,3 +182,48 @@ async def cancel(a: Act) -> str:
 async def resume(a: Act) -> str:
     """A run PAUSED by its failure policy goes on, its failed tasks run again."""
     return await _control(a, a.store.runs.resume(a.field("run_id"), who=_who(a)))
+
+
+# -- the audit list ----------------------------------------------------------------------
+
+_NOT_RECORDED = ("csrf", "back")  # the form's plumbing, not what was asked
+MAX_FIELD = 500  # characters of one form field the audit row keeps
+
+
+def target(form: Mapping[str, Any]) -> str:
+    """What a form's action is done to, as the audit list names it: ``task:RUN/TASK``,
+    ``run:RUN``, ``dag:DAG``, ``pool:NAME``, ``queue:NAME`` (or "")."""
+    get = {k: v for k, v in form.items() if isinstance(v, str)}
+    if get.get("run_id") and get.get("task_id"):
+        index = get.get("map_index", "-1")
+        shown = f"[{index}]" if index not in ("", "-1") else ""
+        return f"task:{get['run_id']}/{get['task_id']}{shown}"
+    for key, kind in (("run_id", "run"), ("dag_id", "dag"), ("pool", "pool"), ("queue", "queue")):
+        if get.get(key):
+            return f"{kind}:{get[key]}"
+    return ""
+
+
+async def audit(
+    store: Store,
+    who: str,
+    role: Role,
+    action: str,
+    form: Mapping[str, Any],
+    outcome: str,
+    said: str,
+) -> None:
+    """The audit row of one page action: its form's fields (cut to :data:`MAX_FIELD`),
+    and the message shown (``result`` when done, ``error`` when refused). A row that
+    cannot be written is one log line: the write it records has happened already."""
+    fields = {
+        k: v[:MAX_FIELD] for k, v in form.items() if isinstance(v, str) and k not in _NOT_RECORDED
+    }
+    detail = {**fields, ("result" if outcome == "ok" else "error"): said[:MAX_FIELD]}
+    try:
+        await store.audit.record(
+            who=who, role=str(role), via="web", action=action, target=target(form),
+            detail=detail, outcome="ok" if outcome == "ok" else "refused",
+        )  # fmt: skip
+    except Exception:
+        log.exception("could not record %s by %s in the audit list", action, who)

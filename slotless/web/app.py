@@ -28,11 +28,12 @@ from aiohttp import web
 from executor.store import Store
 from executor.store.viewrows import HeldRow
 
+from ..roles import needs, refusal
 from ..status import collect
 from ..views import task_name
 from . import pages
 from . import people as people_page
-from .actions import ACTIONS, Act, Refused
+from .actions import ACTIONS, Act, Refused, audit
 from .api import MAX_BODY, add_api
 from .auth import Auth, Session, clear_cookie, csrf_ok, set_cookie
 
@@ -208,7 +209,7 @@ async def login(request: web.Request) -> web.Response:
     if session is None:
         why = "writes are off (no token)" if not auth.enabled else "wrong token"
         return _refused(request, why, pages.login_page(auth.enabled, "/", wrong=auth.enabled))
-    session.flash = ("ok", "signed in: this page can now pause and trigger")
+    session.flash = ("ok", f"signed in as {session.who}, {session.role.article}")
     response = web.HTTPSeeOther(_back(form.get("back")))
     set_cookie(response, request, session)
     return response
@@ -225,8 +226,9 @@ async def logout(request: web.Request) -> web.Response:
 
 
 async def act(request: web.Request) -> web.Response:
-    """``POST /actions/<name>``: checked (:func:`_checked`), the action's handler run, then a
-    303 back to the page the form was on, its message flashed there."""
+    """``POST /actions/<name>``: checked (:func:`_checked`, then the session's role against
+    the action's), the action's handler run, its audit row written, then a 303 back to the
+    page the form was on, its message flashed there."""
     session = await _checked(request)
     if isinstance(session, web.Response):
         return session
@@ -235,7 +237,13 @@ async def act(request: web.Request) -> web.Response:
     if handler is None:
         raise web.HTTPNotFound()
     form = await request.post()
-    a = Act(request, request.app[STORE], form, request.app[SETTINGS]["parse_timeout"], session.who)
+    store = request.app[STORE]
+    if session.role < needs(name):
+        why = refusal(name, session.who, session.role)
+        await audit(store, session.who, session.role, name, form, "refused", why)
+        return _refused(request, why)
+    a = Act(request, store, form, request.app[SETTINGS]["parse_timeout"], session.who,
+            session.role)  # fmt: skip
     try:
         session.flash, session.form = ("ok", await handler(a)), {}
     except Refused as exc:
@@ -247,6 +255,8 @@ async def act(request: web.Request) -> web.Response:
     except Exception as exc:
         log.exception("action %s failed", name)
         session.flash = ("error", f"{name} failed: {type(exc).__name__}: {exc}")
+    kind, said = session.flash
+    await audit(store, session.who, session.role, name, form, kind, said)
     raise web.HTTPSeeOther(_back(form.get("back")))
 
 

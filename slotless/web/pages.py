@@ -102,7 +102,7 @@ def action_form(
     """A POST to ``/actions/<name>`` with its CSRF token and the page to come back to; ""
     unless an operator is signed in. ``inputs``: more fields, as HTML (escaped by the
     caller)."""
-    if w is None or w.session is None:
+    if w is None or not w.can(name):
         return ""
     action = path or f"/actions/{name}"
     hidden = "".join(
