@@ -2,7 +2,8 @@
 
 Layout::
 
-    schema/common/queries.sql      statements that read the same on SQLite and PostgreSQL
+    schema/common/*.sql            statements that read the same on SQLite and PostgreSQL,
+                                   one file per subject (a name defined once across them)
     schema/<backend>/queries.sql   the dialect-specific rest (a name lives in one place only)
     schema/<backend>/NNN_name.sql  migrations, applied in order by executor.driver.migrate
 
@@ -87,15 +88,23 @@ def migrations(backend: str) -> tuple[Migration, ...]:
 
 @cache
 def _sections(folder: str) -> dict[str, dict[str, str]]:
-    """One file's sections as written (comments dropped): kind ("name", "part") -> name -> SQL."""
-    text = (resources.files(__package__) / folder / "queries.sql").read_text()
-    pieces = _SECTION.split(text)
-    # pieces: [preamble, kind1, name1, sql1, kind2, name2, sql2, ...]
+    """A folder's statements as written (comments dropped): kind ("name", "part") -> name ->
+    SQL. A backend's are in its queries.sql; common ones in every common/*.sql, one file per
+    subject (queries.sql, history.sql, ...), a name defined in one file only."""
+    files = sorted(
+        (f for f in (resources.files(__package__) / folder).iterdir() if f.name.endswith(".sql"))
+        if folder == "common"
+        else [resources.files(__package__) / folder / "queries.sql"],
+        key=lambda f: f.name,
+    )
     out: dict[str, dict[str, str]] = {"name": {}, "part": {}}
-    for kind, name, sql in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
-        if name in out[kind]:
-            raise ValueError(f"{kind} {name!r} defined twice in {folder}/queries.sql")
-        out[kind][name] = _COMMENT.sub("", sql).strip().rstrip(";").strip()
+    for file in files:
+        pieces = _SECTION.split(file.read_text())
+        # pieces: [preamble, kind1, name1, sql1, kind2, name2, sql2, ...]
+        for kind, name, sql in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
+            if name in out[kind]:
+                raise ValueError(f"{kind} {name!r} defined twice in {folder}/ ({file.name})")
+            out[kind][name] = _COMMENT.sub("", sql).strip().rstrip(";").strip()
     return out
 
 

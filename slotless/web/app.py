@@ -36,13 +36,13 @@ from . import people as people_page
 from .actions import ACTIONS, Act, Refused, audit
 from .api import MAX_BODY, add_api
 from .auth import Auth, Session, clear_cookie, csrf_ok, set_cookie
+from .keys import AUTH, LIVE, NEEDS, SETTINGS, STORE
+from .render import View, environment
+from .respond import respond
+from .sections import SECTIONS
 
 log = logging.getLogger("slotless.web")
 
-STORE = web.AppKey("store", Store)
-SETTINGS = web.AppKey("settings", dict)
-AUTH = web.AppKey("auth", Auth)
-LIVE = "/api/live"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -83,6 +83,9 @@ def make_app(
     app.router.add_post("/logout", logout)
     app.router.add_post("/actions/{name}", act)
     add_api(app, store, app[AUTH], parse_timeout)  # /api/v1: api.py
+    for add_routes in SECTIONS:  # the pages built on render.py, each adding its routes
+        add_routes(app)
+    environment()  # every template compiled now, before serving: never on the loop
     return app
 
 
@@ -297,10 +300,7 @@ def _back(path: object) -> str:
 
 
 def _not_found(request: web.Request, what: str) -> web.Response:
-    return _html(request, "not found", pages.not_found(what), False, status=404)
-
-
-NEEDS = "needs_you_count"
+    return respond(request, View("not_found.html", "not found", {"what": what}), status=404)
 
 
 @web.middleware

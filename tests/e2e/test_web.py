@@ -150,11 +150,11 @@ def test_a_retrying_and_a_mapped_task(live_ui):
 def test_unknown_pages_are_404_pages(live_ui):
     base, run = live_ui["base"], run_url(live_ui)
     for url, says in [
-        (f"{base}/runs/no-such-run", "There is no run &#x27;no-such-run&#x27;."),
+        (f"{base}/runs/no-such-run", "There is no run &#39;no-such-run&#39;."),
         (f"{base}/runs/no-such-run/tasks/extract", "There is no run"),
-        (f"{run}/tasks/nope", "has no task &#x27;nope&#x27;."),
-        (f"{run}/tasks/shard/99", "has no task &#x27;shard[99]&#x27;."),
-        (f"{base}/nowhere", "There is no page &#x27;/nowhere&#x27;."),
+        (f"{run}/tasks/nope", "has no task &#39;nope&#39;."),
+        (f"{run}/tasks/shard/99", "has no task &#39;shard[99]&#39;."),
+        (f"{base}/nowhere", "There is no page &#39;/nowhere&#39;."),
     ]:
         status, html = http_get(url)
         assert status == 404, url

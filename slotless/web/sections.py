@@ -1,0 +1,10 @@
+"""The pages built on the renderer (:mod:`.render`): each module here adds its own routes,
+its handlers reading one view from the store and answering with :func:`.respond.respond`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+SECTIONS: tuple[Callable[[web.Application], None], ...] = ()
