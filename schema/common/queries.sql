@@ -1259,14 +1259,3 @@ FROM (SELECT id, run_id, task_id, map_index, state, attempt, max_attempts, updat
       ORDER BY updated_at, id
       LIMIT :n) AS w
 ORDER BY w.updated_at, w.id;
-
--- ------------------------------------------------------------------------ the audit list
-
--- name: audit_insert
-INSERT INTO audit (ts, who, role, via, action, target, detail, outcome)
-VALUES (:ts, :who, :role, :via, :action, :target, :detail, :outcome);
-
--- name: audit_since
--- Newest first: the page and the API show what happened last at the top.
-SELECT id, ts, who, role, via, action, target, detail, outcome
-FROM audit WHERE ts >= :since ORDER BY ts DESC, id DESC LIMIT :limit;

@@ -7,4 +7,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-SECTIONS: tuple[Callable[[web.Application], None], ...] = ()
+from . import audit_page
+
+SECTIONS: tuple[Callable[[web.Application], None], ...] = (audit_page.add_routes,)
