@@ -84,7 +84,8 @@ def ui(tmp_path_factory: pytest.TempPathFactory):
     assert listed.returncode == 0, listed.stderr
     shouty_run = asyncio.run(_shouty_run(url, shouty))
     procs, bases = [], []
-    for extra in (("--token", TOKEN), ()):
+    # An admin's token: pausing is the admin role's (a bare token is an operator).
+    for extra in (("--token", f"operator:admin:{TOKEN}"), ()):
         port = free_port()
         log = tmp / f"ui-{port}.log"
         proc = start_cli(
