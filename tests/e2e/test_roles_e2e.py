@@ -231,6 +231,17 @@ async def test_the_page_refuses_a_write_below_the_sessions_role_and_records_it(
             ) as r:
                 assert r.status == 200 and flash(await r.text()) == "ok: hello paused"
             assert await paused(db_url) == 1
+            # The audit page's live poll renders its rows again, from the same template.
+            async with client.get("/api/live/audit") as r:
+                assert r.status == 200
+                blocks = (await r.json())["blocks"]
+            assert blocks["live_audit"].count('<tr class="refused">') == 2
+        # Without tokens nobody can sign in: the audit list is refused, saying why.
+        async with TestClient(TestServer(make_app(store))) as client:
+            async with client.get("/audit") as r:
+                assert r.status == 403 and "--token NAME:ROLE:SECRET" in await r.text()
+            async with client.get("/api/v1/audit") as r:
+                assert r.status == 403 and (await r.json())["field"] == "Authorization"
     finally:
         await store.close()
     rows = await audit_rows(db_url)
