@@ -18,6 +18,7 @@ from .catalogue import Catalogue
 from .control import Runs
 from .events import Events
 from .exchange import Exchange
+from .grid import Grids
 from .inspecting import Views
 from .part import Clock
 from .people import Answers
@@ -61,6 +62,7 @@ class Store:
         self.pools = Pools(db, clock)
         self.callbacks = Callbacks(db, clock)
         self.views = Views(db, clock)
+        self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
         self.audit = Audit(db, clock)
 
     @property

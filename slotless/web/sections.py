@@ -7,6 +7,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from . import audit_page
+# api_dags: its /api/v1 routes are registered when it is imported.
+from . import api_dags, audit_page, dag_page  # noqa: F401
 
-SECTIONS: tuple[Callable[[web.Application], None], ...] = (audit_page.add_routes,)
+SECTIONS: tuple[Callable[[web.Application], None], ...] = (
+    dag_page.add_routes,
+    audit_page.add_routes,
+)
