@@ -212,6 +212,9 @@ async def test_the_page_refuses_a_write_below_the_sessions_role_and_records_it(
                     html = await r.text()
                 assert r.status == 200 and f"signed in as {name}" in html
                 assert f'action="/actions/{action}"' not in html  # not offered
+                async with client.get("/dags/hello") as r:  # the DAG's page: its template
+                    assert r.status == 200
+                    assert f'action="/actions/{action}"' not in await r.text()
                 caplog.clear()
                 data = {**fields, "back": "/dags", "csrf": own_csrf(client, app, action)}
                 async with client.post(f"/actions/{action}", data=data) as r:
@@ -226,6 +229,8 @@ async def test_the_page_refuses_a_write_below_the_sessions_role_and_records_it(
             async with client.post("/login", data={"token": SECRETS["ada"], "back": "/dags"}) as r:
                 html = await r.text()
             assert "signed in as ada, an admin" in html
+            async with client.get("/dags/hello") as r:
+                assert 'action="/actions/pause"' in await r.text()
             async with client.post(
                 "/actions/pause", data=form(html, "/actions/pause", dag_id="hello")
             ) as r:
