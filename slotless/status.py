@@ -88,24 +88,22 @@ async def status_command(args: argparse.Namespace) -> int:
 
 
 async def collect(store: Store, limit: int = 20, now: float | None = None) -> StatusView:
-    """Everything ``slotless status`` shows, read at ``now`` (default: the store's clock)."""
+    """Everything ``slotless status`` shows, read at ``now`` (default: the store's clock), in
+    one snapshot of the store (``store.views.status``): its counts, lists and bars agree."""
     now = store.clock() if now is None else now
-    summary = await store.views.waiting_summary(now)
+    rows = await store.views.status(limit, now)
     waiting: dict[str, Waiting] = {}
     for state in WAITING:
-        s = summary.get(state)
-        count = s.n if s else 0
-        rows = await store.views.waiting_tasks(state, limit) if count else []
-        tasks = [waiting_task(r, now) for r in rows]
+        s = rows.waiting_counts.get(state)
+        tasks = [waiting_task(r, now) for r in rows.waiting[state]]
         oldest = max((t.for_seconds for t in tasks), default=None)
-        waiting[state] = Waiting(count, oldest, tasks)
-    leases = await store.views.shard_leases()
+        waiting[state] = Waiting(s.n if s else 0, oldest, tasks)
     held: dict[str, list[int]] = {}
-    for lease in leases:
+    for lease in rows.leases:
         if lease.owner is not None and (lease.expires_at or 0) >= now:
             held.setdefault(lease.owner, []).append(lease.shard)
     triggerers = []
-    for t in await store.views.list_triggerers():
+    for t in rows.triggerers:
         shards = sorted(held.get(t.id, []))
         age = max(0.0, now - t.seen_at)
         triggerers.append(
@@ -121,10 +119,10 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> St
                 loop_lag_ms=t.loop_lag_ms,
             )
         )
-    total = len(leases) or SHARDS
+    total = len(rows.leases) or SHARDS
     return StatusView(
         now=now,
-        runs_by_state=await store.views.run_states(),
+        runs_by_state=rows.runs_by_state,
         runs=[
             RunShown(
                 r.run_id,
@@ -136,21 +134,19 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> St
                 counts,
                 r.state_reason,
             )
-            for r, counts in await store.views.recent_runs(limit)
+            for r, counts in rows.runs
         ],
-        attention=[attention(r) for r in await store.views.runs_needing_attention(limit)],
-        tasks_by_state=await store.views.live_task_states(),
+        attention=[attention(r) for r in rows.attention],
+        tasks_by_state=rows.tasks_by_state,
         waiting=waiting,
         triggerers=triggerers,
         shards=Shards(total, total - sum(len(v) for v in held.values())),
-        pools=[PoolShown(p.name, p.slots, p.used, p.ready) for p in await store.pools.pools()],
+        pools=[PoolShown(p.name, p.slots, p.used, p.ready) for p in rows.pools],
         queues=[
             QueueShown(q.name, q.declared, q.workers, q.slots, q.ready, q.workers > 0)
-            for q in await store.pools.queues()
+            for q in rows.queues
         ],
-        held_back=[
-            _held(HeldRow.of(r), why, now) for r, why in await store.pools.held_back_tasks(limit)
-        ],
+        held_back=[_held(HeldRow.of(r), why, now) for r, why in rows.held_back],
     )
 
 

@@ -2,7 +2,7 @@
 
 A view is read once and then only read: frozen dataclasses, built by :func:`.status.collect`
 (and the store's read-only views, :mod:`executor.store.inspecting`). The CLI prints one,
-the page renders one twice (its HTML and its live JSON twin, from the same attributes)
+the page renders one with its template (the page and its live blocks, the same template)
 and ``/api/status`` sends :meth:`StatusView.to_json`, so none of the three can read a key
 the others do not have.
 

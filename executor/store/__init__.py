@@ -23,6 +23,7 @@ from .inspecting import Views
 from .part import Clock
 from .people import Answers
 from .pools import Pools
+from .waitlist import Waitlist
 
 DEFAULT_DB = "sqlite:///slotless.db"
 
@@ -63,6 +64,7 @@ class Store:
         self.callbacks = Callbacks(db, clock)
         self.views = Views(db, clock)
         self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
+        self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
         self.audit = Audit(db, clock)
 
     @property

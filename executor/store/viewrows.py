@@ -28,6 +28,7 @@ class RunRow(_FromRow):
     ended_at: float | None
     deadline_at: float | None
     deadline_missed_at: float | None
+    conf: str | None  # the JSON object it was triggered with (None: none)
 
     @property
     def finished(self) -> bool:

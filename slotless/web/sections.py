@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-# api_dags: its /api/v1 routes are registered when it is imported.
-from . import api_dags, audit_page, dag_page  # noqa: F401
+# The api_* modules' /api/v1 routes are registered when they are imported.
+from . import api_dags, api_waits, audit_page, dag_page, waits_page  # noqa: F401
 
 SECTIONS: tuple[Callable[[web.Application], None], ...] = (
     dag_page.add_routes,
+    waits_page.add_routes,
     audit_page.add_routes,
 )

@@ -315,7 +315,7 @@ async def test_an_operators_writes_are_recorded_under_its_name(
     assert "signed in as olga, an operator" in html
     paths = {path for path, _ in forms(html)}
     assert "/actions/trigger" in paths and "/actions/pause" not in paths
-    trigger = form(html, "/actions/trigger", dag_id="hello")
+    trigger = form(html, "/actions/trigger") | {"dag_id": "hello"}  # chosen in its <select>
     status, html = await post(olga, f"{ui}/actions/trigger", {**trigger, "conf": '{"n": 2}'})
     assert status == 200 and flash(html).startswith("ok: "), flash(html)
     [run_id] = await runs(db_url)
