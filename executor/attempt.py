@@ -79,6 +79,9 @@ class Attempts:
         self._run_locks: dict[str, asyncio.Lock] = {}
         self._rand = rand
         self._dag_import_timeout = dag_import_timeout
+        # Each running attempt's context by task row, so that its worker can write the
+        # lines it logs while it runs (ctx.lines grows in the slot); the worker forgets it.
+        self.running: dict[int, TaskContext] = {}
 
     def shutdown(self) -> None:
         for runner in {self.runner, self.sensor_runner}:
@@ -120,6 +123,7 @@ class Attempts:
             data_interval_end=info.data_interval[1] if info.data_interval else None,
             start_event=copy.deepcopy(info.start_event),
         )
+        self.running[row.id] = ctx
         if spec.sensor is not None:
             return await self._sense(row, owner, spec, spec.sensor, ctx, release)
         job: Callable[[], Any] = partial(spec, ctx)

@@ -72,7 +72,8 @@ class TaskContext:
         return self._logs
 
     def log(self, message: object) -> None:
-        """Add a line to this task's log (written when the attempt ends)."""
+        """Add a line to this task's log (its worker writes it within about half a
+        second while the attempt runs, or with the attempt's outcome)."""
         self._logs.append((time.time(), str(message)))
 
     def defer(

@@ -28,7 +28,13 @@ Params = Mapping[str, Any] | type[BaseModel] | None
 
 
 class BadConf(ValueError):
-    """A conf the DAG's params refuse: not a JSON object, an unknown key, a wrong type."""
+    """A conf the DAG's params refuse: not a JSON object, an unknown key, a wrong type.
+    ``fields`` says what was wrong with each top-level param it names (param -> message),
+    so that a form can show each beside its field (the web page's trigger form)."""
+
+    def __init__(self, message: str, fields: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.fields: dict[str, str] = dict(fields or {})
 
 
 def check_declared(params: object) -> None:
@@ -74,7 +80,7 @@ def resolve(params: Params, conf: Mapping[str, Any] | None, dag_id: str = "") ->
         try:
             return params.model_validate(given)
         except ValidationError as exc:
-            raise BadConf(f"bad conf for {whose}: {_one_line(exc)}") from None
+            raise BadConf(f"bad conf for {whose}: {_one_line(exc)}", _by_field(exc)) from None
     _refuse_unknown(given, set(params), whose)
     # A copy: a task that changes ctx.params must not change the DAG's defaults.
     return copy.deepcopy(dict(params)) | given
@@ -85,7 +91,10 @@ def _refuse_unknown(given: Mapping[str, Any], known: set[str], whose: str) -> No
     if unknown:
         names = ", ".join(repr(k) for k in unknown)
         declared = ", ".join(sorted(known)) or "none"
-        raise BadConf(f"bad conf for {whose}: unknown param {names} (declared: {declared})")
+        raise BadConf(
+            f"bad conf for {whose}: unknown param {names} (declared: {declared})",
+            {k: "unknown param" for k in unknown},
+        )
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -95,3 +104,15 @@ def _one_line(exc: ValidationError) -> str:
         got = f" (got {e['input']!r})" if "input" in e and e["type"] != "missing" else ""
         parts.append(f"{where}: {e['msg']}{got}")
     return "; ".join(parts)
+
+
+def _by_field(exc: ValidationError) -> dict[str, str]:
+    """Each top-level param's first error, as pydantic says it (a nested one with its path)."""
+    out: dict[str, str] = {}
+    for e in exc.errors(include_url=False):
+        if not e["loc"]:
+            continue
+        inner = ".".join(str(p) for p in e["loc"][1:])
+        got = f" (got {e['input']!r})" if "input" in e and e["type"] != "missing" else ""
+        out.setdefault(str(e["loc"][0]), f"{inner + ': ' if inner else ''}{e['msg']}{got}")
+    return out

@@ -30,6 +30,7 @@ from typing import Any
 from .attempt import Attempts
 from .callbacks import Deliveries
 from .catalogue import DEFAULT_PARSE_TIMEOUT
+from .context import TaskContext
 from .dag import DAG
 from .driver.db import TASKS_CHANNEL
 from .driver.faults import Backoff, is_transient, split_apart
@@ -38,6 +39,7 @@ from .pools import DEFAULT
 from .rows import MovedTask
 from .store import Store
 from .store.callbacks import CallbackRow
+from .store.loglines import LOG_FLUSH_EVERY, LogLine
 
 log = logging.getLogger("slotless.worker")
 
@@ -106,6 +108,13 @@ class Worker:
         # an outage, so right after one every heartbeat looks stale: reaping waits until
         # the other workers have had stale_after seconds to heartbeat again.
         self._db_failed_at = -float("inf")
+        # A running attempt's lines are written every LOG_FLUSH_EVERY (a log grows while
+        # its task runs), the rest with its outcome: per row, the attempt's context and how
+        # many of its lines are written already (a row prepared again has a new context).
+        # The lock keeps a flush and an outcome's taking of the rest apart, so that no line
+        # is written twice nor left out, and the flushed ones commit first.
+        self._flushed: dict[int, tuple[TaskContext, int]] = {}
+        self._log_lock = asyncio.Lock()
         self.completed = 0
         # Called after each exchange with (outcomes recorded, rows claimed): the metrics.
         self.on_exchange: Callable[[list[Outcome], list[MovedTask]], None] | None = None
@@ -130,6 +139,7 @@ class Worker:
         housekeeper = asyncio.create_task(self._housekeeper())
         listener = asyncio.create_task(self._listen())
         watcher = asyncio.create_task(self._watch_workers())
+        flusher = asyncio.create_task(self._flush_logs())
         try:
             while True:
                 if until is not None and not self._stopping and await until():
@@ -164,7 +174,8 @@ class Worker:
             housekeeper.cancel()
             listener.cancel()
             watcher.cancel()
-            await asyncio.gather(housekeeper, listener, watcher, return_exceptions=True)
+            flusher.cancel()
+            await asyncio.gather(housekeeper, listener, watcher, flusher, return_exceptions=True)
             self._attempts.shutdown()
             with contextlib.suppress(Exception):  # else its row expires by itself
                 await self.store.exchange.worker_leave(self.worker_id)
@@ -260,6 +271,11 @@ class Worker:
                 outcome = self._attempts.failed(row, owner, f"worker error: {exc!r}")
                 break
         backoff.succeeded()
+        async with self._log_lock:  # after a flush under way: its lines are not sent twice
+            ctx = self._attempts.running.pop(row.id, None)
+            flushed, done = self._flushed.pop(row.id, (None, 0))
+            if ctx is not None and flushed is ctx and outcome.logs is ctx.lines:
+                outcome.logs = outcome.logs[done:]
         kind = outcome.slot_kind or ("resume" if row.next_method else "execute")
         outcome.slot = SlotInterval(self.worker_id, slot, kind, started, time.time())
         self._running.discard(row.id)
@@ -268,6 +284,38 @@ class Worker:
         await release.wait()
         self._free.append(slot)
         self._wake.set()
+
+    async def _flush_logs(self) -> None:
+        """Write the lines running attempts logged since the last flush, all in one
+        transaction, every LOG_FLUSH_EVERY seconds. A flush that fails leaves its lines to
+        the next one or to the outcome: a line is late then, never lost."""
+        backoff = Backoff("worker: writing running tasks' log lines", log)
+        while True:
+            await asyncio.sleep(LOG_FLUSH_EVERY)
+            async with self._log_lock:
+                lines: list[LogLine] = []
+                upto: dict[int, tuple[TaskContext, int]] = {}
+                for row_id, ctx in list(self._attempts.running.items()):
+                    logged = ctx.lines
+                    flushed, done = self._flushed.get(row_id, (None, 0))
+                    n, done = len(logged), done if flushed is ctx else 0
+                    if n > done:
+                        lines += [LogLine(row_id, ctx.attempt, ts, str(msg))
+                                  for ts, msg in logged[done:n]]  # fmt: skip
+                        upto[row_id] = (ctx, n)
+                if not lines:
+                    continue
+                try:
+                    await self.store.loglines.append(lines)
+                except Exception as exc:
+                    failed: Exception | None = exc
+                else:
+                    failed = None
+                    self._flushed.update(upto)
+            if failed is None:
+                backoff.succeeded()
+            else:  # waited out of the lock: outcomes are taken meanwhile, with these lines
+                await asyncio.sleep(backoff.failed(failed))
 
     async def _deliver(self, row: CallbackRow, slot: int) -> None:
         """A callback row in a slot: its handlers run there, bounded by their timeout."""

@@ -40,10 +40,14 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         print(f"slotless: error: no task {args.task_id!r} in run {args.run_id!r}", file=sys.stderr)
         return 2
     for e in EventRow.all(events):
-        ts = datetime.fromtimestamp(e.ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-        if e.kind == "transition":
-            line = f"{e.from_state} -> {e.to_state}: {e.message}"
-        else:
-            line = e.message
-        print(f"{ts} [attempt {e.attempt}] {e.kind:<10} {line}")
+        print(entry_line(e))
     return 0
+
+
+def entry_line(e: EventRow) -> str:
+    """One entry of a task's log as `slotless logs` prints it (and the page's download)."""
+    ts = datetime.fromtimestamp(e.ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    line = e.message
+    if e.kind == "transition":
+        line = f"{e.from_state} -> {e.to_state}: {e.message}"
+    return f"{ts} [attempt {e.attempt}] {e.kind:<10} {line}"

@@ -20,6 +20,7 @@ from .events import Events
 from .exchange import Exchange
 from .grid import Grids
 from .inspecting import Views
+from .loglines import LogLines
 from .part import Clock
 from .people import Answers
 from .pools import Pools
@@ -36,6 +37,7 @@ __all__ = [
     "Database",
     "Events",
     "Exchange",
+    "LogLines",
     "Pools",
     "Row",
     "Runs",
@@ -65,6 +67,7 @@ class Store:
         self.views = Views(db, clock)
         self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
         self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
+        self.loglines = LogLines(db, clock)  # a task's log after a cursor; running lines
         self.audit = Audit(db, clock)
 
     @property

@@ -21,6 +21,12 @@ WITH moved AS (
 )
 SELECT *, TRUE AS logged FROM moved
 
+-- part: log_settled
+-- log_after (schema/common/logs.sql): only rows whose transaction is older than every
+-- transaction still running (age() compares 32-bit xids across wraparound; a frozen row's
+-- age is the largest). Those are all committed, and any row still to commit is newer.
+age(task_event.xmin) > age((pg_snapshot_xmin(pg_current_snapshot())::text::bigint % 4294967296)::text::xid)
+
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one
 -- update of a child however many of its parents are in :parents (a fan-in of 10,000

@@ -8,6 +8,11 @@
 -- part: log_moved_end
 , 0 AS logged
 
+-- part: log_settled
+-- log_after (schema/common/logs.sql): one writer at a time, so ids commit in order: every
+-- row read is settled.
+1 = 1
+
 -- name: bump_children
 -- Parents of one run ended, all the same way: count them in each child's counters, one
 -- update of a child however many of its parents are in :parents (each flag is 0/1 by how

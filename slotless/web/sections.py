@@ -8,10 +8,21 @@ from collections.abc import Callable
 from aiohttp import web
 
 # The api_* modules' /api/v1 routes are registered when they are imported.
-from . import api_dags, api_waits, audit_page, dag_page, waits_page  # noqa: F401
+from . import (  # noqa: F401
+    api_dags,
+    api_logs,
+    api_waits,
+    audit_page,
+    dag_page,
+    logs_page,
+    trigger_form,
+    waits_page,
+)
 
 SECTIONS: tuple[Callable[[web.Application], None], ...] = (
     dag_page.add_routes,
     waits_page.add_routes,
     audit_page.add_routes,
+    logs_page.add_routes,
+    trigger_form.add_routes,
 )
