@@ -43,6 +43,7 @@ from executor.store.control import ControlError, Done
 
 from ..roles import Role
 from ..trigger import DagPaused, trigger_run
+from .keys import STORE
 
 log = logging.getLogger("slotless.web")
 
@@ -190,10 +191,28 @@ _NOT_RECORDED = ("csrf", "back")  # the form's plumbing, not what was asked
 MAX_FIELD = 500  # characters of one form field the audit row keeps
 
 
-def target(form: Mapping[str, Any]) -> str:
+# Page writes that are not ``POST /actions/<name>``, by route: their name in
+# slotless.roles.NEEDS (a route missing here is named by its path, and so needs admin).
+ROUTE_ACTIONS = {"/logout": "logout", "/dags/{dag_id}/trigger": "trigger"}
+# Request key: (session, action) of a write let through and not recorded yet.
+PENDING = web.RequestKey("audit_pending", tuple)
+
+
+def page_action(request: web.Request) -> str:
+    """The action a page POST is, as :data:`slotless.roles.NEEDS` names it."""
+    name = request.match_info.get("name")
+    if name and request.path.startswith("/actions/"):
+        return name
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path
+    return ROUTE_ACTIONS.get(route, route)
+
+
+def target(form: Mapping[str, Any], match: Mapping[str, str] | None = None) -> str:
     """What a form's action is done to, as the audit list names it: ``task:RUN/TASK``,
-    ``run:RUN``, ``dag:DAG``, ``pool:NAME``, ``queue:NAME`` (or "")."""
-    get = {k: v for k, v in form.items() if isinstance(v, str)}
+    ``run:RUN``, ``dag:DAG``, ``pool:NAME``, ``queue:NAME`` (or ""); from its fields, or
+    its path's (``/dags/{dag_id}/trigger``)."""
+    get = {k: v for k, v in {**(match or {}), **form}.items() if isinstance(v, str)}
     if get.get("run_id") and get.get("task_id"):
         index = get.get("map_index", "-1")
         shown = f"[{index}]" if index not in ("", "-1") else ""
@@ -212,8 +231,9 @@ async def audit(
     form: Mapping[str, Any],
     outcome: str,
     said: str,
+    match: Mapping[str, str] | None = None,
 ) -> None:
-    """The audit row of one page action: its form's fields (cut to :data:`MAX_FIELD`),
+    """The audit row of one page write: its form's fields (cut to :data:`MAX_FIELD`),
     and the message shown (``result`` when done, ``error`` when refused). A row that
     cannot be written is one log line: the write it records has happened already."""
     fields = {
@@ -222,8 +242,24 @@ async def audit(
     detail = {**fields, ("result" if outcome == "ok" else "error"): said[:MAX_FIELD]}
     try:
         await store.audit.record(
-            who=who, role=str(role), via="web", action=action, target=target(form),
+            who=who, role=str(role), via="web", action=action, target=target(form, match),
             detail=detail, outcome="ok" if outcome == "ok" else "refused",
         )  # fmt: skip
     except Exception:
         log.exception("could not record %s by %s in the audit list", action, who)
+
+
+async def record_pending(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: the audit row of a page write :func:`app._checked` let
+    through and its handler did not record (the trigger form's), once its answer is known:
+    ``ok`` for a 2xx or 3xx (with the message flashed, if any), ``refused`` otherwise."""
+    pending = request.get(PENDING)
+    if pending is None:
+        return
+    request.pop(PENDING, None)
+    session, action = pending
+    ok = response.status < 400
+    said = session.flash[1] if ok and session.flash else f"status {response.status}"
+    form = await request.post()
+    await audit(request.app[STORE], session.who, session.role, action, form,
+                "ok" if ok else "refused", said, request.match_info)  # fmt: skip

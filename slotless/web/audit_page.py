@@ -19,6 +19,7 @@ from aiohttp import web
 
 from executor.store.audit import MAX_LIST
 
+from .actions import record_pending
 from .keys import AUTH, LIVE, STORE
 from .render import View
 from .respond import respond
@@ -29,6 +30,8 @@ DEFAULT_LIMIT = 100
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/audit", audit_page)
     app.router.add_get(LIVE + "/audit", audit_page)
+    # The rows of the page writes no handler records itself (the trigger form's).
+    app.on_response_prepare.append(record_pending)
 
 
 async def audit_page(request: web.Request) -> web.StreamResponse:

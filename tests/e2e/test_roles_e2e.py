@@ -171,12 +171,13 @@ async def task_log(db_url: str, run_id: str) -> list[str]:
 
 
 def own_csrf(client: TestClient, app: web.Application, action: str) -> str:
-    """The CSRF token the server signs for ``/actions/<action>`` in this client's session."""
+    """The CSRF token the server signs for ``/actions/<action>`` (or a path) in this
+    client's session."""
     [cookie] = [c for c in client.session.cookie_jar if c.key == COOKIE]
     request = make_mocked_request("GET", "/", headers={"Cookie": f"{COOKIE}={cookie.value}"})
     session = app[AUTH].session(request)
     assert session is not None
-    return csrf_token(session, f"/actions/{action}")
+    return csrf_token(session, action if action.startswith("/") else f"/actions/{action}")
 
 
 def flash(html: str) -> str:
@@ -258,6 +259,43 @@ async def test_the_page_refuses_a_write_below_the_sessions_role_and_records_it(
     assert rows[1].detail == {"dag_id": "hello", "error": "pause needs the admin role; "
                               "olga is an operator"}  # fmt: skip
     assert rows[2].detail == {"dag_id": "hello", "result": "hello paused"}
+
+
+async def test_the_trigger_form_page_checks_the_role_and_is_recorded(catalogued: str) -> None:
+    """``POST /dags/{dag_id}/trigger`` (the form drawn from a DAG's params) is a page write
+    outside ``/actions``: the same check (app._checked) refuses it to a viewer, and its
+    row is written once its answer is known."""
+    db_url = catalogued
+    store = await open_store(db_url)
+    app = make_app(store, token=TOKENS)
+    try:
+        async with TestClient(TestServer(app)) as client:
+            for name, status in (("viv", 403), ("olga", 303)):
+                client.session.cookie_jar.clear()
+                async with client.post("/login", data={"token": SECRETS[name]}) as r:
+                    assert r.status == 200
+                async with client.get("/dags/hello/trigger") as r:
+                    page = await r.text()
+                csrf = own_csrf(client, app, "/dags/hello/trigger")
+                assert (csrf in page) == (name == "olga")  # signed: the form only it may use
+                data = {"csrf": csrf, "mode": "json", "conf": '{"n": 5}'}
+                async with client.post("/dags/hello/trigger", data=data,
+                                       allow_redirects=False) as r:  # fmt: skip
+                    assert r.status == status, await r.text()
+                    if name == "viv":
+                        assert "trigger needs the operator role; viv is a viewer" in (
+                            await r.text()
+                        )
+                        assert await runs(db_url) == []
+    finally:
+        await store.close()
+    [run_id] = await runs(db_url)
+    rows = await audit_rows(db_url)
+    assert [(r.who, r.role, r.via, r.action, r.target, r.outcome) for r in rows] == [
+        ("viv", "viewer", "web", "trigger", "dag:hello", "refused"),
+        ("olga", "operator", "web", "trigger", "dag:hello", "ok"),
+    ]
+    assert rows[1].detail == {"conf": '{"n": 5}', "mode": "json", "result": f"{run_id} created"}
 
 
 async def test_a_viewer_is_refused_writes_through_the_api_and_reads_the_audit_list(

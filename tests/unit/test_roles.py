@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from slotless.roles import NEEDS, Role, Token, TokenError, needs, parse_tokens, refusal
-from slotless.web.actions import ACTIONS
+from slotless.web.actions import ACTIONS, ROUTE_ACTIONS
 from slotless.web.api import ROUTES, openapi
 from slotless.web.auth import Auth, Session, Writes
 
@@ -51,6 +51,8 @@ def test_a_malformed_list_is_one_line_naming_the_entry_never_the_secret(
 def test_one_table_names_every_page_action_and_every_api_write() -> None:
     for name in ACTIONS:
         assert name in NEEDS, f"page action {name!r} has no line in roles.NEEDS"
+    for route, action in ROUTE_ACTIONS.items():
+        assert action in NEEDS, f"page route {route} has no line in roles.NEEDS"
     for r in ROUTES:
         if r.write:
             assert r.action in NEEDS, f"{r.method} {r.path} has no line in roles.NEEDS"
