@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from executor.runnames import logical_shown
 from executor.store import Store, open_store
 from executor.store.viewrows import AttentionRow, DeferredRow, HeldRow, RetryingRow, WaitingRow
 from triggers.base import SHARDS, clip
@@ -133,6 +134,9 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> St
                 r.ended_at,
                 counts,
                 r.state_reason,
+                r.logical_time,
+                logical_shown(r),
+                r.run_type,
             )
             for r, counts in rows.runs
         ],
@@ -286,13 +290,18 @@ def render(data: StatusView, console: Console) -> None:
         console.print(Text("tasks of unfinished runs: ").append(states_text(data.tasks_by_state)))
 
     runs = Table(title="recent runs", title_justify="left")
-    for col in ("run", "logical date", "state", "started", "tasks by state"):
+    # The run id folds rather than ends in "…" on a narrow terminal: it is what a person
+    # copies into `slotless logs` or `clear`; the logical time stays on one line.
+    runs.add_column("run", overflow="fold")
+    runs.add_column("logical time", no_wrap=True)
+    for col in ("type", "state", "started", "tasks by state"):
         runs.add_column(col)
     for r in data.runs:
         started = datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S")
         runs.add_row(
             r.run_id,
-            r.logical_date,
+            r.logical_shown or r.logical_date,
+            r.run_type or "-",
             Text(r.state, style=STATE_STYLE.get(r.state, "")),
             started,
             states_text(r.tasks),

@@ -42,6 +42,9 @@ class RunShown:
     ended_at: float | None
     tasks: dict[str, int]  # task instances by state (a mapped task counts as its instances)
     reason: str | None  # why it paused, failed fast or was cancelled
+    logical_time: str | None = None  # ISO 8601, UTC (None: a run of a previous release)
+    logical_shown: str = ""  # executor.runnames.logical_shown: "2026-11-26 06:00"
+    run_type: str | None = None  # scheduled | manual | backfill | event
 
     @property
     def finished(self) -> bool:

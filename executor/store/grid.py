@@ -86,6 +86,10 @@ class GridRun(_FromRow):
     state: str
     created_at: float
     ended_at: float | None
+    # what executor.runnames.logical_shown reads to name the run for people
+    logical_time: str | None
+    timezone: str | None
+    data_interval_end: str | None
 
     @property
     def finished(self) -> bool:

@@ -22,7 +22,8 @@ FROM dag d WHERE d.dag_id = :dag_id;
 
 -- name: grid_runs_newest
 -- The :n newest runs of :dag_id by creation, newest first.
-SELECT run_id, logical_date, state, created_at, ended_at FROM dag_run
+SELECT run_id, logical_date, state, created_at, ended_at, logical_time, timezone,
+       data_interval_end FROM dag_run
 WHERE dag_id = :dag_id
 ORDER BY created_at DESC, run_id DESC
 LIMIT :n;
@@ -31,7 +32,8 @@ LIMIT :n;
 -- The :n runs of :dag_id created just before the key (:before_at, :before_id), newest
 -- first: one page further back. A row value, so that both backends read the index from
 -- the key on, with no sort.
-SELECT run_id, logical_date, state, created_at, ended_at FROM dag_run
+SELECT run_id, logical_date, state, created_at, ended_at, logical_time, timezone,
+       data_interval_end FROM dag_run
 WHERE dag_id = :dag_id AND (created_at, run_id) < (:before_at, :before_id)
 ORDER BY created_at DESC, run_id DESC
 LIMIT :n;

@@ -29,14 +29,14 @@ from executor.store import Store
 from ..roles import needs, refusal
 from ..status import collect
 from ..views import task_name
-from . import pages
+from . import logs_page, pages
 from . import people as people_page
 from .actions import ACTIONS, PENDING, Act, Refused, audit, page_action
 from .api import MAX_BODY, add_api
 from .auth import Auth, Session, clear_cookie, csrf_ok, set_cookie
 from .keys import AUTH, LIVE, NEEDS, SETTINGS, STORE
 from .render import View, environment
-from .respond import respond
+from .respond import polled, respond
 from .sections import SECTIONS
 
 log = logging.getLogger("slotless.web")
@@ -121,7 +121,10 @@ async def task(request: web.Request) -> web.Response:
             return _not_found(request, f"There is no run {run_id!r}.")
         name = task_name(task_id, index)
         return _not_found(request, f"Run {run_id!r} has no task {name!r}.")
-    return respond(request, pages.task_view(d))
+    view = pages.task_view(d)
+    if not polled(request):  # the log viewer is outside the live block: drawn once, then fed
+        view.ctx["log"] = await logs_page.read_log_stream(store, run_id, task_id, index)
+    return respond(request, view)
 
 
 async def needs_you(request: web.Request) -> web.Response:

@@ -31,6 +31,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from executor.loader import DagImportError
+from executor.runnames import logical_shown
 from executor.store.grid import (
     INSTANCES_SHOWN,
     MAX_EXPANDED,
@@ -251,7 +252,7 @@ def _cell(c: GridCell, run: GridRun, now: float) -> CellShown:
     seconds = c.seconds(now)
     took = "" if seconds is None else f" \u00b7 {human_seconds(seconds)}"
     name = c.task_id if c.map_index < 0 else f"{c.task_id}[{c.map_index}]"
-    head = f"{name} \u00b7 {run.logical_date} \u00b7 "
+    head = f"{name} \u00b7 {logical_shown(run)} \u00b7 "
     tries = f" \u00b7 attempt {c.attempt} of {c.max_attempts}" if c.max_attempts > 1 else ""
     href = task_href(run.run_id, c.task_id, c.map_index)
     if c.counts is not None:
@@ -265,8 +266,8 @@ def grid_shown(grid: Grid, q: Query) -> GridShown:
     index of an expanded task), each cell with its colour, link and hover text."""
     columns = [
         ColumnShown(
-            r.run_id, run_href(r.run_id), r.state, r.logical_date,
-            f"{r.run_id} \u00b7 {r.logical_date} \u00b7 {r.state}"
+            r.run_id, run_href(r.run_id), r.state, logical_shown(r),
+            f"{r.run_id} \u00b7 {logical_shown(r)} \u00b7 {r.state}"
             + (f" \u00b7 {human_seconds(r.ended_at - r.created_at)}" if r.ended_at else ""),
         )
         for r in grid.runs
@@ -318,7 +319,7 @@ def durations_shown(grid: Grid) -> list[tuple[str, list[tuple[str, float | None,
         bars: list[tuple[str, float | None, str, str]] = []
         for r in grid.runs:
             c = grid.cells.get((r.run_id, task_id))
-            label = f"{task_id} \u00b7 {r.logical_date} \u00b7 {r.run_id}"
+            label = f"{task_id} \u00b7 {logical_shown(r)} \u00b7 {r.run_id}"
             if c is None:
                 bars.append((label, None, "NONE", run_href(r.run_id)))
             else:

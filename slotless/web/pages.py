@@ -25,6 +25,7 @@ from ..status import failure_cause, human_seconds, shard_ranges
 from ..views import WAITING, StatusView, task_name, turns
 from . import graph
 from .render import View, task_href, when
+from .trigger_form import conf_text
 
 ALL_STATES = graph.STATE_ORDER
 # A run's states, as the DAGs page's squares draw them. QUEUED (a run waiting for its turn)
@@ -121,6 +122,7 @@ def run_view(g: RunGraph) -> View:
             g.tasks, g.edges, g.mapped, lambda tid: task_href(run.run_id, tid), notes=waits
         ),
         "tasks": tasks,
+        "conf_text": conf_text(run.conf),
     }
     return View("run.html", run.run_id, ctx, live=g.live)
 

@@ -29,6 +29,8 @@ from urllib.parse import quote, urlencode
 import jinja2
 from markupsafe import Markup
 
+from executor.runnames import logical_shown
+
 from ..status import human_seconds
 from .graph import MARK
 
@@ -80,6 +82,7 @@ FILTERS: dict[str, Callable[..., Any]] = {
     "task_href": task_href,
     "dag_href": dag_href,
     "with_query": with_query,
+    "logical": logical_shown,  # a run's logical time as people read it (2026-11-26 06:00)
 }
 
 

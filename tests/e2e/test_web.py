@@ -508,7 +508,7 @@ def test_up_runs_the_stack_and_stops_it_together(tmp_path: Path, db_path: Path, 
         (run_id,) = [r["run_id"] for r in sql(db_path, "SELECT run_id FROM dag_run")]
         status, html = http_get(f"http://127.0.0.1:{port}/runs/{quote(run_id, safe='')}/tasks/wait")
         assert status == 200
-        assert re.search(r'<tr class="k-check">.*?checked file://\S*go\.flag: not yet', html)
+        assert re.search(r'<tr class="k-check"[^>]*>.*?checked file://\S*go\.flag: not yet', html)
         assert "trigger fired: file://" in html
         assert http_get(f"http://127.0.0.1:{wport}/metrics")[0] == 200
     finally:

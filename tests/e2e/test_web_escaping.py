@@ -83,15 +83,19 @@ async def served(tmp_path: Path, db_url: str) -> AsyncIterator[dict[str, Any]]:
 async def test_markup_is_text_on_every_page_and_in_its_live_json(served: dict[str, Any]):
     client: TestClient = served["client"]
     run = f"/runs/{quote(served['run_id'], safe='')}"
+    # What each page shows, and what of it its live blocks show again: the conf and the
+    # log viewer are outside them (the one never changes, the other is appended to).
+    conf = escape(json.dumps({"note": XSS}, indent=2))
     pages = {
-        "/": [escape(XSS)],  # the run list's row: its DAG id
-        run: [escape(XSS), escape(json.dumps({"note": XSS}))],  # DAG id, conf
-        run + "/tasks/shout": [escape(f"RuntimeError: {XSS}")],  # the log line
-        "/dags": [],
-        "/needs-you": [],
+        "/": ([escape(XSS)], [escape(XSS)]),  # the run list's row: its DAG id
+        run: ([escape(XSS), conf], [escape(XSS)]),  # DAG id, conf
+        run + "/tasks/shout": ([escape(f"RuntimeError: {XSS}")], []),  # the log line
+        "/dags": ([], []),
+        "/needs-you": ([], []),
     }
-    for path, shown in pages.items():
+    for path, (on_page, on_live) in pages.items():
         for url in (path, "/api/live" + path):
+            shown = on_live if url.startswith("/api/live") else on_page
             resp = await client.get(url)
             text = await resp.text()
             if url.startswith("/api/live"):
