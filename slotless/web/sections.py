@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     api_dags,
     api_logs,
     api_waits,
+    audit_page,
     dag_page,
     logs_page,
     trigger_form,
@@ -21,6 +22,7 @@ from . import (  # noqa: F401
 SECTIONS: tuple[Callable[[web.Application], None], ...] = (
     dag_page.add_routes,
     waits_page.add_routes,
+    audit_page.add_routes,
     logs_page.add_routes,
     trigger_form.add_routes,
 )
