@@ -31,6 +31,7 @@ from executor.catalogue import dags_folder, scan
 from executor.dag import DAG
 from executor.loader import DagImportError, load_dag
 from executor.params import parse_conf
+from executor.runnames import RunType
 from executor.store import Store, open_store
 from executor.store.runs import StartedRun
 
@@ -136,6 +137,7 @@ async def trigger_run(
         dag_file=entry["file"],
         # A run by hand counts against max_active_runs, as in Airflow: QUEUED over it.
         max_active=dag.max_active_runs,
+        run_type=RunType.MANUAL,  # the command, the page's button and the API alike
     )
 
 

@@ -17,9 +17,10 @@ from datetime import date
 from typing import Literal
 
 from ..driver.db import Tx
+from ..runnames import RunType
 from ..schedules import Interval
 from ..states import RunState
-from .runs import NewRun, insert_run, scheduled_run_key
+from .runs import NewRun, insert_run, interval_run_id, scheduled_run_key
 from .starts import StartSpec
 
 RERUN = "~rerun-"
@@ -63,12 +64,15 @@ async def backfill_runs(
         key = scheduled_run_key(iv)
         n, failed = 0, None
         while True:
+            suffix = f"{RERUN}{n}" if n else ""
             new = NewRun(
                 logical_date=date.fromisoformat(iv.ds),
-                run_key=key if n == 0 else f"{key}{RERUN}{n}",
+                run_key=key + suffix,
                 interval=iv,
                 dag_file=spec.file,
                 max_active=max_active,
+                run_id=interval_run_id(spec.dag_id, iv, suffix),
+                run_type=RunType.BACKFILL,
             )
             # Insert first, look after: a taken key inserts nothing and names its run,
             # and no concurrent backfill or schedule fire can slip in between.

@@ -35,11 +35,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any, Literal
+from zoneinfo import ZoneInfo
 
 from ..carried import Output
 from ..driver.db import Row, Tx
 from ..params import resolve
 from ..rows import MovedTask, TaskRow
+from ..runnames import RunType
 from ..statemachine import (
     evaluate,
     release_waits,
@@ -114,6 +116,7 @@ class Runs(Part):
         run_id: str | None = None,
         interval: Interval | None = None,
         max_active: int | None = None,
+        run_type: RunType | str = RunType.MANUAL,
     ) -> StartedRun:
         """:meth:`create_run`, saying whether the run was created or already existed.
 
@@ -124,7 +127,10 @@ class Runs(Part):
         ``interval`` is the run's data interval; with ``max_active`` the run is QUEUED while
         its DAG has that many runs going (``slotless trigger`` and ``backfill`` pass the
         DAG's ``max_active_runs``; the Python API sets no limit unless asked).
+        ``run_type`` says how it started (:class:`~executor.runnames.RunType`): a run asked
+        for here is a person's, ``manual``, unless the caller says otherwise.
         """
+        kind = RunType(run_type)  # a type that is not one: ValueError, nothing stored
         dag.validate()
         resolve(dag.params, conf, dag.dag_id)
         token = secrets.token_hex(3)
@@ -136,6 +142,8 @@ class Runs(Part):
             dag_file=dag_file,
             max_active=max_active,
             run_id=run_id or new_run_id(dag.dag_id, logical_date, token),
+            run_type=kind,
+            zone=ZoneInfo(dag.timezone),
         )
         shape = RunShape.of(dag)
         async with self.db.write() as tx:

@@ -18,7 +18,7 @@ import json
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
@@ -26,6 +26,7 @@ from ..driver.db import Tx
 from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
 from ..rules import Counts, Decision, decide
+from ..runnames import RunType, logical_time_text, midnight, wall_text
 from ..runpolicy import RunPolicy, anchor, late_json, moment
 from ..runwaits import Wait, arm, waits_of
 from ..schedules import Interval
@@ -153,12 +154,52 @@ class NewRun:
     start_event: Any = None  # a start condition's payload: ctx.start_event
     max_active: int | None = None  # queue it when the DAG has this many runs going
     run_id: str | None = None
+    run_type: RunType = RunType.MANUAL  # how it started (executor/runnames.py)
+    # The DAG's clock, on which logical_date is a date: the interval's zone when it has
+    # one; else this (None: the zone of the shape's policy, the DAG's timezone).
+    zone: ZoneInfo | None = None
+
+    def clock(self, shape: RunShape) -> ZoneInfo:
+        if self.interval is not None:
+            return self.interval.zone
+        return self.zone or _policy_zone(shape.policy.timezone)
+
+    def logical_time(self, shape: RunShape) -> datetime:
+        """Its logical instant: the interval's start, else midnight of its logical date."""
+        if self.interval is not None:
+            return self.interval.start
+        return midnight(self.logical_date, self.clock(shape))
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)
 
 
 def scheduled_run_key(interval: Interval) -> str:
     """A schedule's run key: its interval's start in UTC (``2026-04-25T06:00:00Z``), so one
     run per interval ever, whoever fires it and however often."""
     return interval.start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def interval_run_id(dag_id: str, interval: Interval, suffix: str = "") -> str:
+    """The run id of a schedule's (or a backfill's) run of ``interval``: the DAG and the
+    interval's start on its clock, ``hourly_metrics:2026-11-26T06:00`` (UTC) or
+    ``etl:2026-11-26T06:00+01:00`` (another zone: the offset keeps the two passes of a
+    repeated hour apart), then ``suffix`` (a rerun's ``~rerun-N``). One interval, one id,
+    as one interval has one run key: whoever creates it (under the DAG's lock,
+    ``lock_dags_runs``) finds the other's run by its key."""
+    return f"{dag_id}:{_id_tail(interval)}{suffix}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _id_tail(interval: Interval) -> str:
+    """Runs of one tick share it: 10,000 DAGs due together format it once."""
+    at = interval.start.astimezone(interval.zone)
+    offset = "" if interval.zone.key == "UTC" else at.strftime("%z")
+    if offset:
+        offset = f"{offset[:3]}:{offset[3:]}"
+    return wall_text(at, "T") + offset
 
 
 @functools.lru_cache(maxsize=1024)
@@ -198,9 +239,15 @@ async def insert_runs(
     """
     states = [state.value for state in await _states(tx, requests)]
     run_ids = [new.run_id or new_run_id(shape.dag_id, new.logical_date) for shape, new in requests]
+    # A schedule's run id is made of its interval (interval_run_id), so the run holding a
+    # taken key may have the very id asked for: the ids there before are not inserted now.
+    # Creators of a DAG's scheduled runs hold its lock (_states), so none commits between.
+    given = [i for (_, new), i in zip(requests, run_ids, strict=True) if new.run_id is not None]
+    before = {r["run_id"] for r in await tx.fetch("runs_by_id", ids=given)} if given else set()
     rows = []
     for (shape, new), state, run_id in zip(requests, states, run_ids, strict=True):
         start, end = (None, None) if new.interval is None else interval_text(new.interval)
+        logical = start if start is not None else logical_time_text(new.logical_time(shape))
         rows.append(
             {
                 **_policy_columns(shape, new),
@@ -218,12 +265,15 @@ async def insert_runs(
                 "start_event": None if new.start_event is None else json.dumps(new.start_event),
                 "max_active": new.max_active,
                 "hooks": shape.hooks,
+                "logical_time": logical,
+                "timezone": new.clock(shape).key,
+                "run_type": new.run_type.value,
             }
         )
     await tx.executemany("insert_run", rows)
     # Which were inserted: the others' keys were taken (ON CONFLICT DO NOTHING). On
     # PostgreSQL an insert of a key being inserted concurrently waited for that commit.
-    ours = {r["run_id"] for r in await tx.fetch("runs_by_id", ids=run_ids)}
+    ours = {r["run_id"] for r in await tx.fetch("runs_by_id", ids=run_ids)} - before
     out: list[StartedRun] = []
     waits: list[Wait] = []
     tasks: list[dict[str, Any]] = []

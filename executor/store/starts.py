@@ -38,6 +38,7 @@ from triggers.registry import load_trigger
 from triggers.temporal import DateTimeTrigger
 
 from ..driver.db import Row, Tx
+from ..runnames import RunType
 from ..runwaits import insert_trigger as _insert_trigger
 from ..schedules import Interval, Schedule
 from .lines import one_line
@@ -45,6 +46,7 @@ from .runs import (
     NewRun,
     RunShape,
     insert_runs,
+    interval_run_id,
     interval_text,
     scheduled_run_key,
 )
@@ -209,6 +211,8 @@ class _ScheduleBatch:
                 interval=iv,
                 dag_file=spec.file,
                 max_active=spec.max_active_runs,
+                run_id=interval_run_id(spec.dag_id, iv),
+                run_type=RunType.SCHEDULED,
             )
             self.runs.append((spec.shape, new))
         if nxt is None:  # past end_date: nothing more to arm
@@ -305,6 +309,8 @@ async def _fire_condition(tx: Tx, spec: StartSpec, wait: Row, payload: Any, now:
             start_event=event,
             dag_file=spec.file,
             max_active=spec.max_active_runs,
+            run_type=RunType.EVENT,
+            zone=spec.zone,
         )
         for key, event in requests
     ]

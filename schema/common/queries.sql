@@ -20,12 +20,18 @@ VALUES (:worker_id, :slot, :task_row, :kind, :started_at, :ended_at);
 -- PostgreSQL waits for a concurrent insert of the same key to commit or roll back).
 -- Run as executemany over a batch, without RETURNING (2.5 times slower on SQLite there):
 -- runs_by_id says which were inserted.
+-- The run_id of a schedule's run is made of its interval (executor/store/runs.py:
+-- interval_run_id), so a taken key comes with a taken run_id: the conflict target is
+-- checked first (SQLite; PostgreSQL's arbiter index), and creators of one DAG's runs
+-- hold its lock (lock_dags_runs), so the second insert finds the first committed.
 INSERT INTO dag_run (run_id, dag_id, logical_date, state, dag_file, created_at, tasks_unfinished,
                      run_key, conf, data_interval_start, data_interval_end, start_event,
-                     max_active, hooks, on_task_failure, deadline_at, timeout_s, late_at)
+                     max_active, hooks, on_task_failure, deadline_at, timeout_s, late_at,
+                     logical_time, timezone, run_type)
 VALUES (:run_id, :dag_id, :logical_date, :state, :dag_file, :now, :tasks, :run_key, :conf,
         :data_interval_start, :data_interval_end, :start_event, :max_active, :hooks,
-        :on_task_failure, :deadline_at, :timeout_s, :late_at)
+        :on_task_failure, :deadline_at, :timeout_s, :late_at,
+        :logical_time, :timezone, :run_type)
 ON CONFLICT (dag_id, run_key) DO NOTHING;
 
 -- name: run_by_key
