@@ -21,6 +21,7 @@ from .inspecting import Views
 from .part import Clock
 from .people import Answers
 from .pools import Pools
+from .runlist import RunList
 
 DEFAULT_DB = "sqlite:///slotless.db"
 
@@ -59,6 +60,7 @@ class Store:
         self.pools = Pools(db, clock)
         self.callbacks = Callbacks(db, clock)
         self.views = Views(db, clock)
+        self.runlist = RunList(db, clock)
 
     @property
     def url(self) -> str:

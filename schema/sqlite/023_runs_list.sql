@@ -1,0 +1,15 @@
+-- slotless schema v23 (SQLite): indexes for the runs list (`GET /runs`, `GET /api/v1/runs`,
+-- executor/store/runlist.py, schema/common/runs.sql).
+--
+-- The list is newest first, paged by keyset on (created_at, run_id): each page is an index
+-- walk that stops after a page's rows, however deep the page, instead of a sort of every
+-- run. dag_run_by_created serves the list with no DAG asked for (every other filter is
+-- checked on the rows walked); dag_run_by_dag_created serves a DAG's runs, the common
+-- filter, in the same order without a sort; dag_run_by_logical_date finds a date range's
+-- runs without a walk of every run newer than it (a backfill's old dates are created late).
+-- A run type (dag_run_by_type, 020) and a state are checked on the rows walked: a page of
+-- them is found within a few hundred rows unless they are rare, and then the whole walk
+-- is of this small table, not of its tasks.
+CREATE INDEX dag_run_by_created ON dag_run (created_at, run_id);
+CREATE INDEX dag_run_by_dag_created ON dag_run (dag_id, created_at, run_id);
+CREATE INDEX dag_run_by_logical_date ON dag_run (logical_date);
