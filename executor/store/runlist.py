@@ -101,8 +101,10 @@ class RunFilter:
                 raise BadFilter("type", f"{kind[:40]!r} is not a run type ({', '.join(RUN_TYPES)})")
         if self.from_day and self.to_day and self.from_day > self.to_day:
             raise BadFilter("from", f"{self.from_day} is after to ({self.to_day})")
-        if len(self.text) > MAX_TEXT or not _storable(self.text):
-            raise BadFilter("q", f"at most {MAX_TEXT} characters of text")
+        if len(self.text) > MAX_TEXT:
+            raise BadFilter("q", f"at most {MAX_TEXT} characters")
+        if not _storable(self.text):
+            raise BadFilter("q", "text without NUL characters")
 
     def params(self) -> dict[str, object]:
         """The statement's parameters (schema/common/runs.sql says what each means)."""
@@ -304,7 +306,7 @@ class RunList(Part):
 
     async def runs_page(
         self,
-        which: RunFilter = RunFilter(),  # noqa: B008 - frozen: one shared default is safe
+        which: RunFilter = RunFilter(),
         *,
         limit: int = DEFAULT_PAGE,
         before: Cursor | None = None,
@@ -343,7 +345,7 @@ class RunList(Part):
         runs = [
             ListedRun(
                 run_id=r["run_id"], dag_id=r["dag_id"], logical_date=r["logical_date"],
-                logical=logical_shown(r), run_type=r["run_type"], run_key=r["run_key"],
+                logical=logical_shown(dict(r)), run_type=r["run_type"], run_key=r["run_key"],
                 state=r["state"], created_at=r["created_at"], started_at=started.get(r["run_id"]),
                 ended_at=r["ended_at"], counts=dict(counts[r["run_id"]]),
             )
@@ -417,7 +419,7 @@ class RunList(Part):
         drawn = [s for t in tasks for r in (t.row, *t.instances) for s in r.segments]
         start = min([created, *(s.start for s in drawn)])
         end = max([end, *(s.end for s in drawn)])
-        return Gantt(run_id, run["dag_id"], run["state"], logical_shown(run), start, end, now,
+        return Gantt(run_id, run["dag_id"], run["state"], logical_shown(dict(run)), start, end, now,
                      tasks)  # fmt: skip
 
 

@@ -7,4 +7,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-SECTIONS: tuple[Callable[[web.Application], None], ...] = ()
+from . import api_runs, runs_page  # noqa: F401  (api_runs: its API routes, by importing it)
+
+SECTIONS: tuple[Callable[[web.Application], None], ...] = (runs_page.add_routes,)

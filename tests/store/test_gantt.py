@@ -85,6 +85,7 @@ async def test_attempts_waits_and_instances_are_their_recorded_times(
 
     chart = await store.runlist.gantt(run_id)
     assert chart is not None and chart.live and chart.start == t0
+    assert (chart.dag_id, chart.logical) == ("gantt", "2026-11-24")
     # flaky: queued from the run's start, attempt 1, the retry's wait, attempt 2.
     assert spans(row_of(chart, "flaky")) == [
         ("queued", t0, t_claim, None, False),

@@ -79,6 +79,7 @@ async def test_each_filter_alone_and_together(store: Store, clock: FakeClock) ->
     assert page.older is None and page.newer is None
     first = page.runs[-1]
     assert first.counts == {"SUCCESS": 1} and first.run_type == "manual"
+    assert first.logical == "2026-11-01" and first.logical_date == "2026-11-01"
     assert first.started_at is not None and first.duration(page.now) is not None
     assert page.runs[0].counts == {"RUNNING": 1} and page.runs[0].ended_at is None
 
@@ -203,7 +204,7 @@ async def test_bad_filters_name_their_field(store: Store) -> None:
         with pytest.raises(BadFilter) as caught:
             make()
         assert caught.value.field == field, str(caught.value)
-    with pytest.raises(BadFilter, match="^limit: "):
+    with pytest.raises(BadFilter, match=r"^limit: "):
         await store.runlist.runs_page(limit=501)
-    with pytest.raises(BadFilter, match="^after: "):
+    with pytest.raises(BadFilter, match=r"^after: "):
         await store.runlist.runs_page(before=Cursor(1.0, "a"), after=Cursor(2.0, "b"))
