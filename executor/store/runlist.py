@@ -32,6 +32,9 @@ DEFAULT_PAGE = 50  # runs on a page when no limit is asked for
 MAX_PAGE = 500  # the most runs a page may ask for
 MAX_TEXT = 200  # the longest search text and DAG id a filter takes
 MAX_DAGS = 50  # the most DAGs one filter names
+# A closed range of logical dates shorter than this is found through its index and sorted;
+# a longer or open one is checked on the runs walked newest first (its runs are many).
+DAYS_INDEXED = 31
 # A mapped task's Gantt rows: its first instances (by map index); the rest are counted.
 GANTT_INSTANCES = 100
 
@@ -105,6 +108,16 @@ class RunFilter:
             raise BadFilter("q", f"at most {MAX_TEXT} characters")
         if not _storable(self.text):
             raise BadFilter("q", "text without NUL characters")
+
+    def walk(self) -> str:
+        """Which statement finds the runs (schema/common/runs.sql says why there are
+        several): one DAG's runs, several DAGs', a short closed range of logical dates, or
+        every run newest first."""
+        if self.dags:
+            return "_dag" if len(self.dags) == 1 else "_dags"
+        if self.from_day and self.to_day and (self.to_day - self.from_day).days < DAYS_INDEXED:
+            return "_days"
+        return ""
 
     def params(self) -> dict[str, object]:
         """The statement's parameters (schema/common/runs.sql says what each means)."""
@@ -323,9 +336,11 @@ class RunList(Part):
             raise BadFilter("after", "give before or after, not both")
         newer_first = after is None
         bound = after or before or Cursor(_TOP, "")
-        name = ("runs_older" if newer_first else "runs_newer") + ("_dag" if which.dags else "")
+        name = ("runs_older" if newer_first else "runs_newer") + which.walk()
         params = which.params() | {"at": bound.created_at, "id": bound.run_id, "n": limit + 1}
-        if which.dags:
+        if len(which.dags) == 1:
+            params["dag"] = which.dags[0]
+        elif which.dags:
             params["dags"] = list(which.dags)
         async with self.db.read() as tx:
             rows = list(await tx.fetch(name, **params))

@@ -2,22 +2,118 @@
 --
 -- The list is newest first by (created_at, run_id), paged by keyset: a page's bound is the
 -- (created_at, run_id) of the row it continues from, a row value compared as one (an index
--- range on dag_run_by_created / dag_run_by_dag_created, 023), so page 2,000 costs what
--- page 1 does. :at/:id bound the page (older: below them; newer: above them; the first
--- page passes a bound above every run). Every filter is a parameter, none is spliced in:
+-- range), so page 2,000 costs what page 1 does. :at/:id bound the page (older: below
+-- them; newer: above them; the first page passes a bound above every run). Every filter
+-- is a parameter, none is spliced in:
 --   :states    the states asked for (every run state when none is asked for)
 --   :any_type  1: no run type asked for; else :types, the types asked for (a run written
 --              by a release before 020 has no type: it is found only with no type asked)
 --   :from_day, :to_day  the logical date's range, inclusive ('' and '9999-12-31' when open)
 --   :pattern   LIKE pattern over the run id and the run key, lower case, its wildcards
 --              escaped with '\' ('%' when no text is asked for)
--- With a DAG asked for, the _dag statements walk that DAG's runs (:dags, one or more).
 -- :n is a page's size plus one: the extra row says whether there is a further page.
+--
+-- Three pairs (older, newer), one per index that finds the runs (023), chosen by
+-- executor/store/runlist.py from what is asked, because a planner cannot tell from one
+-- statement which filter is the selective one: the date range is always there (open when
+-- not asked for), and SQLite (no statistics) and a PostgreSQL generic plan (a prepared
+-- statement run often) both took it for a narrow range and sorted every run, 150-250 ms at
+-- 100,000 runs, where the walk newest first reads a page's rows and stops:
+--   runs_*       walk every run newest first (dag_run_by_created), the rest checked per row
+--   runs_*_dag   walk one DAG's runs newest first (dag_run_by_dag_created)
+--   runs_*_dags  several DAGs' runs (the same index, each DAG's found, then sorted: a
+--                list parameter is not one value to either planner)
+--   runs_*_days  a short closed range of logical dates (dag_run_by_logical_date), sorted
+-- INDEXED BY says which to SQLite (PostgreSQL does not read it: schema/__init__.py drops
+-- it); the date compared as (logical_date || '') keeps either planner off the date index
+-- where the walk is meant.
 
 -- name: runs_older
 SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
        r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
-FROM dag_run r
+FROM dag_run r INDEXED BY dag_run_by_created
+WHERE (r.created_at, r.run_id) < (:at, :id)
+  AND r.state = ANY(:states)
+  AND (:any_type = 1 OR r.run_type = ANY(:types))
+  AND (r.logical_date || '') >= :from_day AND (r.logical_date || '') <= :to_day
+  AND (lower(r.run_id) LIKE :pattern ESCAPE '\'
+       OR lower(COALESCE(r.run_key, '')) LIKE :pattern ESCAPE '\')
+ORDER BY r.created_at DESC, r.run_id DESC
+LIMIT :n;
+
+-- name: runs_newer
+SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
+       r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
+FROM dag_run r INDEXED BY dag_run_by_created
+WHERE (r.created_at, r.run_id) > (:at, :id)
+  AND r.state = ANY(:states)
+  AND (:any_type = 1 OR r.run_type = ANY(:types))
+  AND (r.logical_date || '') >= :from_day AND (r.logical_date || '') <= :to_day
+  AND (lower(r.run_id) LIKE :pattern ESCAPE '\'
+       OR lower(COALESCE(r.run_key, '')) LIKE :pattern ESCAPE '\')
+ORDER BY r.created_at, r.run_id
+LIMIT :n;
+
+-- name: runs_older_dag
+SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
+       r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
+FROM dag_run r INDEXED BY dag_run_by_dag_created
+WHERE r.dag_id = :dag
+  AND (r.created_at, r.run_id) < (:at, :id)
+  AND r.state = ANY(:states)
+  AND (:any_type = 1 OR r.run_type = ANY(:types))
+  AND (r.logical_date || '') >= :from_day AND (r.logical_date || '') <= :to_day
+  AND (lower(r.run_id) LIKE :pattern ESCAPE '\'
+       OR lower(COALESCE(r.run_key, '')) LIKE :pattern ESCAPE '\')
+ORDER BY r.created_at DESC, r.run_id DESC
+LIMIT :n;
+
+-- name: runs_older_dags
+SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
+       r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
+FROM dag_run r INDEXED BY dag_run_by_dag_created
+WHERE r.dag_id = ANY(:dags)
+  AND (r.created_at, r.run_id) < (:at, :id)
+  AND r.state = ANY(:states)
+  AND (:any_type = 1 OR r.run_type = ANY(:types))
+  AND (r.logical_date || '') >= :from_day AND (r.logical_date || '') <= :to_day
+  AND (lower(r.run_id) LIKE :pattern ESCAPE '\'
+       OR lower(COALESCE(r.run_key, '')) LIKE :pattern ESCAPE '\')
+ORDER BY r.created_at DESC, r.run_id DESC
+LIMIT :n;
+
+-- name: runs_newer_dag
+SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
+       r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
+FROM dag_run r INDEXED BY dag_run_by_dag_created
+WHERE r.dag_id = :dag
+  AND (r.created_at, r.run_id) > (:at, :id)
+  AND r.state = ANY(:states)
+  AND (:any_type = 1 OR r.run_type = ANY(:types))
+  AND (r.logical_date || '') >= :from_day AND (r.logical_date || '') <= :to_day
+  AND (lower(r.run_id) LIKE :pattern ESCAPE '\'
+       OR lower(COALESCE(r.run_key, '')) LIKE :pattern ESCAPE '\')
+ORDER BY r.created_at, r.run_id
+LIMIT :n;
+
+-- name: runs_newer_dags
+SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
+       r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
+FROM dag_run r INDEXED BY dag_run_by_dag_created
+WHERE r.dag_id = ANY(:dags)
+  AND (r.created_at, r.run_id) > (:at, :id)
+  AND r.state = ANY(:states)
+  AND (:any_type = 1 OR r.run_type = ANY(:types))
+  AND (r.logical_date || '') >= :from_day AND (r.logical_date || '') <= :to_day
+  AND (lower(r.run_id) LIKE :pattern ESCAPE '\'
+       OR lower(COALESCE(r.run_key, '')) LIKE :pattern ESCAPE '\')
+ORDER BY r.created_at, r.run_id
+LIMIT :n;
+
+-- name: runs_older_days
+SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
+       r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
+FROM dag_run r INDEXED BY dag_run_by_logical_date
 WHERE (r.created_at, r.run_id) < (:at, :id)
   AND r.state = ANY(:states)
   AND (:any_type = 1 OR r.run_type = ANY(:types))
@@ -27,39 +123,11 @@ WHERE (r.created_at, r.run_id) < (:at, :id)
 ORDER BY r.created_at DESC, r.run_id DESC
 LIMIT :n;
 
--- name: runs_newer
+-- name: runs_newer_days
 SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
        r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
-FROM dag_run r
+FROM dag_run r INDEXED BY dag_run_by_logical_date
 WHERE (r.created_at, r.run_id) > (:at, :id)
-  AND r.state = ANY(:states)
-  AND (:any_type = 1 OR r.run_type = ANY(:types))
-  AND r.logical_date >= :from_day AND r.logical_date <= :to_day
-  AND (lower(r.run_id) LIKE :pattern ESCAPE '\'
-       OR lower(COALESCE(r.run_key, '')) LIKE :pattern ESCAPE '\')
-ORDER BY r.created_at, r.run_id
-LIMIT :n;
-
--- name: runs_older_dag
-SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
-       r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
-FROM dag_run r
-WHERE r.dag_id = ANY(:dags)
-  AND (r.created_at, r.run_id) < (:at, :id)
-  AND r.state = ANY(:states)
-  AND (:any_type = 1 OR r.run_type = ANY(:types))
-  AND r.logical_date >= :from_day AND r.logical_date <= :to_day
-  AND (lower(r.run_id) LIKE :pattern ESCAPE '\'
-       OR lower(COALESCE(r.run_key, '')) LIKE :pattern ESCAPE '\')
-ORDER BY r.created_at DESC, r.run_id DESC
-LIMIT :n;
-
--- name: runs_newer_dag
-SELECT r.run_id, r.dag_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_start,
-       r.data_interval_end, r.run_type, r.run_key, r.state, r.created_at, r.ended_at
-FROM dag_run r
-WHERE r.dag_id = ANY(:dags)
-  AND (r.created_at, r.run_id) > (:at, :id)
   AND r.state = ANY(:states)
   AND (:any_type = 1 OR r.run_type = ANY(:types))
   AND r.logical_date >= :from_day AND r.logical_date <= :to_day

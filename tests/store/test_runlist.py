@@ -168,16 +168,20 @@ async def test_keyset_paging_visits_every_run_once(
         back.append(ids(page.runs))
     assert back == [ids(p.runs) for p in reversed(pages[:-1])]
 
-    # Filtered paging too: two at a time through the RUNNING runs of alpha and gamma.
-    which = RunFilter(dags=("alpha", "gamma"), states=("RUNNING",))
-    want = (await store.runlist.runs_page(which, limit=500)).runs
-    seen, cursor = [], None
-    while True:
-        page = await store.runlist.runs_page(which, limit=2, before=cursor)
-        seen += ids(page.runs)
-        if (cursor := page.older) is None:
-            break
-    assert seen == ids(want) and len(seen) == len(set(seen)) and len(seen) > 2
+    # Filtered paging too, two at a time, through each way the runs are found.
+    for which in [
+        RunFilter(dags=("alpha", "gamma"), states=("RUNNING",)),
+        RunFilter(from_day=DAY, to_day=DAY + timedelta(days=2), types=("manual", "event")),
+        RunFilter(from_day=DAY + timedelta(days=1), text="K"),
+    ]:
+        want = (await store.runlist.runs_page(which, limit=500)).runs
+        seen, cursor = [], None
+        while True:
+            page = await store.runlist.runs_page(which, limit=2, before=cursor)
+            seen += ids(page.runs)
+            if (cursor := page.older) is None:
+                break
+        assert seen == ids(want) and len(seen) == len(set(seen)) and len(seen) > 2, which
 
 
 async def test_a_cursor_reads_back_exactly(store: Store, clock: FakeClock) -> None:
