@@ -35,6 +35,7 @@ from .outcomes import (
 )
 from .params import BadConf, resolve
 from .rows import MovedTask
+from .runnames import logical_shown
 from .slots import ProcessSlots, Result, ThreadSlots
 from .statemachine import expansion_problem
 from .store import Exchange, Views
@@ -49,6 +50,7 @@ class _RunInfo:
     params: Any = None  # the DAG's params with the run's conf (executor.params.resolve)
     data_interval: tuple[datetime, datetime] | None = None
     start_event: Any = None
+    shown: str | None = None  # its logical time for people (executor.runnames)
 
 
 class Attempts:
@@ -246,6 +248,10 @@ class Attempts:
         found = info.dag_id != "?"
         return info.dag, info.dag_id, info.logical_date if found else None, info.problem
 
+    async def logical_shown(self, run_id: str) -> str | None:
+        """The run's logical time as people read it, for its notifications (read once)."""
+        return (await self._run_info(run_id)).shown
+
     async def _inputs(self, row: MovedTask, spec: TaskSpec) -> dict[str, Any]:
         if row.inputs is not None:
             return row.inputs  # read by the claim
@@ -337,7 +343,9 @@ class Attempts:
                     datetime.fromisoformat(run["data_interval_end"]),
                 )
             event = None if run["start_event"] is None else json.loads(run["start_event"])
-            info = _RunInfo(dag, run["dag_id"], logical, problem, params, interval, event)
+            info = _RunInfo(
+                dag, run["dag_id"], logical, problem, params, interval, event, logical_shown(run)
+            )
         self._runs[run_id] = info
         return info
 

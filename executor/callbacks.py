@@ -82,6 +82,7 @@ class Deliveries:
             log_tail=tail,
             context=row.context,
             callback_try=row.tries,
+            logical_shown=await self.attempts.logical_shown(row.run_id),
         )
         slot_ctx = TaskContext(
             run_id=row.run_id,

@@ -262,13 +262,17 @@ class CallbackContext:
     log_tail: list[str]
     context: dict[str, Any]
     callback_try: int = 1
+    # The run's logical time as people read it (executor.runnames.logical_shown):
+    # "2026-11-26 06:00" for an hourly run, where logical_date is the day alone.
+    logical_shown: str | None = None
 
     def title(self) -> str:
         what = f"{self.dag_id}.{self.task_id}" if self.task_id else self.dag_id
         return f"slotless: {what} {self.event.removeprefix('on_').replace('_', ' ')}"
 
     def body(self) -> str:
-        lines = [f"run {self.run_id}" + (f" ({self.logical_date})" if self.logical_date else "")]
+        logical = self.logical_shown or self.logical_date
+        lines = [f"run {self.run_id}" + (f" ({logical})" if logical else "")]
         if self.attempt is not None:
             lines.append(f"attempt {self.attempt}")
         if self.error:

@@ -12,7 +12,7 @@ Nothing of ours is imported: every layer above may use it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, time
 from enum import StrEnum
 from typing import Any
@@ -54,23 +54,53 @@ def logical_shown(run: Any) -> str:
     run of a sub-daily schedule always shows its time, 00:00 included, so that the runs
     of one day read alike.
 
-    ``run`` is a run row: a mapping (a driver row, ``run_info``) or an object with the
-    attributes (``RunRow``); ``logical_time``, ``timezone``, ``data_interval_start`` and
-    ``data_interval_end`` may be missing or None (a row of a process of the previous
-    release): then the logical date alone is shown.
+    ``run`` is a run row: a driver's row (``Views.run_info``), a mapping, or an object
+    with the attributes (``RunRow``), read for ``logical_time``, ``timezone``, ``data_interval_end``
+    and ``logical_date``. Without a logical time (a row written by the previous release)
+    the logical date alone is shown.
     """
-    get = run.get if isinstance(run, Mapping) else lambda k: getattr(run, k, None)
+    get = _getter(run)
     text = get("logical_time")
     if not text:
         return str(get("logical_date"))
-    zone = _zone(get("timezone"))
-    at = datetime.fromisoformat(text).astimezone(zone)
     end = get("data_interval_end")
-    if at.time() == time(0) and (
-        not end or datetime.fromisoformat(end).astimezone(zone).time() == time(0)
+    return shown_at(
+        datetime.fromisoformat(text),
+        _zone(get("timezone")),
+        None if not end else datetime.fromisoformat(end),
+    )
+
+
+def shown_at(at: datetime, zone: ZoneInfo, interval_end: datetime | None = None) -> str:
+    """:func:`logical_shown` of a logical instant ``at`` read on ``zone``, for a run whose
+    data interval ends at ``interval_end`` (None: it has none): what is shown of a run
+    before it exists (``slotless backfill`` names the intervals it is about to create)."""
+    local = at.astimezone(zone)
+    if local.time() == time(0) and (
+        interval_end is None or interval_end.astimezone(zone).time() == time(0)
     ):
-        return at.date().isoformat()
-    return wall_text(at)
+        return local.date().isoformat()
+    text = wall_text(local)
+    # A wall time the clock passes twice (the hour repeated when DST ends) names two
+    # instants: both passes show their offset, "2026-10-25 02:00+02:00" then "+01:00".
+    if local.replace(fold=1 - local.fold).utcoffset() != local.utcoffset():
+        text += offset_text(local)
+    return text
+
+
+def offset_text(at: datetime) -> str:
+    """``+01:00``: an aware datetime's UTC offset, as ISO 8601 writes it."""
+    raw = at.strftime("%z")
+    return f"{raw[:3]}:{raw[3:]}"
+
+
+def _getter(run: Any) -> Callable[[str], Any]:
+    if isinstance(run, Mapping):
+        return run.get
+    if hasattr(run, "keys"):  # a driver's row (sqlite3.Row): by name, not a Mapping
+        names = set(run.keys())
+        return lambda k: run[k] if k in names else None
+    return lambda k: getattr(run, k, None)
 
 
 def _zone(name: str | None) -> ZoneInfo:

@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from executor.loader import DagImportError
+from executor.runnames import logical_time_text, shown_at
 from executor.schedules import Interval
 from executor.states import RUN_TERMINAL, RunState
 from executor.store import Store
@@ -229,9 +230,9 @@ async def follow(
 
 
 def _when(iv: Interval, zone: ZoneInfo) -> str:
-    """An interval's logical date on the DAG's clock: the date, and its time unless 00:00."""
-    local = iv.start.astimezone(zone)
-    return iv.ds if local.time() == time() else f"{local:%Y-%m-%d %H:%M}"
+    """An interval's logical time on the DAG's clock, as its run will be shown: the date
+    alone for a day's interval, else its time too (executor.runnames.logical_shown)."""
+    return shown_at(iv.start, zone, iv.end)
 
 
 def _announce(
@@ -312,6 +313,7 @@ def _report(
         "runs": [
             {
                 "logical_date": b.interval.start.isoformat(),
+                "logical_time": logical_time_text(b.interval.start),
                 "ds": b.interval.ds,
                 "run_id": b.run_id,
                 "run_key": b.run_key,

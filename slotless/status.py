@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from executor.runnames import logical_shown
 from executor.store import Store, open_store
 from executor.store.viewrows import AttentionRow, DeferredRow, HeldRow, RetryingRow, WaitingRow
 from triggers.base import SHARDS, clip
@@ -88,24 +89,22 @@ async def status_command(args: argparse.Namespace) -> int:
 
 
 async def collect(store: Store, limit: int = 20, now: float | None = None) -> StatusView:
-    """Everything ``slotless status`` shows, read at ``now`` (default: the store's clock)."""
+    """Everything ``slotless status`` shows, read at ``now`` (default: the store's clock), in
+    one snapshot of the store (``store.views.status``): its counts, lists and bars agree."""
     now = store.clock() if now is None else now
-    summary = await store.views.waiting_summary(now)
+    rows = await store.views.status(limit, now)
     waiting: dict[str, Waiting] = {}
     for state in WAITING:
-        s = summary.get(state)
-        count = s.n if s else 0
-        rows = await store.views.waiting_tasks(state, limit) if count else []
-        tasks = [waiting_task(r, now) for r in rows]
+        s = rows.waiting_counts.get(state)
+        tasks = [waiting_task(r, now) for r in rows.waiting[state]]
         oldest = max((t.for_seconds for t in tasks), default=None)
-        waiting[state] = Waiting(count, oldest, tasks)
-    leases = await store.views.shard_leases()
+        waiting[state] = Waiting(s.n if s else 0, oldest, tasks)
     held: dict[str, list[int]] = {}
-    for lease in leases:
+    for lease in rows.leases:
         if lease.owner is not None and (lease.expires_at or 0) >= now:
             held.setdefault(lease.owner, []).append(lease.shard)
     triggerers = []
-    for t in await store.views.list_triggerers():
+    for t in rows.triggerers:
         shards = sorted(held.get(t.id, []))
         age = max(0.0, now - t.seen_at)
         triggerers.append(
@@ -121,10 +120,10 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> St
                 loop_lag_ms=t.loop_lag_ms,
             )
         )
-    total = len(leases) or SHARDS
+    total = len(rows.leases) or SHARDS
     return StatusView(
         now=now,
-        runs_by_state=await store.views.run_states(),
+        runs_by_state=rows.runs_by_state,
         runs=[
             RunShown(
                 r.run_id,
@@ -135,22 +134,23 @@ async def collect(store: Store, limit: int = 20, now: float | None = None) -> St
                 r.ended_at,
                 counts,
                 r.state_reason,
+                r.logical_time,
+                logical_shown(r),
+                r.run_type,
             )
-            for r, counts in await store.views.recent_runs(limit)
+            for r, counts in rows.runs
         ],
-        attention=[attention(r) for r in await store.views.runs_needing_attention(limit)],
-        tasks_by_state=await store.views.live_task_states(),
+        attention=[attention(r) for r in rows.attention],
+        tasks_by_state=rows.tasks_by_state,
         waiting=waiting,
         triggerers=triggerers,
         shards=Shards(total, total - sum(len(v) for v in held.values())),
-        pools=[PoolShown(p.name, p.slots, p.used, p.ready) for p in await store.pools.pools()],
+        pools=[PoolShown(p.name, p.slots, p.used, p.ready) for p in rows.pools],
         queues=[
             QueueShown(q.name, q.declared, q.workers, q.slots, q.ready, q.workers > 0)
-            for q in await store.pools.queues()
+            for q in rows.queues
         ],
-        held_back=[
-            _held(HeldRow.of(r), why, now) for r, why in await store.pools.held_back_tasks(limit)
-        ],
+        held_back=[_held(HeldRow.of(r), why, now) for r, why in rows.held_back],
     )
 
 
@@ -290,13 +290,18 @@ def render(data: StatusView, console: Console) -> None:
         console.print(Text("tasks of unfinished runs: ").append(states_text(data.tasks_by_state)))
 
     runs = Table(title="recent runs", title_justify="left")
-    for col in ("run", "logical date", "state", "started", "tasks by state"):
+    # The run id folds rather than ends in "…" on a narrow terminal: it is what a person
+    # copies into `slotless logs` or `clear`; the logical time stays on one line.
+    runs.add_column("run", overflow="fold")
+    runs.add_column("logical time", no_wrap=True)
+    for col in ("type", "state", "started", "tasks by state"):
         runs.add_column(col)
     for r in data.runs:
         started = datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S")
         runs.add_row(
             r.run_id,
-            r.logical_date,
+            r.logical_shown or r.logical_date,
+            r.run_type or "-",
             Text(r.state, style=STATE_STYLE.get(r.state, "")),
             started,
             states_text(r.tasks),

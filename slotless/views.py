@@ -2,7 +2,7 @@
 
 A view is read once and then only read: frozen dataclasses, built by :func:`.status.collect`
 (and the store's read-only views, :mod:`executor.store.inspecting`). The CLI prints one,
-the page renders one twice (its HTML and its live JSON twin, from the same attributes)
+the page renders one with its template (the page and its live blocks, the same template)
 and ``/api/status`` sends :meth:`StatusView.to_json`, so none of the three can read a key
 the others do not have.
 
@@ -42,6 +42,9 @@ class RunShown:
     ended_at: float | None
     tasks: dict[str, int]  # task instances by state (a mapped task counts as its instances)
     reason: str | None  # why it paused, failed fast or was cancelled
+    logical_time: str | None = None  # ISO 8601, UTC (None: a run of a previous release)
+    logical_shown: str = ""  # executor.runnames.logical_shown: "2026-11-26 06:00"
+    run_type: str | None = None  # scheduled | manual | backfill | event
 
     @property
     def finished(self) -> bool:

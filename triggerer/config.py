@@ -29,3 +29,6 @@ class TriggererConfig:
     push: bool = True
     push_safety_interval: float = 300.0  # how often a check whose source is live is polled
     push_retry: float = 30.0  # a source that failed is tried again after this (doubling)
+    # A sample of checks/s, loop lag and what it holds for the waits page, written at the
+    # first heartbeat after this many seconds (triggerer/sampling.py); kept an hour.
+    sample_every: float = 30.0

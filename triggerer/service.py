@@ -46,6 +46,7 @@ from .models import KeptModels
 from .push import PushHub
 from .repair import UNLOADABLE, Repair
 from .running import CallHook, CallTimes, CheckRunner
+from .sampling import Gauges, Sampler
 from .settling import Settler
 from .store import TriggererStore
 from .sweeping import Sweep
@@ -157,6 +158,17 @@ class Triggerer:
         )
         self.table.watcher = self.push
         self.table.on_forget = self.holder.forget
+        # The waits page's sidebar: a sample at the heartbeat when one is due (sampling.py).
+        self.ops.sampler = Sampler(
+            Gauges(
+                checks_done=lambda: self.settler.checks_done,
+                lags=lambda: (self.watch.percentile(0.99), max(self.watch.lags, default=0.0)),
+                waits=lambda: self.table.subscriptions,
+                checks=lambda: len(self.table),
+                shards=lambda: len(self.leases.shards),
+            ),
+            every=cfg.sample_every,
+        )
 
     # What the metrics and the tests read; the settler and the leases keep them.
 

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import cast
 
 from executor.carried import Outputs, Resumes
@@ -26,6 +26,8 @@ from executor.store.people import answer_by_default
 from executor.store.starts import fail_starts, fire_starts
 from triggers.base import SHARDS
 
+from .sampling import KEPT as SAMPLES_KEPT
+from .sampling import Sampler
 from .waitref import WaitKind, Waits, by_kind, is_task
 
 log = logging.getLogger("slotless.triggerer")
@@ -82,6 +84,8 @@ class TriggererStore:
         self.clock = clock
         # Taken from the change log, until the reconcile and the repair act on it.
         self.changes = WaitChanges()
+        # Asked at each heartbeat for the sidebar's sample, if one is due (service.py).
+        self.sampler: Sampler | None = None
 
     async def lease_shards(
         self,
@@ -132,14 +136,29 @@ class TriggererStore:
         return await self.db.transact(body)
 
     async def triggerer_beat(self, owner: str, triggers: int, loop_lag_ms: float | None) -> None:
-        async with self.db.write() as tx:
-            await tx.execute(
-                "triggerer_beat",
-                id=owner,
-                now=self.clock(),
-                triggers=triggers,
-                loop_lag_ms=loop_lag_ms,
-            )
+        """The heartbeat; with it, when one is due, the sampler's row for the waits page's
+        sidebar and the pruning of rows past the hour kept (triggerer/sampling.py): one
+        small row per period, whatever the waits held."""
+        sample = self.sampler.take() if self.sampler is not None else None
+        now = self.clock()
+        try:
+            async with self.db.write() as tx:
+                await tx.execute(
+                    "triggerer_beat",
+                    id=owner,
+                    now=now,
+                    triggers=triggers,
+                    loop_lag_ms=loop_lag_ms,
+                )
+                if sample is not None:
+                    await tx.execute("triggerer_samples_prune", before=now - SAMPLES_KEPT)
+                    await tx.execute(
+                        "triggerer_sample_add", triggerer=owner, at=now, **asdict(sample)
+                    )
+        except BaseException:
+            if sample is not None and self.sampler is not None:
+                self.sampler.put_back()
+            raise
 
     async def other_triggerers(self, me: str) -> list[str]:
         """The other triggerers: listed, or holding shard leases (expired or not)."""

@@ -54,7 +54,16 @@ class Database(Protocol):
         """A read-write transaction that takes the write lock at once."""
         ...
 
-    def read(self) -> AbstractAsyncContextManager[Tx]: ...
+    def read(self) -> AbstractAsyncContextManager[Tx]:
+        """Reads, each statement in autocommit: each sees one consistent state, but two
+        statements may see two (a write may commit between them). Cheap: for hot paths."""
+        ...
+
+    def snapshot(self) -> AbstractAsyncContextManager[Tx]:
+        """A read-only transaction whose statements all see the same committed state (SQLite:
+        one WAL read transaction; PostgreSQL: REPEATABLE READ, READ ONLY). For what a person
+        reads at once (a web page's view), so that it never mixes two moments."""
+        ...
 
     async def transact(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         """``await body(tx)`` in one read-write transaction, as ``async with write()``

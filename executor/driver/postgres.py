@@ -224,6 +224,17 @@ class PostgresDatabase:
         async with self._pool.acquire() as conn:
             yield PostgresTx(conn, self._sql)
 
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[PostgresTx]:
+        # READ COMMITTED would take a new snapshot per statement; REPEATABLE READ takes one
+        # at the first and keeps it. READ ONLY: it can never fail to serialize, nor write.
+        assert self._pool is not None
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield PostgresTx(conn, self._sql)
+
     # -- wake-ups -----------------------------------------------------------------------------
 
     async def wait(self, channel: str, timeout: float) -> bool:

@@ -255,6 +255,32 @@ class SqliteDatabase:
         async with self._lock:
             yield SqliteTx(self._conn, self._sql)
 
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[SqliteTx]:
+        # A deferred BEGIN takes no lock; in WAL mode the first SELECT starts a read
+        # transaction, and every later one reads the same end of the log until COMMIT, while
+        # other processes go on writing. (Autocommit reads would each see their own moment.)
+        async with self._lock:
+            begin = asyncio.ensure_future(self._conn.execute("BEGIN"))
+            try:
+                await asyncio.shield(begin)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._undo_begin(begin))
+                raise
+            try:
+                yield SqliteTx(self._conn, self._sql)
+            finally:
+                # Ended whatever happens (cancelled too): a read transaction left open would
+                # refuse this connection's next BEGIN and hold back the WAL's checkpoints.
+                await asyncio.shield(self._end_read())
+
+    async def _end_read(self) -> None:
+        try:
+            await self._conn.execute("COMMIT")
+        except sqlite3.OperationalError:
+            if self._conn.in_transaction:
+                raise  # otherwise already ended (an error rolled it back): nothing to end
+
     def clock(self) -> float:
         """The host's clock: every process sharing the file runs on this host."""
         return time.time()

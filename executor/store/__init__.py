@@ -17,11 +17,13 @@ from .catalogue import Catalogue
 from .control import Runs
 from .events import Events
 from .exchange import Exchange
+from .grid import Grids
 from .inspecting import Views
 from .part import Clock
 from .people import Answers
 from .pools import Pools
 from .runlist import RunList
+from .waitlist import Waitlist
 
 DEFAULT_DB = "sqlite:///slotless.db"
 
@@ -60,7 +62,9 @@ class Store:
         self.pools = Pools(db, clock)
         self.callbacks = Callbacks(db, clock)
         self.views = Views(db, clock)
-        self.runlist = RunList(db, clock)
+        self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
+        self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
+        self.runlist = RunList(db, clock)  # the runs list and a run's Gantt chart
 
     @property
     def url(self) -> str:

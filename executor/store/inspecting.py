@@ -16,8 +16,10 @@ from executor.rows import TaskRow
 from executor.states import TERMINAL
 from triggers.base import clip
 
-from ..driver.db import Row
+from ..driver.db import Row, Tx
+from ..pools import PoolUse
 from .part import Part
+from .pools import QueueUse, read_held_back, read_pools, read_queues
 from .viewrows import (
     AttentionRow,
     BrokenFile,
@@ -45,8 +47,10 @@ RUNS_PER_DAG = 25
 PROGRESS_ROWS = 8
 
 
-# A page and its live JSON twin (slotless/web/pages.py) render one of these each, and
-# whether the page goes on refreshing (``live``) is decided here once for both.
+# Each web page renders one of these, read in ONE snapshot (``db.snapshot()``: every
+# statement sees the same committed state), so that nothing on a page mixes two moments:
+# a run's badge, its duration and its "cancel" button all come from the same row. Whether
+# the page goes on refreshing (``live``) is decided here, from the same read.
 
 
 @dataclass(slots=True)
@@ -56,6 +60,9 @@ class RunGraph:
     mapped: dict[str, dict[str, int]]  # mapped task -> its instances by state
     edges: list[tuple[str, str]]  # (parent, child)
     waits: dict[str, str] = field(default_factory=dict)  # DEFERRED task -> what it waits for
+    now: float = 0.0  # the store's clock when it was read
+    # Ready tasks a full pool or an unserved queue holds back, each with why.
+    held: list[tuple[Row, str]] = field(default_factory=list)
 
     @property
     def live(self) -> bool:
@@ -65,6 +72,7 @@ class RunGraph:
 @dataclass(slots=True)
 class TaskDetail:
     row: TaskRow
+    now: float
     events: list[EventRow]
     trigger: TriggerRow | None = None  # while DEFERRED
     waiters: int = 0  # tasks waiting on the same check, this one included
@@ -86,6 +94,25 @@ class DagsPage:
     def live(self) -> bool:
         """A run of a catalogued DAG has not finished."""
         return any(not r.finished for runs in self.runs.values() for r in runs)
+
+
+@dataclass(slots=True)
+class StatusRows:
+    """What ``slotless status`` and the web page's run list show, read in one snapshot
+    (``slotless.status.collect`` types it)."""
+
+    now: float
+    waiting_counts: dict[str, WaitingCount]
+    waiting: dict[str, list[WaitingRow]]  # by state, the longest wait first
+    leases: list[ShardLease]
+    triggerers: list[TriggererRow]
+    runs_by_state: dict[str, int]
+    runs: list[tuple[RunRow, dict[str, int]]]
+    attention: list[AttentionRow]
+    tasks_by_state: dict[str, int]
+    pools: list[PoolUse]
+    queues: list[QueueUse]
+    held_back: list[tuple[Row, str]]
 
 
 @dataclass(slots=True)
@@ -132,12 +159,6 @@ class Views(Part):
             row = await tx.fetchone("ops_retrying_since")
         return None if row is None else row["since"]
 
-    async def waiting_tasks(self, state: str, limit: int) -> list[WaitingRow]:
-        """Tasks in one waiting state, the longest wait first (with what they wait for)."""
-        query, typed = _WAITING[state]
-        async with self.db.read() as tx:
-            return list(typed.all(await tx.fetch(query, n=limit)))
-
     async def list_triggerers(self) -> list[TriggererRow]:
         """Live and recently seen triggerers, each with the number of shards it holds."""
         async with self.db.read() as tx:
@@ -149,21 +170,42 @@ class Views(Part):
 
     async def recent_runs(self, limit: int) -> list[tuple[RunRow, dict[str, int]]]:
         """The newest runs, each with its task instances by state."""
-        async with self.db.read() as tx:
-            runs = await tx.fetch("list_runs", n=limit)
-            counts: dict[str, dict[str, int]] = defaultdict(dict)
-            for r in await tx.fetch("ops_run_counts", n=limit):
-                counts[r["run_id"]][r["state"]] = r["n"]
-        return [(run, counts[run.run_id]) for run in RunRow.all(runs)]
+        async with self.db.snapshot() as tx:
+            return await _recent_runs(tx, limit)
 
-    async def runs_needing_attention(self, limit: int = 100) -> list[AttentionRow]:
-        """Runs PAUSED by their failure policy, or going on past their deadline."""
-        async with self.db.read() as tx:
-            return AttentionRow.all(await tx.fetch("ops_runs_needing_attention", n=limit))
+    async def status(self, limit: int, now: float) -> StatusRows:
+        """Everything the run list shows, in one snapshot: at most ``limit`` runs, tasks
+        per waiting state and held-back tasks."""
+        async with self.db.snapshot() as tx:
+            counts = {
+                r.state: r for r in WaitingCount.all(await tx.fetch("ops_waiting_summary", now=now))
+            }
+            waiting: dict[str, list[WaitingRow]] = {}
+            for state, (query, typed) in _WAITING.items():
+                c = counts.get(state)
+                waiting[state] = (
+                    list(typed.all(await tx.fetch(query, n=limit))) if c and c.n else []
+                )
+            pools = await read_pools(tx, now)
+            queues = await read_queues(tx, now)
+            return StatusRows(
+                now=now,
+                waiting_counts=counts,
+                waiting=waiting,
+                leases=ShardLease.all(await tx.fetch("ops_shard_leases")),
+                triggerers=TriggererRow.all(await tx.fetch("list_triggerers")),
+                runs_by_state={r["state"]: r["n"] for r in await tx.fetch("ops_run_states")},
+                runs=await _recent_runs(tx, limit),
+                attention=AttentionRow.all(await tx.fetch("ops_runs_needing_attention", n=limit)),
+                tasks_by_state={r["state"]: r["n"] for r in await tx.fetch("ops_live_task_states")},
+                pools=pools,
+                queues=queues,
+                held_back=await read_held_back(tx, now, pools, queues, limit),
+            )
 
     async def dags_page(self, runs_per_dag: int = RUNS_PER_DAG) -> DagsPage:
         """Every catalogued DAG with its newest runs, and the files whose parse failed."""
-        async with self.db.read() as tx:
+        async with self.db.snapshot() as tx:
             dags = DagRow.all(await tx.fetch("catalogue_dags"))
             runs: dict[str, list[RunSquare]] = defaultdict(list)
             for r in RunSquare.all(await tx.fetch("dags_page_runs", n=runs_per_dag)):
@@ -172,7 +214,9 @@ class Views(Part):
         return DagsPage(dags, dict(runs), broken)
 
     async def run_graph(self, run_id: str) -> RunGraph | None:
-        async with self.db.read() as tx:
+        """A run, its tasks, edges and waits, and the ready tasks held back: one snapshot."""
+        now = self.clock()
+        async with self.db.snapshot() as tx:
             run = await tx.fetchone("run_info", run_id=run_id)
             if run is None:
                 return None
@@ -189,7 +233,10 @@ class Views(Part):
                 )
                 for r in await tx.fetch("ops_run_waits", run_id=run_id)
             }
-        return RunGraph(RunRow.of(run), tasks, dict(mapped), edges, waits)
+            pools = await read_pools(tx, now)
+            queues = await read_queues(tx, now)
+            held = await read_held_back(tx, now, pools, queues, 0, run_id)
+        return RunGraph(RunRow.of(run), tasks, dict(mapped), edges, waits, now, held)
 
     async def run_progress(self, run_id: str, n: int = PROGRESS_ROWS) -> RunProgress | None:
         """What `slotless run` shows while the run goes: reads of this run's rows only."""
@@ -220,14 +267,17 @@ class Views(Part):
     async def task_detail(
         self, run_id: str, task_id: str, map_index: int = -1
     ) -> TaskDetail | None:
-        async with self.db.read() as tx:
+        """A task, its log, its trigger, its instances and their counts: one snapshot."""
+        now = self.clock()
+        async with self.db.snapshot() as tx:
             found = await tx.fetchone(
                 "task_row", run_id=run_id, task_id=task_id, map_index=map_index
             )
             if found is None:
                 return None
             row = TaskRow.of(found)
-            detail = TaskDetail(row, EventRow.all(await tx.fetch("task_events", task_row=row.id)))
+            events = EventRow.all(await tx.fetch("task_events", task_row=row.id))
+            detail = TaskDetail(row, now, events)
             if row.state == "DEFERRED" and row.trigger_id is not None:
                 trigger = await tx.fetchone("ops_trigger", id=row.trigger_id)
                 if trigger is not None:
@@ -294,3 +344,11 @@ class Views(Part):
         payload = json.dumps([{**q, "q": i} for i, q in enumerate(questions)])
         async with self.db.read() as tx:
             return await tx.fetch("external_states", questions=payload)
+
+
+async def _recent_runs(tx: Tx, limit: int) -> list[tuple[RunRow, dict[str, int]]]:
+    runs = await tx.fetch("list_runs", n=limit)
+    counts: dict[str, dict[str, int]] = defaultdict(dict)
+    for r in await tx.fetch("ops_run_counts", n=limit):
+        counts[r["run_id"]][r["state"]] = r["n"]
+    return [(run, counts[run.run_id]) for run in RunRow.all(runs)]

@@ -241,7 +241,7 @@ class Answers(Part):
 
     async def needs_you(self, limit: int = 200) -> tuple[int, list[Request]]:
         """How many requests wait for a person, and the oldest ``limit`` of them."""
-        async with self.db.read() as tx:
+        async with self.db.snapshot() as tx:  # the count and the list at one moment
             count = await tx.fetchone("needs_you_count")
             rows = await tx.fetch("needs_you", limit=limit)
         out = []

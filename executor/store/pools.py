@@ -123,13 +123,8 @@ class Pools(Part):
 
     async def pools(self) -> list[PoolUse]:
         """``default`` (unlimited) and every stored pool: slots, slots in use, tasks ready."""
-        now = self.clock()
         async with self.db.read() as tx:
-            d = await tx.fetchone("ops_default_pool", now=now)
-            rows = await tx.fetch("ops_pools", now=now)
-        out = [PoolUse(DEFAULT, None, int(d["used"]) if d else 0, int(d["ready"]) if d else 0)]
-        out += [PoolUse(r["name"], r["slots"], int(r["used"]), int(r["ready"])) for r in rows]
-        return out
+            return await read_pools(tx, self.clock())
 
     # -- queues --------------------------------------------------------------------------
 
@@ -150,17 +145,7 @@ class Pools(Part):
     async def queues(self) -> list[QueueUse]:
         """Every queue declared, served by a live worker or with tasks ready in it."""
         async with self.db.read() as tx:
-            rows = await tx.fetch("ops_queues", now=self.clock())
-        return [
-            QueueUse(
-                r["name"],
-                r["name"] == DEFAULT or bool(r["declared"]),
-                int(r["workers"]),
-                int(r["slots"]),
-                int(r["ready"]),
-            )
-            for r in rows
-        ]
+            return await read_queues(tx, self.clock())
 
     async def check_queues(self, names: Sequence[str]) -> None:
         """Refuse a worker's ``--queues`` naming a queue nobody declared (a typo would
@@ -183,16 +168,56 @@ class Pools(Part):
         each with the reason ("waiting for pool warehouse (4/4 used)"): at most ``limit``,
         or every one of ``run_id``'s."""
         now = self.clock()
-        pools = {p.name: p for p in await self.pools()}
-        served = {q.name for q in await self.queues() if q.workers}
-        async with self.db.read() as tx:
-            if run_id is None:
-                rows = await tx.fetch("ops_held_back", now=now, n=limit)
-            else:
-                rows = await tx.fetch("ops_run_held_back", now=now, run_id=run_id)
-        out = []
-        for r in rows:
-            why = held_back(r, pools, served)
-            if why is not None:
-                out.append((r, why))
-        return out
+        async with self.db.snapshot() as tx:
+            pools = await read_pools(tx, now)
+            queues = await read_queues(tx, now)
+            return await read_held_back(tx, now, pools, queues, limit, run_id)
+
+
+# -- the same reads inside a caller's transaction (a page reads everything in one) ----------
+
+
+async def read_pools(tx: Tx, now: float) -> list[PoolUse]:
+    """``default`` (unlimited) and every stored pool: slots, slots in use, tasks ready."""
+    d = await tx.fetchone("ops_default_pool", now=now)
+    rows = await tx.fetch("ops_pools", now=now)
+    out = [PoolUse(DEFAULT, None, int(d["used"]) if d else 0, int(d["ready"]) if d else 0)]
+    out += [PoolUse(r["name"], r["slots"], int(r["used"]), int(r["ready"])) for r in rows]
+    return out
+
+
+async def read_queues(tx: Tx, now: float) -> list[QueueUse]:
+    """Every queue declared, served by a live worker or with tasks ready in it."""
+    return [
+        QueueUse(
+            r["name"],
+            r["name"] == DEFAULT or bool(r["declared"]),
+            int(r["workers"]),
+            int(r["slots"]),
+            int(r["ready"]),
+        )
+        for r in await tx.fetch("ops_queues", now=now)
+    ]
+
+
+async def read_held_back(
+    tx: Tx,
+    now: float,
+    pools: Sequence[PoolUse],
+    queues: Sequence[QueueUse],
+    limit: int,
+    run_id: str | None = None,
+) -> list[tuple[Row, str]]:
+    """:meth:`Pools.held_back_tasks`, judged by ``pools`` and ``queues`` read in ``tx``."""
+    by_name = {p.name: p for p in pools}
+    served = {q.name for q in queues if q.workers}
+    if run_id is None:
+        rows = await tx.fetch("ops_held_back", now=now, n=limit)
+    else:
+        rows = await tx.fetch("ops_run_held_back", now=now, run_id=run_id)
+    out = []
+    for r in rows:
+        why = held_back(r, by_name, served)
+        if why is not None:
+            out.append((r, why))
+    return out

@@ -26,7 +26,7 @@ from ..driver.db import Tx
 from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
 from ..rules import Counts, Decision, decide
-from ..runnames import RunType, logical_time_text, midnight, wall_text
+from ..runnames import RunType, logical_time_text, midnight, offset_text, wall_text
 from ..runpolicy import RunPolicy, anchor, late_json, moment
 from ..runwaits import Wait, arm, waits_of
 from ..schedules import Interval
@@ -189,17 +189,15 @@ def interval_run_id(dag_id: str, interval: Interval, suffix: str = "") -> str:
     repeated hour apart), then ``suffix`` (a rerun's ``~rerun-N``). One interval, one id,
     as one interval has one run key: whoever creates it (under the DAG's lock,
     ``lock_dags_runs``) finds the other's run by its key."""
-    return f"{dag_id}:{_id_tail(interval)}{suffix}"
+    return f"{dag_id}:{_id_tail(interval.start, interval.zone)}{suffix}"
 
 
 @functools.lru_cache(maxsize=1024)
-def _id_tail(interval: Interval) -> str:
-    """Runs of one tick share it: 10,000 DAGs due together format it once."""
-    at = interval.start.astimezone(interval.zone)
-    offset = "" if interval.zone.key == "UTC" else at.strftime("%z")
-    if offset:
-        offset = f"{offset[:3]}:{offset[3:]}"
-    return wall_text(at, "T") + offset
+def _id_tail(start: datetime, zone: ZoneInfo) -> str:
+    """Runs of one tick on one clock share it: 10,000 DAGs due together format it once.
+    Keyed by the zone too: an Interval's equality leaves its zone out."""
+    at = start.astimezone(zone)
+    return wall_text(at, "T") + ("" if zone.key == "UTC" else offset_text(at))
 
 
 @functools.lru_cache(maxsize=1024)

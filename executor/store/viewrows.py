@@ -28,6 +28,15 @@ class RunRow(_FromRow):
     ended_at: float | None
     deadline_at: float | None
     deadline_missed_at: float | None
+    conf: str | None  # the JSON object it was triggered with (None: none)
+    # Its logical instant (UTC), the zone it is read on, how it started (migration 020;
+    # None: written by a process of the previous release). executor.runnames.logical_shown
+    # writes it for people; the interval tells a sub-daily run from a day's.
+    logical_time: str | None
+    timezone: str | None
+    run_type: str | None
+    data_interval_start: str | None
+    data_interval_end: str | None
 
     @property
     def finished(self) -> bool:

@@ -4,5 +4,4 @@
 -- that a page's bound (created_at, run_id) is one index range.
 DROP INDEX dag_run_by_created;
 CREATE INDEX dag_run_by_created ON dag_run (created_at, run_id);
-CREATE INDEX dag_run_by_dag_created ON dag_run (dag_id, created_at, run_id);
 CREATE INDEX dag_run_by_logical_date ON dag_run (logical_date);

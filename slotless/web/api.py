@@ -54,6 +54,7 @@ from pydantic.json_schema import models_json_schema
 from executor.loader import DagImportError
 from executor.params import BadConf
 from executor.rows import TaskRow
+from executor.runnames import logical_shown
 from executor.store import Store
 from executor.store.catalogue import UnknownDag
 from executor.store.events import MAX_BATCH, StoredEvent, UnknownEvent
@@ -162,12 +163,36 @@ class RunIn(_Model):
     run_key: str | None = Field(default=None, min_length=1, max_length=2048)
 
 
+RunTypeName = Literal["scheduled", "manual", "backfill", "event"]  # executor.runnames.RunType
+_LOGICAL_TIME = Field(
+    description="the run's logical instant, ISO 8601 in UTC: a schedule's run, its "
+    "interval's start; else midnight of its logical date on the DAG's clock (null: a run "
+    "created by a release before logical times)",
+    examples=["2026-11-26T06:00:00+00:00"],
+)
+_LOGICAL_SHOWN = Field(
+    description="the logical time as people read it, on the DAG's clock: "
+    "'2026-11-26 06:00', or '2026-11-26' alone for a day's run",
+    examples=["2026-11-26 06:00"],
+)
+_RUN_TYPE = Field(
+    description="how the run started: scheduled, manual (slotless trigger, the page, this "
+    "API, Python), backfill, event (a start condition); null: created by a release "
+    "before run types",
+    examples=["manual"],
+)
+
+
 class RunOut(_Model):
     dag_id: str
     run_id: str
     run_key: str
     created: bool
     state: str
+    logical_date: str
+    logical_time: str | None = _LOGICAL_TIME
+    logical_shown: str = _LOGICAL_SHOWN
+    run_type: RunTypeName | None = _RUN_TYPE
 
 
 class TaskOut(_Model):
@@ -181,6 +206,9 @@ class RunStatusOut(_Model):
     dag_id: str
     state: str
     logical_date: str
+    logical_time: str | None = _LOGICAL_TIME
+    logical_shown: str = _LOGICAL_SHOWN
+    run_type: RunTypeName | None = _RUN_TYPE
     tasks: list[TaskOut]
 
 
@@ -366,8 +394,11 @@ async def start_run(call: Call) -> tuple[int, BaseModel]:
         raise ApiError(409, str(exc), "dag_id") from None
     except BadConf as exc:
         raise ApiError(400, str(exc), "conf") from None
+    info = await call.store.views.run_info(started.run_id)
+    assert info is not None  # just created or found, and runs are never deleted
+    run = RunRow.of(info)
     out = RunOut(dag_id=dag_id, run_id=started.run_id, run_key=started.run_key,
-                 created=started.created, state=started.state)  # fmt: skip
+                 created=started.created, state=started.state, **_logical(run))  # fmt: skip
     return (201 if started.created else 200), out
 
 
@@ -382,7 +413,17 @@ async def get_run(call: Call) -> tuple[int, BaseModel]:
     tasks = [TaskOut(task_id=t.task_id, map_index=t.map_index, state=t.state)
              for t in TaskRow.all(await call.store.views.run_tasks(run_id))]  # fmt: skip
     return 200, RunStatusOut(run_id=run_id, dag_id=run.dag_id, state=run.state,
-                             logical_date=str(run.logical_date), tasks=tasks)  # fmt: skip
+                             tasks=tasks, **_logical(run))  # fmt: skip
+
+
+def _logical(run: RunRow) -> dict[str, Any]:
+    """A run's date, time, and type, as both run models say them."""
+    return {
+        "logical_date": str(run.logical_date),
+        "logical_time": run.logical_time,
+        "logical_shown": logical_shown(run),
+        "run_type": run.run_type,
+    }
 
 
 # ------------------------------------------------------------------------------ serving

@@ -6,7 +6,7 @@ GET  /dags                                   the catalogued DAGs, their newest r
 GET  /runs/{run_id}                          the run's tasks as a graph and a table
 GET  /runs/{run_id}/tasks/{task_id}          a task: attempts, wait, log (mapped: instances)
 GET  /runs/{run_id}/tasks/{task_id}/{index}  one instance of a mapped task
-GET  /api/live/<any page above>              what changed on that page, as JSON (the live poll)
+GET  /api/live/<any page above>              that page's live blocks, as JSON (the live poll)
 GET  /needs-you                              requests waiting for a person's answer (people.py)
 GET  /api/status                             what `slotless status --json` prints
 GET  /login, POST /login, POST /logout       signing in with the operator's token, and out
@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from html import escape
 
 from aiohttp import web
 
 from executor.store import Store
-from executor.store.viewrows import HeldRow
 
 from ..status import collect
 from ..views import task_name
@@ -73,9 +71,8 @@ def make_app(
         (r"/runs/{run_id}/tasks/{task_id}/{index:\d+}", task),
     ):
         app.router.add_get(path, handler)
-        app.router.add_get(LIVE + path, handler)  # the same page's changes, as JSON
-    app.router.add_get("/needs-you", needs_you)
-    app.router.add_get(LIVE + "/needs-you", needs_you)
+        app.router.add_get(LIVE + path, handler)  # the page's live blocks, as JSON
+    app.router.add_get("/needs-you", needs_you)  # not live: a person types into its forms
     app.router.add_get("/api/status", api_status)
     app.router.add_get("/login", login_form)
     app.router.add_post("/login", login)
@@ -88,75 +85,28 @@ def make_app(
     return app
 
 
-def _polled(request: web.Request) -> bool:
-    return request.path.startswith(LIVE + "/")
-
-
-def _html(
-    request: web.Request, title: str, main: str, live: bool, status: int = 200
-) -> web.Response:
-    s = request.app[SETTINGS]
-    w = request.app[AUTH].writes(request)
-    flash = None
-    if w.session is not None:  # shown once, then forgotten, with the form it refused
-        flash, w.session.flash, w.session.form = w.session.flash, None, {}
-    body = pages.page(
-        title,
-        main,
-        live=live,
-        db=s["db"],
-        refresh=s["refresh"],
-        poll=LIVE + request.path if status == 200 else "",
-        w=w,
-        flash=flash,
-        needs=request.get(NEEDS),
-    )
-    return web.Response(
-        text=body, status=status, content_type="text/html", headers={"Cache-Control": "no-store"}
-    )
-
-
-def _json(data: dict) -> web.Response:
-    return web.json_response(data, headers={"Cache-Control": "no-store"})
-
-
 async def index(request: web.Request) -> web.Response:
-    store = request.app[STORE]
     try:
         limit = max(1, min(1000, int(request.query.get("limit", request.app[SETTINGS]["runs"]))))
     except ValueError:
         raise web.HTTPBadRequest(text="limit must be a number") from None
-    data = await collect(store, limit)
-    if _polled(request):
-        return _json(pages.live_index(data))
-    main, live = pages.index(data)
-    return _html(request, "runs", main, live)
+    return respond(request, pages.index_view(await collect(request.app[STORE], limit)))
 
 
 async def dags(request: web.Request) -> web.Response:
+    w = request.app[AUTH].writes(request)
+    kept = dict(w.session.form) if w.session is not None else {}  # read before it is cleared
     data = await request.app[STORE].views.dags_page()
-    if _polled(request):
-        return _json(pages.live_dags(data))
-    main, live = pages.dags_page(data, request.app[AUTH].writes(request))
-    return _html(request, "DAGs", main, live)
+    view = pages.dags_view(data, w.session is not None, kept, request.query.get("trigger", ""))
+    return respond(request, view)
 
 
 async def run(request: web.Request) -> web.Response:
-    store = request.app[STORE]
     run_id = request.match_info["run_id"]
-    g = await store.views.run_graph(run_id)
+    g = await request.app[STORE].views.run_graph(run_id)
     if g is None:
         return _not_found(request, f"There is no run {run_id!r}.")
-    if _polled(request):
-        return _json(pages.live_run(g, store.clock()))
-    # Ready tasks a pool or a queue holds back say so in their box.
-    for r, why in await store.pools.held_back_tasks(0, run_id):
-        held = HeldRow.of(r)
-        g.waits.setdefault(
-            task_name(held.task_id, held.map_index), why.removeprefix("waiting for ")
-        )
-    main, live = pages.run_page(g, store.clock(), request.app[AUTH].writes(request))
-    return _html(request, run_id, main, live)
+    return respond(request, pages.run_view(g))
 
 
 async def task(request: web.Request) -> web.Response:
@@ -170,21 +120,17 @@ async def task(request: web.Request) -> web.Response:
             return _not_found(request, f"There is no run {run_id!r}.")
         name = task_name(task_id, index)
         return _not_found(request, f"Run {run_id!r} has no task {name!r}.")
-    if _polled(request):
-        return _json(pages.live_task(d))
-    main, live = pages.task_page(d, store.clock(), request.app[AUTH].writes(request))
-    return _html(request, f"{task_name(task_id, index)} - {run_id}", main, live)
+    return respond(request, pages.task_view(d))
 
 
 async def needs_you(request: web.Request) -> web.Response:
     """Requests waiting for a person's answer (people.py), each with its form."""
-    count, requests = await request.app[STORE].answers.needs_you()
-    if _polled(request):
-        return _json({"count": count, "tasks": [r.task_row for r in requests]})
+    store = request.app[STORE]
+    count, requests = await store.answers.needs_you()
+    request[NEEDS] = count  # the header's count from the same read as the list
     w = request.app[AUTH].writes(request)
     kept = dict(w.session.form) if w.session is not None else {}
-    main = people_page.needs_you_page(count, requests, w, request.app[STORE].clock(), kept)
-    return _html(request, "needs you", main, False)
+    return respond(request, people_page.needs_you_view(count, requests, w, store.clock(), kept))
 
 
 async def api_status(request: web.Request) -> web.Response:
@@ -195,12 +141,8 @@ async def api_status(request: web.Request) -> web.Response:
 
 
 async def login_form(request: web.Request) -> web.Response:
-    return _html(
-        request,
-        "sign in",
-        pages.login_page(request.app[AUTH].enabled, _back(request.query.get("back"))),
-        False,
-    )
+    view = pages.login_view(request.app[AUTH].enabled, _back(request.query.get("back")))
+    return respond(request, view)
 
 
 async def login(request: web.Request) -> web.Response:
@@ -210,7 +152,7 @@ async def login(request: web.Request) -> web.Response:
     session = auth.login(given) if isinstance(given, str) else None
     if session is None:
         why = "writes are off (no token)" if not auth.enabled else "wrong token"
-        return _refused(request, why, pages.login_page(auth.enabled, "/", wrong=auth.enabled))
+        return _refused(request, why, pages.login_view(auth.enabled, "/", wrong=auth.enabled))
     session.flash = ("ok", "signed in: this page can now pause and trigger")
     response = web.HTTPSeeOther(_back(form.get("back")))
     set_cookie(response, request, session)
@@ -268,13 +210,9 @@ async def _checked(request: web.Request) -> Session | web.Response:
     return session
 
 
-def _refused(request: web.Request, why: str, main: str = "") -> web.Response:
+def _refused(request: web.Request, why: str, view: View | None = None) -> web.Response:
     log.warning("refused %s %s from %s: %s", request.method, request.path, request.remote, why)
-    main = main or (
-        f'<h1>Forbidden</h1><p class="warn">{escape(why)}: nothing was changed.</p>'
-        '<p><a href="/">back to the runs</a></p>'
-    )
-    return _html(request, "forbidden", main, False, status=403)
+    return respond(request, view or pages.forbidden_view(why), status=403)
 
 
 def _back(path: object) -> str:
@@ -315,5 +253,4 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     except Exception as exc:
         log.exception("error serving %s", request.path)
-        main = f'<h1>Error</h1><p class="warn">{escape(type(exc).__name__)}: {escape(str(exc))}</p>'
-        return _html(request, "error", main, False, status=500)
+        return respond(request, pages.error_view(exc), status=500)

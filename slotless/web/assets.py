@@ -1,4 +1,5 @@
-"""The page's stylesheet and its little script, served as they are: no build step."""
+"""The page's stylesheet, served inline in every page (no build step, no second request;
+the live script is static/live.js)."""
 
 # Waiting that is healthy (DEFERRED, SENSING) is drawn in cool colours with a dashed
 # outline; trouble (RETRYING, FAILED, UPSTREAM_FAILED) in warm colours with a heavy
@@ -127,7 +128,6 @@ header .needs.on b { background: #e65100; }
 .field-error { color: #b71c1c; font-weight: 600; margin-left: .5em; }
 .flash.ok { background: #e8f5e9; border-color: #2e7d32; color: #1b4d1e; }
 .flash.error { background: #ffebee; border-color: #b71c1c; color: #7f1010; font-weight: 600; }
-.stale { background: #e3f2fd; padding: .3em .8em; max-width: 70em; }
 form.act { display: inline-block; margin: 0 0 0 .6em; }
 form.act button { font-size: 12px; padding: 0 .6em; cursor: pointer; }
 header form.act { margin-left: .6em; }
@@ -136,77 +136,4 @@ details.trigger summary { cursor: pointer; color: #1f5fbf; }
 details.trigger form.act { display: block; margin: .3em 0 0; }
 details.trigger textarea { display: block; margin-bottom: .3em; }
 form.login input { font: inherit; padding: .2em .4em; }
-"""
-
-# Keep a live page up to date in place (no reload: scroll, open forms and typing kept): every
-# --refresh seconds, GET the page's /api/live/... JSON (pages.live_*) and apply it with
-# attributes and textContent only, never as markup; stop when the page is no longer live.
-JS = """
-(function () {
-  var body = document.body;
-  var every = Math.max(500, Number(body.dataset.refresh || 2) * 1000);
-  function all(key) {
-    return document.querySelectorAll('[data-k="' + CSS.escape(key) + '"]');
-  }
-  function set(el, v) {
-    if (v.cls !== undefined) { el.setAttribute("class", v.cls); }
-    if (v.state) {
-      var cls = el.getAttribute("class");
-      if (cls && /(^| )st-/.test(cls)) {
-        el.setAttribute("class", cls.replace(/(^| )st-[A-Z_]+/, "$1st-" + v.state));
-      }
-      if (el.hasAttribute("data-state")) { el.setAttribute("data-state", v.state); }
-    }
-    if (v.text !== undefined) { el.textContent = v.text; }
-    if (v.title !== undefined) { el.setAttribute("title", v.title); }
-    if (v.width !== undefined) { el.style.width = v.width; }
-    if (v.hidden !== undefined) { el.hidden = v.hidden; }
-  }
-  function make(v) {
-    var el = document.createElement(v.href ? "a" : "span");
-    if (v.href) { el.setAttribute("href", v.href); }
-    if (v.state) { el.setAttribute("data-state", v.state); }
-    set(el, v);
-    return el;
-  }
-  function apply(data) {
-    var stale = [];
-    Object.keys(data.els || {}).forEach(function (key) {
-      var v = data.els[key];
-      all(key).forEach(function (el) {
-        if (v.stale && el.textContent !== v.text) { stale.push(v.stale); return; }
-        set(el, v);
-      });
-    });
-    Object.keys(data.lists || {}).forEach(function (key) {
-      var items = data.lists[key];
-      all(key).forEach(function (box) {
-        if (items.length) { box.replaceChildren.apply(box, items.map(make)); }
-      });
-    });
-    if (stale.length) {
-      document.getElementById("stale").textContent = stale.join(" ");
-      document.getElementById("stale").parentNode.hidden = false;
-    }
-    body.dataset.live = data.live ? "1" : "0";
-  }
-  function schedule() {
-    var on = body.dataset.live === "1" && body.dataset.poll;
-    if (on) { setTimeout(tick, every); }
-    var badge = document.getElementById("live");
-    if (badge) {
-      badge.className = on ? "live on" : "live";
-      badge.textContent = on ? "live, refreshing" : "not live";
-    }
-  }
-  function tick() {
-    fetch(body.dataset.poll, { headers: { "Accept": "application/json" }, cache: "no-store" })
-      .then(function (r) { return r.ok ? r.json() : null; })
-      .then(function (data) { if (data) { apply(data); } })
-      .catch(function () {})
-      .then(schedule);
-  }
-  window.slotless = { apply: apply };
-  schedule();
-})();
 """

@@ -1,4 +1,5 @@
-"""A run's tasks as a graph: laid out in columns by depth, drawn as server-side SVG.
+"""A run's tasks as a graph: laid out here in columns by depth, drawn as SVG by the run
+page's template (templates/_graph.html), where every text is escaped like any other.
 
 Each task is a box coloured by state (see assets.CSS); a mapped task is one box, folded,
 with a strip of its instances' states and their counts. Edges run left to right.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from html import escape
+from dataclasses import dataclass
 
 from executor.rows import TaskRow
 
@@ -80,30 +81,59 @@ def layout(task_ids: Sequence[str], edges: Sequence[tuple[str, str]]) -> dict[st
     return pos
 
 
-def svg(
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One state's share of a mapped task's strip of instances."""
+
+    state: str
+    n: int
+    x: float
+    width: float
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    task_id: str
+    href: str
+    state: str
+    x: int
+    y: int
+    label: str  # the id, cut to fit the box
+    sub: str  # its state (and attempt, or how many instances)
+    note: str  # a third line: what it waits for, or a mapped task's counts
+    strip: list[Segment]
+
+
+@dataclass(frozen=True, slots=True)
+class Drawing:
+    """Where everything goes; templates/_graph.html draws it (escaped there, as any text)."""
+
+    width: int
+    height: int
+    edges: list[str]  # each edge's SVG path
+    boxes: list[Box]
+    box_w: int = BOX_W
+    box_h: int = BOX_H
+
+
+def drawing(
     tasks: Sequence[TaskRow],
     edges: Sequence[tuple[str, str]],
     mapped: dict[str, dict[str, int]],
     href: Callable[[str], str],
     notes: dict[str, str] | None = None,
-) -> str:
-    """The graph; ``notes`` adds a third line to a box (e.g. what a DEFERRED task waits for)."""
+) -> Drawing:
+    """The graph laid out; ``notes`` adds a third line to a box (what a task waits for)."""
     notes = notes or {}
-    by_id = {t.task_id: t for t in tasks}
     pos = layout([t.task_id for t in tasks], edges)
     cols = 1 + max((c for c, _ in pos.values()), default=0)
     rows = 1 + max((r for _, r in pos.values()), default=0)
-    width = 2 * PAD + cols * BOX_W + (cols - 1) * GAP_X
-    height = 2 * PAD + rows * BOX_H + (rows - 1) * GAP_Y
 
     def xy(task_id: str) -> tuple[int, int]:
         c, r = pos[task_id]
         return PAD + c * (BOX_W + GAP_X), PAD + r * (BOX_H + GAP_Y)
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="task graph">'
-    ]
+    paths = []
     for p, c in edges:
         if p not in pos or c not in pos:
             continue
@@ -111,38 +141,36 @@ def svg(
         x2, y2 = xy(c)
         x1, y1, y2 = x1 + BOX_W, y1 + BOX_H // 2, y2 + BOX_H // 2
         mid = (x1 + x2) / 2
-        parts.append(f'<path class="edge" d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>')
-    for task_id, t in by_id.items():
-        x, y = xy(task_id)
-        state = t.state
-        counts = mapped.get(task_id)
-        label = task_id if len(task_id) <= 26 else task_id[:25] + "\u2026"
-        note = notes.get(task_id, "")
+        paths.append(f"M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}")
+    boxes = []
+    for t in {t.task_id: t for t in tasks}.values():
+        x, y = xy(t.task_id)
+        counts = mapped.get(t.task_id)
+        note = notes.get(t.task_id, "")
+        strip: list[Segment] = []
         if counts is not None or t.map_total is not None:
             counts = counts or {}
-            total = sum(counts.values())
-            sub = f"{MARK.get(state, '')} {state} \u00b7 mapped \u00d7{total}"
+            sub = f"{MARK.get(t.state, '')} {t.state} \u00b7 mapped \u00d7{sum(counts.values())}"
             note = " ".join(f"{counts[s]}{MARK[s]}" for s in STATE_ORDER if counts.get(s))
+            strip = _strip(x + 10, BOX_W - 20, counts)
         else:
             sub = box_sub(t)
-        parts.append(
-            f'<a href="{escape(href(task_id))}" data-task="{escape(task_id)}" '
-            f'data-state="{state}" data-k="box:{escape(task_id)}">'
-            f"<title>{escape(task_id)}: {state}</title>"
-            f'<rect data-k="box:{escape(task_id)}" class="box st-{state}" x="{x}" y="{y}" '
-            f'width="{BOX_W}" height="{BOX_H}" rx="6"/>'
-            f'<text class="tid" x="{x + 10}" y="{y + 18}">{escape(label)}</text>'
-            f'<text class="sub" data-k="sub:{escape(task_id)}" x="{x + 10}" y="{y + 35}">'
-            f"{escape(sub)}</text>"
+        boxes.append(
+            Box(
+                task_id=t.task_id,
+                href=href(t.task_id),
+                state=t.state,
+                x=x,
+                y=y,
+                label=t.task_id if len(t.task_id) <= 26 else t.task_id[:25] + "\u2026",
+                sub=sub,
+                note=note if len(note) <= 36 else note[:12] + "\u2026" + note[-23:],
+                strip=strip,
+            )
         )
-        if note:
-            note = note if len(note) <= 36 else note[:12] + "\u2026" + note[-23:]
-            parts.append(f'<text class="sub note" x="{x + 10}" y="{y + 51}">{escape(note)}</text>')
-        if counts:
-            parts.append(_strip(x + 10, y + BOX_H - 9, BOX_W - 20, counts))
-        parts.append("</a>")
-    parts.append("</svg>")
-    return "".join(parts)
+    width = 2 * PAD + cols * BOX_W + (cols - 1) * GAP_X
+    height = 2 * PAD + rows * BOX_H + (rows - 1) * GAP_Y
+    return Drawing(width, height, paths, boxes)
 
 
 def box_sub(t: TaskRow) -> str:
@@ -153,19 +181,15 @@ def box_sub(t: TaskRow) -> str:
     return sub
 
 
-def _strip(x: int, y: int, width: int, counts: dict[str, int]) -> str:
+def _strip(x: int, width: int, counts: dict[str, int]) -> list[Segment]:
     """A thin bar of a mapped task's instances, one segment per state."""
     total = sum(counts.values()) or 1
     out = []
     offset = 0.0
     for state in STATE_ORDER:
         n = counts.get(state, 0)
-        if not n:
-            continue
-        w = width * n / total
-        out.append(
-            f'<rect class="seg st-{state}" x="{x + offset:.1f}" y="{y}" width="{w:.1f}" '
-            f'height="5"><title>{n} {state}</title></rect>'
-        )
-        offset += w
-    return "".join(out)
+        if n:
+            w = width * n / total
+            out.append(Segment(state, n, round(x + offset, 1), round(w, 1)))
+            offset += w
+    return out

@@ -19,12 +19,14 @@ import re
 from html import escape
 from typing import Any
 
+from markupsafe import Markup
+
 from executor.store.people import Request, RespondError
 from triggers.people import AnswerError, Approval, Choice, Form
 
 from .actions import Act, Refused, action
 from .auth import Writes
-from .pages import action_form
+from .render import View
 
 FORM_PREFIX = "form."  # a Form's field NAME is posted as form.NAME
 
@@ -85,117 +87,35 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def needs_you_page(
-    count: int, requests: list[Request], w: Writes, now: float, kept: dict[str, str]
-) -> str:
-    """The list; ``kept``: what a refused answer's form held (its values and the error's
-    field), drawn back into that request's form."""
-    head = f'<h1>Needs you <span class="count" id="needs-count">{count}</span></h1>'
-    if not requests:
-        return head + '<p class="empty" id="needs-none">Nothing is waiting for a person.</p>'
-    if w.session is None:
-        note = (
-            '<p class="warn">Sign in with your token to answer.</p>'
-            if w.enabled
-            else '<p class="warn">Read-only: this page was started without a token.</p>'
-        )
-    else:
-        note = f'<p>Answering as <strong id="who">{escape(w.session.who)}</strong>.</p>'
-    shown = "".join(_request(r, w, now, kept) for r in requests)
-    more = f"<p>{count - len(requests)} more not shown.</p>" if count > len(requests) else ""
-    return head + note + shown + more
-
-
-def _request(r: Request, w: Writes, now: float, kept: dict[str, str]) -> str:
-    wait = r.wait
-    task_href = f"/runs/{escape(r.run_id)}/tasks/{escape(r.task_id)}"
-    facts = [
-        ("DAG", escape(r.dag_id)),
-        ("run", f'<a href="/runs/{escape(r.run_id)}">{escape(r.run_id)}</a>'),
-        ("task", f'<a href="{task_href}">{escape(r.task_id)}</a>'),
-        ("date", escape(r.logical_date)),
-        ("asks for", escape(wait.kind)),
-    ]
-    if r.waiting_since:
-        facts.append(("waiting", _ago(now - r.waiting_since)))
-    if r.gives_up_at:
-        then = "the default answer" if wait.default is not None else "fails"
-        facts.append(("gives up", f"in {_ago(r.gives_up_at - now)}, then {then}"))
-    facts.append(("who may answer", escape(", ".join(wait.respondents) or "anyone with a token")))
-    if wait.default is not None:
-        facts.append(("default", f'<span class="mono">{escape(json.dumps(wait.default))}</span>'))
-    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
-    mine = kept.get("task_row") == str(r.task_row)
-    return (
-        f'<section class="request" id="task-{r.task_row}" data-task="{escape(r.task_id)}">'
-        f'<h2 class="subject">{escape(wait.subject)}</h2>'
-        f'<dl class="facts">{dl}</dl>'
-        f'<div class="body">{markdown(wait.body)}</div>'
-        f"{_answer_forms(r, w, kept if mine else {})}</section>"
-    )
-
-
-def _answer_forms(r: Request, w: Writes, kept: dict[str, str]) -> str:
-    if w.session is None:
-        return ""
-    if not r.wait.may_answer(w.session.who):
-        return f'<p class="warn">{escape(w.session.who)} may not answer this request.</p>'
-    base = {"run_id": r.run_id, "task_id": r.task_id, "map_index": str(r.map_index),
-            "task_row": str(r.task_row)}  # fmt: skip
-    comment = (
-        '<label>comment <input name="comment" maxlength="4000" '
-        f'value="{escape(kept.get("comment", ""))}"></label>'
-    )
-    wait = r.wait
+def _kind_of(wait: object) -> str:
+    """Which answer form a request takes (a BranchChoice is a Choice)."""
     if isinstance(wait, Approval):
-        return (
-            action_form(w, "respond", {**base, "approve": "true"}, "Approve",
-                        inputs=comment, cls="approve")
-            + action_form(w, "respond", {**base, "approve": "false"}, "Reject",
-                          inputs=comment, cls="reject")
-        )  # fmt: skip
-    if isinstance(wait, Choice):  # and BranchChoice
-        kind = "checkbox" if wait.multiple else "radio"
-        options = "".join(
-            f'<label><input type="{kind}" name="choose" value="{escape(o)}"> {escape(o)}</label>'
-            for o in wait.options
-        )
-        return action_form(w, "respond", base, "Answer", inputs=options + comment, cls="choice")
+        return "approval"
+    if isinstance(wait, Choice):
+        return "choice"
     if isinstance(wait, Form):
-        return action_form(
-            w, "respond", base, "Submit", inputs=_fields(wait, kept) + comment, cls="form"
-        )
+        return "form"
     return ""
 
 
-def _fields(form: Form, kept: dict[str, str]) -> str:
-    bad = kept.get("error_field", "")
-    out = []
-    for f in form.fields():
-        name = FORM_PREFIX + f["name"]
-        value = kept.get(name, "" if f["default"] is None else str(f["default"]))
-        required = " required" if f["required"] and f["type"] != "boolean" else ""
-        attrs = f'name="{escape(name)}" id="f-{escape(f["name"])}"'
-        if f["enum"]:
-            opts = "".join(
-                f'<option value="{escape(str(o))}"{" selected" if str(o) == value else ""}>'
-                f"{escape(str(o))}</option>"
-                for o in f["enum"]
-            )
-            control = f"<select {attrs}{required}>{opts}</select>"
-        elif f["type"] == "boolean":
-            checked = " checked" if value in ("True", "true", "on") else ""
-            control = f'<input type="checkbox" {attrs}{checked}>'
-        else:
-            # Text, even for numbers: the schema checks the value, and its error is shown
-            # by the field (a browser's own number check would hide the server's).
-            control = f'<input type="text" {attrs} value="{escape(value)}"{required}>'
-        error = ""
-        if bad == name:
-            error = f'<span class="field-error" role="alert">{escape(kept.get("error", ""))}</span>'
-        hint = f"<small>{escape(f['description'])}</small>" if f["description"] else ""
-        out.append(f'<label class="field">{escape(f["title"])} {control}{hint}{error}</label>')
-    return "".join(out)
+def needs_you_view(
+    count: int, requests: list[Request], w: Writes, now: float, kept: dict[str, str]
+) -> View:
+    """The list, read in one snapshot (``count`` and ``requests`` agree); ``kept``: what a
+    refused answer's form held (its values and the error's field), drawn back into that
+    request's form."""
+    ctx = {
+        "count": count,
+        "requests": requests,
+        "now": now,
+        "form_kept": kept,
+        "ago": _ago,
+        "kind_of": _kind_of,
+        "dumps": json.dumps,
+        # Safe by construction: markdown() escapes the text before adding its few tags.
+        "markdown": lambda text: Markup(markdown(text)),
+    }
+    return View("needs_you.html", "needs you", ctx)
 
 
 # -- the action ------------------------------------------------------------------------

@@ -100,6 +100,10 @@ def environment() -> jinja2.Environment:
     static = resources.files("slotless.web") / "static"
     # Served inline: the page is one response, works with no internet and no second request.
     env.globals["live_js"] = Markup(f"<script>{(static / 'live.js').read_text()}</script>")
+    # The shared macros are globals: a live block is rendered alone (live_blocks), without
+    # the imports at the top of its template, so an import there would not reach it.
+    macros = env.get_template("_macros.html").module
+    env.globals.update({n: getattr(macros, n) for n in dir(macros) if not n.startswith("_")})
     for name in env.list_templates(extensions=["html", "svg"]):
         env.get_template(name)  # compiled and cached (auto_reload off: never re-read)
     return env

@@ -3,6 +3,7 @@ its live blocks as JSON. Page modules call :func:`respond`; they never build HTM
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -24,11 +25,12 @@ def chrome(request: web.Request, *, status: int = 200) -> dict[str, Any]:
     """What every page's header and script need: the database, who may write, the poll URL,
     a message flashed once (then forgotten, with the form it refused)."""
     s = request.app[SETTINGS]
-    w = request.app[AUTH].writes(request)
+    page_path = request.path.removeprefix(LIVE) if polled(request) else request.path
+    # A form in a live block comes back to the page, not to its poll's URL.
+    w = replace(request.app[AUTH].writes(request), path=page_path)
     flash = None
     if w.session is not None and not polled(request):
         flash, w.session.flash, w.session.form = w.session.flash, None, {}
-    page_path = request.path.removeprefix(LIVE) if polled(request) else request.path
     query = f"?{request.query_string}" if request.query_string else ""
     return {
         "db": s["db"],

@@ -7,6 +7,11 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from . import api_runs, runs_page  # noqa: F401  (api_runs: its API routes, by importing it)
+# The api_* modules' /api/v1 routes are registered when they are imported.
+from . import api_dags, api_runs, api_waits, dag_page, runs_page, waits_page  # noqa: F401
 
-SECTIONS: tuple[Callable[[web.Application], None], ...] = (runs_page.add_routes,)
+SECTIONS: tuple[Callable[[web.Application], None], ...] = (
+    dag_page.add_routes,
+    waits_page.add_routes,
+    runs_page.add_routes,
+)

@@ -217,7 +217,9 @@ async def test_in_chromium_needs_you_approve_reject_and_a_bad_form_value(tmp_pat
             )
             assert "Publish the 2026-11-24 file?" in subjects
             # The body's markup is text: no script element, nothing run, the tag shown.
-            sign_off = f"section.request[data-task=sign_off]:has(a[href*='{approved}'])"
+            sign_off = (
+                f"section.request[data-task=sign_off]:has(a[href*='{quote(approved, safe='')}'])"
+            )
             body = await page.eval(f"document.querySelector({json.dumps(sign_off)} + ' .body')"
                                    ".textContent")  # fmt: skip
             assert "<script>window.pwned = 1</script>" in body
@@ -231,7 +233,7 @@ async def test_in_chromium_needs_you_approve_reject_and_a_bad_form_value(tmp_pat
             )
 
             # A bad form value: the field's error beside it, nothing changed.
-            form = f"section.request[data-task=details]:has(a[href*='{approved}'])"
+            form = f"section.request[data-task=details]:has(a[href*='{quote(approved, safe='')}'])"
             await page.eval(
                 f"document.querySelector({json.dumps(form)} + ' input[name=\"form.amount\"]')"
                 ".value = '-5'"
@@ -252,7 +254,9 @@ async def test_in_chromium_needs_you_approve_reject_and_a_bad_form_value(tmp_pat
             )
             await wait_states(store, approved, {"sign_off": "SUCCESS", "publish": "SUCCESS"})
             # Reject the other run's: its downstream is SKIPPED.
-            other = f"section.request[data-task=sign_off]:has(a[href*='{rejected}'])"
+            other = (
+                f"section.request[data-task=sign_off]:has(a[href*='{quote(rejected, safe='')}'])"
+            )
             await page.click_on(f"{other} form.reject button")
             await wait_states(store, rejected, {"sign_off": "SUCCESS", "publish": "SKIPPED"})
             # A good form value now.
@@ -266,11 +270,11 @@ async def test_in_chromium_needs_you_approve_reject_and_a_bad_form_value(tmp_pat
             task_page = f"{base}/runs/{quote(approved, safe='')}/tasks/sign_off"
             await page.send("Page.navigate", url=task_page)
             await page.eval_when(
-                "document.querySelector('[data-k=state]')?.textContent.includes('SUCCESS')",
+                "document.querySelector('#task-title .badge')?.textContent.includes('SUCCESS')",
                 "the approved task's page",
             )
             colour = await page.eval(
-                "getComputedStyle(document.querySelector('[data-k=state]')).backgroundColor"
+                "getComputedStyle(document.querySelector('#task-title .badge')).backgroundColor"
             )
         assert colour == "rgb(200, 230, 201)"  # .st-SUCCESS: green
         tasks = {t["task_id"]: t for t in await store.views.run_tasks(approved)}

@@ -65,7 +65,7 @@ async def test_status_the_page_and_the_metrics_show_pool_waits(
         status, html = wait_for_http(f"http://127.0.0.1:{port}/", ui, log)
         assert status == 200
         assert "Pools and queues" in html
-        assert 'data-k="pool:warehouse">1/1<' in html
+        assert '<tr data-pool="warehouse">' in html and '<td class="used">1/1</td>' in html
         assert "waiting for pool warehouse (1/1 used)" in html
         assert "queue gpu: 1 task(s) ready, no live worker serves it" in html
         # The run's page: the held task's box and row say what it waits for.
@@ -75,7 +75,8 @@ async def test_status_the_page_and_the_metrics_show_pool_waits(
         assert escape("queue gpu (no live worker serves it)") in page
         status, live = http_get(f"http://127.0.0.1:{port}/api/live/")  # the page's poll
         assert status == 200
-        assert json.loads(live)["els"]["pool:warehouse"] == {"text": "1/1"}
+        block = json.loads(live)["blocks"]["live_index"]  # the same template's block
+        assert '<tr data-pool="warehouse">' in block and '<td class="used">1/1</td>' in block
     finally:
         assert stop_process(ui) == 0, log.read_text()
 

@@ -361,6 +361,11 @@ async def test_dagrun_timeout_cancels_the_run_with_its_reason(url: str, tmp_path
     store = await open_store(url)
     procs = services(url, tmp_path, "--isolation", "process")
     try:
+        # The 3 s count from the run's creation: on a loaded machine a worker still starting
+        # would let them pass before crunch runs (then it is SKIPPED, not killed).
+        await async_wait_until(
+            lambda: store.exchange.other_workers(""), 30, interval=0.05, what="a worker up"
+        )
         run_id = await new_run(store, path, "slowrun")
 
         async def cancelled() -> bool:

@@ -132,7 +132,7 @@ def test_a_failed_tasks_log_has_its_traceback(live_ui):
     tb = re.search(r'<pre class="tb">(.*?)</pre>', html, re.DOTALL)
     assert tb is not None
     assert "Traceback (most recent call last)" in tb.group(1)
-    assert "KeyError: &#x27;row 42&#x27;" in tb.group(1)
+    assert "KeyError: &#39;row 42&#39;" in tb.group(1)
     assert 'data-live="0"' in html  # a finished task does not refresh
 
 
@@ -292,7 +292,7 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
     listed = {d["dag_id"]: d for d in dags_ui["listed"]}
     assert listed["nightly"]["next_run"]
     assert f"<td>{escape(listed['nightly']['next_run'])}</td>" in row
-    assert '<span class="active" data-k="paused:nightly">active</span>' in row
+    assert '<span class="active">active</span>' in row
     squares = re.findall(r'<a class="sq st-([A-Z]+)" href="([^"]+)" title="([^"]+)"', row)
     assert squares == [
         (state, f"/runs/{quote(run_id, safe='')}", f"{day} \u00b7 {state}")
@@ -301,7 +301,7 @@ def test_the_dags_page_lists_each_dag_with_its_runs_and_the_broken_files(dags_ui
     assert 'data-live="1"' in html  # a run is RUNNING: the page refreshes
     # A DAG whose file broke keeps its row, with the error on it.
     assert rows["weekly"].startswith(' class="broken">')
-    assert '<span class="paused" data-k="paused:weekly">paused</span>' in rows["weekly"]
+    assert '<span class="paused">paused</span>' in rows["weekly"]
     assert "file broken: " in rows["weekly"] and '<span class="empty">no runs yet' in rows["weekly"]
     # Both broken files, in the box at the top, their errors escaped.
     box = re.search(r'<div class="panel errors">(.*?)</ul></div>', html, re.DOTALL)
@@ -372,7 +372,8 @@ async def test_in_chromium_the_dags_page_colours_runs_and_a_square_opens_its_run
             """(() => {
                 const sq = [...document.querySelectorAll('tr[data-dag="nightly"] a.sq')];
                 return sq.length && sq.map(a => [
-                    a.dataset.state, a.title, getComputedStyle(a).backgroundColor]);
+                    a.className.replace('sq st-', ''), a.title,
+                    getComputedStyle(a).backgroundColor]);
             })()""",
             "the nightly row's squares",
         )
@@ -387,7 +388,7 @@ async def test_in_chromium_the_dags_page_colours_runs_and_a_square_opens_its_run
         run_id = next(r for r, _, state in dags_ui["runs"] if state == "FAILED")
         x, y = await page.eval(
             """(() => {
-                const r = document.querySelector('a.sq[data-state="FAILED"]')
+                const r = document.querySelector('a.sq.st-FAILED')
                     .getBoundingClientRect();
                 return [r.x + r.width / 2, r.y + r.height / 2];
             })()"""

@@ -130,6 +130,7 @@ async def test_the_json_keeps_its_keys_in_their_order(db_url: str, ops_run) -> N
     ]  # fmt: skip
     assert list(data["runs"][0]) == [
         "run_id", "dag_id", "logical_date", "state", "created_at", "ended_at", "tasks", "reason",
+        "logical_time", "logical_shown", "run_type",  # added after: at the end
     ]  # fmt: skip
     head = ["run_id", "task_id", "map_index", "state", "attempt", "max_attempts", "since"]
     waits = {state: data["waiting"][state]["tasks"][0] for state in data["waiting"]}

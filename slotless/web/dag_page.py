@@ -1,0 +1,445 @@
+"""``GET /dags/{dag_id}``: one DAG's page, as Airflow 3's grid view shows a DAG.
+
+What it shows: the DAG's schedule and next run (as the DAGs list says them,
+:mod:`slotless.schedule_shown`), its file, whether it is paused (with pause, unpause and
+trigger forms for a signed-in operator), its params; then **the grid**, its runs as
+columns (oldest on the left) and its tasks as rows (in topological order when the
+catalogue knows its shape), each cell a square coloured by state that opens the task's
+page, a mapped task one cell with its instances counted (a row that expands into one row
+per map index); **durations**, a small bar chart per task over the runs shown
+(``_durations.html``: inline SVG, no script); and **a calendar** of the last year, a
+square per day coloured by that day's runs (by logical date).
+
+The URL holds what is shown: ``?runs=N`` (default 25, at most 100), ``?before=<created_at>,
+<run_id>`` (the page of runs created before that one: older and newer links page through
+all of the DAG's history by keyset), ``?expand=TASK`` (repeatable). A bad value is a 400
+with one line. The grid and the durations are ``live_*`` blocks: while a run shown has not
+ended, the page's poll renders them again. Everything is read in one read transaction
+(:meth:`executor.store.grid.Grids.dag_page`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, timedelta
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from executor.loader import DagImportError
+from executor.store.grid import (
+    INSTANCES_SHOWN,
+    MAX_EXPANDED,
+    MAX_RUNS,
+    RUNS_SHOWN,
+    BadRunKey,
+    Calendar,
+    Grid,
+    GridCell,
+    GridRun,
+    RunKey,
+)
+from executor.store.viewrows import DagRow
+from triggers.limits import storable_text
+
+from ..schedule_shown import ScheduleShown, schedule_shown
+from ..status import human_seconds
+from ..trigger import import_dag
+from .graph import STATE_ORDER
+from .keys import AUTH, LIVE, SETTINGS, STORE
+from .render import View, dag_href, run_href, task_href, with_query
+from .respond import polled, respond
+
+log = logging.getLogger("slotless.web")
+
+# A square's fill per state (a mapped cell mixes them by count); the CSS's square colours.
+FILL = {
+    "SUCCESS": "#43a047", "FAILED": "#e53935", "UPSTREAM_FAILED": "#f4511e",
+    "RUNNING": "#1e88e5", "QUEUED": "#cfd8dc", "PENDING": "#cfd8dc", "DEFERRED": "#8e24aa",
+    "SENSING": "#00acc1", "RETRYING": "#fb8c00", "SKIPPED": "#e0e0e0",
+    "CANCELLED": "#9e9e9e", "PAUSED": "#fbc02d",
+}  # fmt: skip
+# How a mapped cell counts its instances: "5 ok / 1 failed".
+WORD = {"SUCCESS": "ok", "UPSTREAM_FAILED": "upstream failed"}
+# Reading the DAG file for its params takes at most this long (the catalogue's own
+# parse limit, --parse-timeout, when it is shorter): a page must not hang on a file.
+PARAMS_TIMEOUT = 10.0
+
+
+class BadQuery(ValueError):
+    """A query value the page cannot use: one line, answered as a 400; ``field`` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What the URL asks the page to show."""
+
+    runs: int = RUNS_SHOWN
+    before: RunKey | None = None
+    expand: tuple[str, ...] = ()
+
+    def href(self, dag_id: str, **change: Any) -> str:
+        """This page's URL with ``change`` (runs, before, expand), default values left out."""
+        runs = change.get("runs", self.runs)
+        before = change.get("before", self.before)
+        expand = change.get("expand", self.expand)
+        return with_query(
+            dag_href(dag_id),
+            {
+                "runs": None if runs == RUNS_SHOWN else runs,
+                "before": None if before is None else before.text(),
+                "expand": list(expand),
+            },
+        )
+
+
+def parse_query(query: Any) -> Query:
+    """``runs``, ``before`` and ``expand`` from a request's query; :class:`BadQuery` for a
+    value the page cannot use. ``runs`` over :data:`MAX_RUNS` is read as MAX_RUNS."""
+    runs = RUNS_SHOWN
+    text = query.get("runs")
+    if text is not None:
+        try:
+            runs = int(text)
+        except ValueError:
+            raise BadQuery(f"runs must be a whole number from 1 to {MAX_RUNS}", "runs") from None
+        if runs < 1:
+            raise BadQuery(f"runs must be a whole number from 1 to {MAX_RUNS}", "runs")
+        runs = min(runs, MAX_RUNS)
+    before = None
+    text = query.get("before")
+    if text:
+        try:
+            before = RunKey.parse(text)
+        except BadRunKey as exc:
+            raise BadQuery(str(exc), "before") from None
+        if not storable_text(before.run_id):
+            raise BadQuery("before: a run id without NUL or lone surrogates", "before")
+    expand = tuple(dict.fromkeys(e for e in query.getall("expand", []) if e))
+    if len(expand) > MAX_EXPANDED:
+        raise BadQuery(f"expand: at most {MAX_EXPANDED} tasks at once", "expand")
+    if not all(storable_text(e) for e in expand):
+        raise BadQuery("expand: a task id without NUL or lone surrogates", "expand")
+    return Query(runs, before, expand)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/dags/{dag_id}", dag_page)
+    app.router.add_get(LIVE + "/dags/{dag_id}", dag_page)  # its live blocks, as JSON
+
+
+async def dag_page(request: web.Request) -> web.Response:
+    dag_id = request.match_info["dag_id"]
+    try:
+        q = parse_query(request.query)
+    except BadQuery as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
+    store = request.app[STORE]
+    poll = polled(request)
+    view = (
+        await store.grids.dag_page(dag_id, q.runs, q.before, q.expand, calendar=not poll)
+        if storable_text(dag_id)
+        else None
+    )
+    if view is None:
+        what = f"There is no DAG {dag_id!r}: it is not in the catalogue and never ran."
+        return respond(request, View("not_found.html", "not found", {"what": what}), status=404)
+    grid = view.grid
+    ctx: dict[str, Any] = {
+        "dag_id": dag_id,
+        "grid_view": grid_shown(grid, q),
+        "durations": durations_shown(grid),
+        "paging": paging(grid, q),
+    }
+    if not poll:  # what only the whole page draws: the poll renders the live blocks alone
+        w = request.app[AUTH].writes(request)
+        kept = w.session.form if w.session is not None else {}
+        again = kept.get("dag_id") == dag_id and kept.get("action") == "trigger"
+        timeout = min(PARAMS_TIMEOUT, request.app[SETTINGS]["parse_timeout"])
+        ctx |= {
+            "dag": grid.dag,
+            "shown": None if grid.dag is None else _schedule(grid.dag),
+            "max_active_runs": grid.max_active_runs,
+            "params": await params_shown(grid.dag, grid.file_mtime, timeout),
+            "calendar": None if view.calendar is None else calendar_shown(view.calendar),
+            "conf_kept": kept.get("conf", "") if again else None,
+        }
+    return respond(request, View("dag.html", dag_id, ctx, live=grid.live))
+
+
+def _schedule(dag: DagRow) -> ScheduleShown | None:
+    try:
+        return schedule_shown(dag)
+    except Exception:  # a stored schedule this code cannot read: the rest of the page shows
+        log.exception("reading the schedule of %s", dag.dag_id)
+        return None
+
+
+# -- the grid ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CellShown:
+    state: str
+    href: str
+    title: str
+    style: str = ""  # a mapped cell's mix of its instances' states
+    mixed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RowShown:
+    task_id: str
+    label: str  # the task id, or "[3]" for a map index of an expanded task
+    cells: list[CellShown | None]  # one per run shown; None: the run has no such task
+    mapped: bool = False
+    expanded: bool = False
+    toggle: str = ""  # a mapped task's expand / collapse link
+    instance: bool = False  # a map index's row under its expanded task
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnShown:
+    run_id: str
+    href: str
+    state: str
+    logical_date: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class GridShown:
+    columns: list[ColumnShown]
+    rows: list[RowShown]
+    instances_shown: int
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """A mapped task's instances in words: ``5 ok / 1 failed`` (no instance: ``none yet``)."""
+    parts = [
+        f"{counts[s]} {WORD.get(s, s.lower())}"
+        for s in (*STATE_ORDER, *sorted(set(counts) - set(STATE_ORDER)))
+        if counts.get(s)
+    ]
+    return " / ".join(parts) or "no instances yet"
+
+
+def mix_style(counts: dict[str, int]) -> str:
+    """A mapped cell's background: its instances' states stacked by count, bottom up."""
+    total = sum(counts.values())
+    if not total:
+        return ""
+    stops, at = [], 0.0
+    for s in (*STATE_ORDER, *sorted(set(counts) - set(STATE_ORDER))):
+        if counts.get(s):
+            end = at + 100 * counts[s] / total
+            fill = FILL.get(s, "#9e9e9e")
+            stops.append(f"{fill} {at:.1f}% {end:.1f}%")
+            at = end
+    return f"background: linear-gradient(to top, {', '.join(stops)})"
+
+
+def _cell(c: GridCell, run: GridRun, now: float) -> CellShown:
+    seconds = c.seconds(now)
+    took = "" if seconds is None else f" \u00b7 {human_seconds(seconds)}"
+    name = c.task_id if c.map_index < 0 else f"{c.task_id}[{c.map_index}]"
+    head = f"{name} \u00b7 {run.logical_date} \u00b7 "
+    tries = f" \u00b7 attempt {c.attempt} of {c.max_attempts}" if c.max_attempts > 1 else ""
+    href = task_href(run.run_id, c.task_id, c.map_index)
+    if c.counts is not None:
+        title = f"{head}{c.state}: {counts_text(c.counts)}{took}"
+        return CellShown(c.state, href, title, mix_style(c.counts), len(c.counts) > 1)
+    return CellShown(c.state, href, f"{head}{c.state}{took}{tries}")
+
+
+def grid_shown(grid: Grid, q: Query) -> GridShown:
+    """The grid as the template draws it: a column per run, a row per task (and per map
+    index of an expanded task), each cell with its colour, link and hover text."""
+    columns = [
+        ColumnShown(
+            r.run_id, run_href(r.run_id), r.state, r.logical_date,
+            f"{r.run_id} \u00b7 {r.logical_date} \u00b7 {r.state}"
+            + (f" \u00b7 {human_seconds(r.ended_at - r.created_at)}" if r.ended_at else ""),
+        )
+        for r in grid.runs
+    ]  # fmt: skip
+    rows: list[RowShown] = []
+    for task_id in grid.tasks:
+        cells: list[CellShown | None] = []
+        for r in grid.runs:
+            c = grid.cells.get((r.run_id, task_id))
+            cells.append(None if c is None else _cell(c, r, grid.now))
+        mapped = grid.mapped(task_id)
+        expanded = task_id in grid.instances
+        toggle = ""
+        if mapped:
+            others = tuple(e for e in q.expand if e != task_id)
+            toggle = q.href(grid.dag_id, expand=others if expanded else (*q.expand, task_id))
+        rows.append(RowShown(task_id, task_id, cells, mapped, expanded, toggle))
+        if expanded:
+            got = grid.instances[task_id]
+            for i in grid.map_indexes[task_id]:
+                row: list[CellShown | None] = []
+                for r in grid.runs:
+                    ic = got.get((r.run_id, i))
+                    row.append(None if ic is None else _cell(ic, r, grid.now))
+                rows.append(RowShown(task_id, f"[{i}]", row, instance=True))
+    return GridShown(columns, rows, INSTANCES_SHOWN)
+
+
+def paging(grid: Grid, q: Query) -> dict[str, str]:
+    """The links to the older runs, the newer ones and the newest ("": no such page)."""
+    out = {"older": "", "newer": "", "newest": ""}
+    if grid.older is not None:
+        out["older"] = q.href(grid.dag_id, before=grid.older)
+    if not grid.at_newest:
+        out["newer"] = q.href(grid.dag_id, before=grid.newer)
+        if grid.newer is not None:
+            out["newest"] = q.href(grid.dag_id, before=None)
+    return out
+
+
+# -- durations ---------------------------------------------------------------------------
+
+
+def durations_shown(grid: Grid) -> list[tuple[str, list[tuple[str, float | None, str, str]]]]:
+    """Per task, its durations over the runs shown: the input of ``_durations.html``, one
+    (label, seconds, state, href) per run (seconds None: it did not run)."""
+    out = []
+    for task_id in grid.tasks:
+        bars: list[tuple[str, float | None, str, str]] = []
+        for r in grid.runs:
+            c = grid.cells.get((r.run_id, task_id))
+            label = f"{task_id} \u00b7 {r.logical_date} \u00b7 {r.run_id}"
+            if c is None:
+                bars.append((label, None, "NONE", run_href(r.run_id)))
+            else:
+                bars.append((label, c.seconds(grid.now), c.state, task_href(r.run_id, task_id)))
+        out.append((task_id, bars))
+    return out
+
+
+# -- the calendar ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DayShown:
+    day: str
+    status: str  # none, success, failed, running, other
+    title: str
+    href: str
+
+
+def calendar_shown(cal: Calendar) -> dict[str, Any]:
+    """The calendar as weeks (columns, Monday on top), each day a square; a month's name
+    over the week its first day falls in."""
+    weeks: list[list[DayShown | None]] = []
+    months: list[str] = []
+    for i, d in enumerate(cal.every_day()):
+        if i % 7 == 0:
+            weeks.append([])
+            months.append("")
+        n = d.runs
+        said = ", ".join(f"{k} {s.lower()}" for s, k in sorted(d.states.items()))
+        title = f"{d.day}: {n} run{'s' if n != 1 else ''}" + (f" ({said})" if said else "")
+        href = with_query("/", {"dag": cal.dag_id, "from": d.day, "to": d.day})
+        weeks[-1].append(DayShown(d.day, d.status, title, href))
+        day = date.fromisoformat(d.day)
+        # The first week is named for its month unless a new month starts within two weeks
+        # (the two names would overlap).
+        if day.day == 1 or (i == 0 and day.day + 14 <= _month_days(day)):
+            months[-1] = f"{day:%b}"
+    while len(weeks[-1]) < 7:
+        weeks[-1].append(None)  # after today
+    total = sum(d.runs for d in cal.days.values())
+    return {
+        "weeks": weeks,
+        "months": months,
+        "start": cal.start.isoformat(),
+        "end": cal.end.isoformat(),
+        "total": total,
+        "active": len(cal.days),
+        "week_of": [(cal.start + timedelta(weeks=i)).isoformat() for i in range(len(weeks))],
+    }
+
+
+def _month_days(day: date) -> int:
+    first_of_next = (day.replace(day=28) + timedelta(days=4)).replace(day=1)
+    return (first_of_next - timedelta(days=1)).day
+
+
+# -- params ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParamsShown:
+    """A DAG's params as its page lists them: (name, type, default) each, or why not."""
+
+    items: list[tuple[str, str, str]]
+    model: str = ""  # a pydantic model's name; "": a dict of defaults
+    error: str = ""
+
+
+# file, its mtime as the catalogue last parsed it, dag_id -> what its params are: a file
+# is imported once per version of it, not once per view.
+_PARAMS: dict[tuple[str, float, str], ParamsShown] = {}
+
+
+async def params_shown(
+    dag: DagRow | None, mtime: float | None, timeout: float
+) -> ParamsShown | None:
+    """The params of a catalogued DAG whose file parses; None otherwise (nothing to say).
+
+    The catalogue stores no params, so the file is imported as the trigger button imports
+    it (:func:`slotless.trigger.import_dag`: in a thread, never on the loop, bounded by
+    ``timeout``), once per version of the file."""
+    if dag is None or dag.parse_error:
+        return None
+    key = (dag.file, mtime, dag.dag_id) if mtime is not None else None
+    if key is not None and key in _PARAMS:
+        return _PARAMS[key]
+    try:
+        loaded = await import_dag(dag.file, dag.dag_id, timeout)
+    except DagImportError as exc:
+        shown = ParamsShown([], error=str(exc).splitlines()[0][:300])
+    except Exception as exc:
+        shown = ParamsShown([], error=f"{type(exc).__name__}: {str(exc)[:300]}")
+    else:
+        shown = describe_params(loaded.params)
+    if key is not None:
+        if len(_PARAMS) > 1000:  # files come and go: never an unbounded cache
+            _PARAMS.clear()
+        _PARAMS[key] = shown
+    return shown
+
+
+def describe_params(params: object) -> ParamsShown:
+    if params is None:
+        return ParamsShown([])
+    if isinstance(params, type) and issubclass(params, BaseModel):
+        items = []
+        for name, f in params.model_fields.items():
+            kind = getattr(f.annotation, "__name__", None) or str(f.annotation)
+            default = (
+                "required" if f.is_required() else _json(f.get_default(call_default_factory=True))
+            )
+            items.append((name, kind, default))
+        return ParamsShown(items, model=params.__name__)
+    if isinstance(params, Mapping):
+        return ParamsShown([(str(k), type(v).__name__, _json(v)) for k, v in params.items()])
+    return ParamsShown([], error=f"params of an unknown kind: {type(params).__name__}")
+
+
+def _json(value: object) -> str:
+    try:
+        return json.dumps(value)[:200]
+    except (TypeError, ValueError):
+        return repr(value)[:200]
