@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from executor.runnames import RUN_TYPES
-from executor.store.runlist import RUN_STATES, SEGMENT_KINDS, BadFilter
+from executor.store.runlist import RUN_STATES, BadFilter
 
 from .gantt import layout
 from .keys import LIVE, STORE
@@ -64,5 +64,5 @@ async def gantt(request: web.Request) -> web.Response:
     if g is None:
         what = f"There is no run {run_id[:200]!r}."
         return respond(request, View("not_found.html", "not found", {"what": what}), status=404)
-    ctx = {"chart": layout(g), "kinds": SEGMENT_KINDS}
+    ctx = {"chart": layout(g)}
     return respond(request, View("gantt.html", f"{run_id} Gantt", ctx, live=g.live))

@@ -306,3 +306,23 @@ def test_bad_filters_are_400_naming_the_field(runs_ui) -> None:
     status, text = http_get(f"{base}/api/v1/openapi.json")
     paths = json.loads(text)["paths"]
     assert "/api/v1/runs" in paths or "/runs" in paths
+
+
+async def test_in_chromium_an_unfinished_runs_gantt_goes_on_growing(runs_ui) -> None:
+    base = runs_ui["base"]
+    status, text = http_get(f"{base}/api/v1/runs?state=RUNNING&limit=1")
+    assert status == 200
+    [run] = json.loads(text)["runs"]
+    url = f"{base}/runs/{quote(run['run_id'], safe='')}/gantt"
+    status, text = http_get(url.replace("/runs/", "/api/live/runs/", 1))
+    live = json.loads(text)
+    assert status == 200 and live["live"] is True
+    assert 'data-open="1"' in live["blocks"]["live_gantt"]
+    open_end = "Number(document.querySelector('rect.seg[data-open=\"1\"]').dataset.end)"
+    async with devtools(runs_ui["tmp"], url) as page:
+        first = await page.eval_when(f"document.readyState === 'complete' && {open_end}",
+                                     "the open bar")  # fmt: skip
+        assert await page.eval("document.body.dataset.live") == "1"
+        # The live poll renders the chart again: the running bar now ends later.
+        later = await page.eval_when(f"{open_end} > {first} && {open_end}", "a redrawn chart")
+        assert later > first
