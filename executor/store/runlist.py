@@ -272,10 +272,11 @@ def segments(
     """One task row's segments from its ``transition`` events (oldest first).
 
     Each stretch between two events is a segment of the state the first one entered; a
-    terminal state draws none. Before the first event the row was PENDING: claimable from
-    ``ready`` (when its upstream let it run, see :meth:`RunList.gantt`) until it was
-    claimed, so that stretch is its first ``queued`` segment. A row not yet terminal has an
-    open segment up to ``now`` (a PENDING one only once claimable: ``ready_at`` set)."""
+    terminal state draws none. Before its first claim the row was PENDING: claimable from
+    ``ready`` (when its upstream let it run, see :meth:`RunList.gantt`) until claimed, so
+    that stretch is its first ``queued`` segment (none when it ended without a claim). A
+    row not yet terminal has an open segment up to ``now`` (a PENDING one only once
+    claimable: ``ready_at`` set)."""
     out: list[Segment] = []
     current: str | None = None
     since = 0.0
@@ -283,7 +284,11 @@ def segments(
     for e in events:
         ts = float(e["ts"])
         if current is None:
-            current, since = e["from_state"], ts if ready is None else min(ready, ts)
+            # Only a claim says the row was claimable before it: a row skipped, marked or
+            # failed by its upstream while PENDING may have been waiting for that upstream.
+            claimed = e["from_state"] == "PENDING" and e["to_state"] == "RUNNING"
+            current = e["from_state"]
+            since = min(ready, ts) if claimed and ready is not None else ts
         if current in _KIND and ts > since:
             out.append(Segment(_KIND[current], since, ts, _attempt(current, attempt), False,
                                e["to_state"]))  # fmt: skip

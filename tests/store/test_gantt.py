@@ -19,7 +19,7 @@ from executor import DAG
 from executor.outcomes import Deferred, Failed, Succeeded
 from executor.sensing import deferral
 from executor.store import Store
-from executor.store.runlist import Gantt, GanttRow, Segment
+from executor.store.runlist import Gantt, GanttRow, Segment, segments
 from triggers.events import EventTrigger
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
@@ -150,3 +150,24 @@ async def test_no_such_run(store: Store) -> None:
 
 def test_segment_seconds() -> None:
     assert Segment("running", 10.0, 12.5, 1).seconds == 2.5
+
+
+def test_a_row_that_ended_unclaimed_draws_no_wait() -> None:
+    """Skipped (a cancel, a branch) or failed upstream while PENDING: it may never have
+    been claimable, so nothing is drawn for it; a claimed row waited from ``ready``."""
+
+    def ev(ts: float, a: str, b: str, attempt: int = 1) -> dict[str, Any]:
+        return {"ts": ts, "from_state": a, "to_state": b, "attempt": attempt}
+
+    for end in ("SKIPPED", "UPSTREAM_FAILED", "SUCCESS"):
+        assert segments([ev(9.0, "PENDING", end)], ready=1.0, state=end, ready_at=None,
+                        now=10.0) == []  # fmt: skip
+    claimed = segments([ev(5.0, "PENDING", "RUNNING")], ready=2.0, state="RUNNING",
+                       ready_at=None, now=7.0)  # fmt: skip
+    assert [(s.kind, s.start, s.end, s.open) for s in claimed] == [
+        ("queued", 2.0, 5.0, False), ("running", 5.0, 7.0, True)
+    ]  # fmt: skip
+    # Never moved: claimable (ready_at set) is queued up to now; not yet, nothing.
+    assert [(s.kind, s.start, s.open) for s in segments([], ready=0.0, state="PENDING",
+            ready_at=3.0, now=4.0)] == [("queued", 3.0, True)]  # fmt: skip
+    assert segments([], ready=0.0, state="PENDING", ready_at=None, now=4.0) == []
