@@ -86,7 +86,14 @@ def make_app(
     return app
 
 
+# A filter given to the run list (the DAG page's calendar links /?dag=X&from=D&to=D) is
+# the runs page's: the URL keeps its query there, so a shared link still filters.
+RUN_FILTERS = ("dag", "state", "type", "from", "to", "q")
+
+
 async def index(request: web.Request) -> web.Response:
+    if not polled(request) and any(k in request.query for k in RUN_FILTERS):
+        raise web.HTTPSeeOther(f"/runs?{request.query_string}")
     try:
         limit = max(1, min(1000, int(request.query.get("limit", request.app[SETTINGS]["runs"]))))
     except ValueError:

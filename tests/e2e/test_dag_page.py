@@ -227,6 +227,17 @@ def test_a_tasks_page_charts_its_durations_over_the_dags_newest_runs(dag_ui):
     assert len(bars) >= 20 and {state for _, state in bars} == {"SUCCESS"}
 
 
+def test_a_calendar_day_leads_to_the_runs_of_that_day(dag_ui):
+    # The calendar links /?dag=...: the run list hands a filter to the runs page, query kept.
+    status, html = http_get(f"{dag_ui['base']}/?dag=griddy&from=2026-10-01&to=2026-10-01")
+    assert status == 200 and "<h1>Runs" in html, html[:300]
+    shown = re.findall(
+        r'<tr data-run="([^"]+)" data-state="[A-Z]+" data-logical-date="([^"]+)"', html
+    )
+    assert [day for _, day in shown] == ["2026-10-01"]
+    assert all(run_id.startswith("griddy:2026-10-01") for run_id, _ in shown)
+
+
 def test_paging_back_shows_the_older_runs_and_a_mapped_task_expands(dag_ui):
     runs = dag_ui["runs"]
     _, html = http_get(page_url(dag_ui))
