@@ -23,6 +23,7 @@ from .loglines import LogLines
 from .part import Clock
 from .people import Answers
 from .pools import Pools
+from .runlist import RunList
 from .waitlist import Waitlist
 
 DEFAULT_DB = "sqlite:///slotless.db"
@@ -66,6 +67,7 @@ class Store:
         self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
         self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
         self.loglines = LogLines(db, clock)  # a task's log after a cursor; running lines
+        self.runlist = RunList(db, clock)  # the runs list and a run's Gantt chart
 
     @property
     def url(self) -> str:

@@ -11,9 +11,11 @@ from aiohttp import web
 from . import (  # noqa: F401
     api_dags,
     api_logs,
+    api_runs,
     api_waits,
     dag_page,
     logs_page,
+    runs_page,
     trigger_form,
     waits_page,
 )
@@ -23,4 +25,5 @@ SECTIONS: tuple[Callable[[web.Application], None], ...] = (
     waits_page.add_routes,
     logs_page.add_routes,
     trigger_form.add_routes,
+    runs_page.add_routes,
 )
