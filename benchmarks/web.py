@@ -40,6 +40,10 @@ For each backend (SQLite: a file; PostgreSQL: a private schema of ``--dsn``, mad
   MutationObserver installed in the page records ``Date.now()`` as each line's row is
   added; once the observer is in, the benchmark creates the file. Each line's delay is
   the time it was seen less the time written in it (one host, one clock): p50 / p99, s.
+  On PostgreSQL the log API holds back an entry until every transaction older than it has
+  ended, on the whole server (executor/store/loglines.py: ids are taken at INSERT): other
+  sessions' transactions lengthen the delays, so the longest one seen during the test is
+  recorded beside them (``server_longest_other_transaction_s``).
 
 Targets: every page's p99 under :data:`TARGET_PAGE_MS` ms, log line to page p99 under
 :data:`TARGET_LOG_S` s. The headline figures (``dag_page_p99_ms``, ``runs_page_p99_ms``:
@@ -409,12 +413,9 @@ async def seed(url: str, folder: Path, runs: int, tasks: int, schema: str | None
     for shape_no, (dag_id, _, n) in enumerate(plan):
         for low in range(0, n, max(1, CHUNK // len(plan))):
             high = min(n, low + max(1, CHUNK // len(plan)))
-            args = (d, None, templates[dag_id], dag_id, shape_no, len(plan), low, high, total, now)
+            where = (templates[dag_id], dag_id, shape_no, len(plan), low, high, total, now)
             statements.append(
-                [
-                    run_copy_sql(*_with(args, run_cols)),
-                    task_copy_sql(*_with(args, task_cols)),
-                ]
+                [run_copy_sql(d, run_cols, *where), task_copy_sql(d, task_cols, *where)]
             )
     for dag_id in templates:
         statements.append(finish_template_sql(templates[dag_id], now))
@@ -442,10 +443,6 @@ async def seed(url: str, folder: Path, runs: int, tasks: int, schema: str | None
         "dags_folder": str(dags),
         "shapes": [{"dag_id": a, "tasks_per_run": b, "runs": c} for a, b, c in plan],
     }
-
-
-def _with(args: tuple, cols: list[str]) -> tuple:
-    return (args[0], cols, *args[2:])
 
 
 def _sqlite_batches(url: str, batches: list[list[str]], bar: Any, job: Any) -> None:
@@ -677,7 +674,9 @@ async def log_to_page(
             await page.eval(OBSERVER)
             go.touch()
             deadline = time.monotonic() + log_for + 60
+            oldest = 0.0
             while True:
+                oldest = max(oldest, await oldest_other_transaction_s(url))
                 seen = await page.eval(
                     "window.__seen.filter(s => s[0].includes('bench-line')).length"
                 )
@@ -705,7 +704,26 @@ async def log_to_page(
         "p99_s": round(common.percentile(delays, 99), 3),
         "max_s": round(delays[-1], 3),
         "min_s": round(delays[0], 3),
+        # PostgreSQL: the longest any other transaction on the server ran meanwhile (its
+        # lines wait behind it; see the module's docstring). None on SQLite.
+        "server_longest_other_transaction_s": round(oldest, 3)
+        if url.startswith("postgres")
+        else None,
     }
+
+
+async def oldest_other_transaction_s(url: str) -> float:
+    """How long the oldest transaction holding an xid or a snapshot on the whole PostgreSQL
+    server has run (any database: the xmin horizon is the cluster's), but this look's own."""
+    if not url.startswith("postgres"):
+        return 0.0
+    async with pg_conn(url) as conn:
+        age = await conn.fetchval(
+            "SELECT COALESCE(EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start)), 0) "
+            "FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)"
+        )
+    return float(age)
 
 
 # -- one backend -----------------------------------------------------------------------------
@@ -737,17 +755,18 @@ def headline(out: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-async def backend_store(backend: str, folder: Path, dsn: str) -> Any:
+@contextlib.asynccontextmanager
+async def backend_store(
+    backend: str, folder: Path, dsn: str
+) -> AsyncIterator[tuple[str, str | None]]:
+    """The store's URL and its PostgreSQL schema (None: a SQLite file), dropped after."""
     if backend == "sqlite":
-        return contextlib.nullcontext((common.fresh_db(folder, "web"), None))
+        yield common.fresh_db(folder, "web"), None
+        return
     from .postgres import Schema
 
-    @contextlib.asynccontextmanager
-    async def made() -> AsyncIterator[tuple[str, str]]:
-        async with Schema(dsn) as schema:
-            yield schema.url, schema.name
-
-    return made()
+    async with Schema(dsn) as schema:
+        yield schema.url, schema.name
 
 
 def one_backend(
@@ -757,11 +776,7 @@ def one_backend(
     sub.mkdir(exist_ok=True)
 
     async def seeded_then_measured() -> dict[str, Any]:
-        cm = await backend_store(backend, sub, args.dsn)
-        if isinstance(cm, contextlib.nullcontext):
-            url, schema = cm.enter_result
-            return await body(url, schema)
-        async with cm as (url, schema):
+        async with backend_store(backend, sub, args.dsn) as (url, schema):
             return await body(url, schema)
 
     async def body(url: str, schema: str | None) -> dict[str, Any]:
@@ -888,6 +903,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{r['log_line_to_page_p50_s']:.3f} / {r['log_line_to_page_p99_s']:.3f} s",
             )
         )
+        held = r["runs"][-1]["log_line_to_page"]["server_longest_other_transaction_s"]
+        if held is not None:
+            rows.append((f"{b} longest other transaction on the server", f"{held:.1f} s"))
         rows.append(
             (
                 f"{b} seed (templates + copies)",
