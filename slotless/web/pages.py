@@ -27,6 +27,7 @@ from ..schedule_shown import schedule_shown
 from ..status import failure_cause, human_seconds, shard_ranges
 from ..views import WAITING, StatusView, task_name, turns
 from . import graph
+from .charts import Chart, bar_chart
 from .render import View, task_href, when
 from .trigger_form import conf_text
 
@@ -270,17 +271,16 @@ def _deferred(d: TaskDetail) -> list[Item]:
     return items
 
 
-def durations(
-    times: Sequence[TaskRunTime], task_id: str, map_index: int, now: float
-) -> list[tuple[str, float | None, str, str]]:
-    """The task's durations over its DAG's newest runs, as ``_durations.html`` draws them:
-    (label, seconds, state, href) per run, oldest first."""
-    return [
-        (
-            f"{logical_shown(t)} \u00b7 {t.run_id}",
-            t.seconds(now),
-            t.state,
-            task_href(t.run_id, task_id, map_index),
-        )
-        for t in times
-    ]
+def durations(times: Sequence[TaskRunTime], task_id: str, map_index: int, now: float) -> Chart:
+    """The task's durations over its DAG's newest runs, oldest first, as a chart."""
+    return bar_chart(
+        [
+            (
+                f"{logical_shown(t)} \u00b7 {t.run_id}",
+                t.seconds(now),
+                t.state,
+                task_href(t.run_id, task_id, map_index),
+            )
+            for t in times
+        ]
+    )
