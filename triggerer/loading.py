@@ -229,18 +229,21 @@ class Loader:
         owned = self._owned
         if not isinstance(owned, LeasedShards):
             return ordered, 0
-        if owned.taken_since(self._takings) >= set(ordered):
+        taken, takings = owned.taken_since(self._takings), owned.takings
+        if taken >= set(ordered):
             # Every shard is looked at anyway (a first load, a takeover of all): the log's
             # rows are left to the repair after the load (a bulk write's million would
             # delay the first checks by seconds).
-            return ordered, owned.takings
-        # Taken before anything is read: a change committed later has its own row.
-        changes = await self._ops.take_wait_changes(ordered)
+            return ordered, takings
+        # Taken before anything is read: a change committed later has its own row. Those
+        # of the shards taken are not read (the repair drops them): those are read whole.
+        changes = await self._ops.take_wait_changes([s for s in ordered if s not in taken])
         self._dirty |= changes.shards
         changes.shards.clear()
         self._dirty.intersection_update(ordered)  # a shard given away is read whole if retaken
-        wanted = owned.taken_since(self._takings) | self._dirty
-        return [s for s in ordered if s in wanted], owned.takings
+        wanted = taken | self._dirty
+        # The takings before the await: a shard taken during it is still new to the next.
+        return [s for s in ordered if s in wanted], takings
 
     def _unowned(self) -> list[int]:
         """Shards not leased of which the table holds waits (their sums say so in O(64))."""
