@@ -124,6 +124,11 @@ class Loader:
         # big): the checker never sees half of a small load, so batches are not split.
         self._table.hold()
         self._classes = {}  # the allow-list may have changed since the last load
+        if full and not self._table.subscriptions:
+            # A first load: what the process made so far (its imports, a few hundred
+            # thousand objects) is frozen as the held records are, before the rows come:
+            # the first full collection of a big load walked it all in one step (30 ms).
+            freeze_held()
         try:
             await self._load(ordered, full=full)
         finally:
