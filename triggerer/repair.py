@@ -87,11 +87,21 @@ class Repair:
             takings, fresh = shards.takings, shards.taken_since(self._takings)
         else:
             takings, fresh = 0, set(shards)
-        settled = set(shards) - fresh
-        # The change log of the shards searched whole is dropped unread, before the
+        held_now = set(shards)
+        changes = self._ops.changes
+        # Searched whole: the shards taken since the last pass, and those whose change log
+        # the load before this pass dropped unread (it named them: they are usually the
+        # same). The log of those the load did not drop is dropped now, unread, before the
         # searches: they find what it says (a bulk write's million rows read back cost
-        # seconds), and what changes after the drop is logged anew for the next pass.
-        await self._ops.drop_wait_changes(fresh)
+        # seconds), and what changes after a drop is logged anew, taken below. The
+        # loader compares their checksums next (a change dropped may have come after it
+        # read them); the log the load dropped came before it read them.
+        unread = set(changes.unread)
+        drop = [s for s in fresh - unread if s in shards]  # still leased
+        if await self._ops.drop_wait_changes(drop):
+            changes.shards.update(drop)
+        fresh |= unread & held_now
+        settled = held_now - set(drop)
         groups = _groups(fresh, held)
         for group in groups:
             began = time.perf_counter()
@@ -107,6 +117,7 @@ class Repair:
         done += await self._changed(settled)
         if fresh:
             done[UNWAITED_TRIGGER] += await self.delete_unwaited(fresh, held)
+        changes.unread -= unread  # searched whole (or no longer ours: a new owner's)
         self._takings = takings
         return +done
 

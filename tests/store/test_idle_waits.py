@@ -187,10 +187,11 @@ async def test_a_backlog_of_changes_is_taken_whole_a_few_rows_a_transaction(
 async def test_a_start_after_a_bulk_write_reads_none_of_its_change_log(
     live_store: Store, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fresh triggerer searches its shards whole: the bulk write's change log (a row per
-    wait) is dropped unread, not read back row by row (a million of them read so doubled
-    the CPU of a million-wait start, and delayed its load behind them), and before the
-    searches, so that what changes after the drop is still logged and found."""
+    """A fresh triggerer reads and searches its shards whole: the bulk write's change log
+    (a row per wait) is dropped unread, not read back row by row (a million of them read
+    so doubled the CPU of a million-wait start, and delayed its load behind them). It is
+    dropped before the load reads them, so no reconcile compares them after it, and what
+    changes after the drop is still logged and found."""
     await write_waits(live_store)
     assert (await raw_sql(url, "SELECT count(*) AS n FROM wait_change"))[0]["n"] >= POLLED
     statements = Statements()
@@ -210,6 +211,15 @@ async def test_a_start_after_a_bulk_write_reads_none_of_its_change_log(
         assert statements.rows_of["take_wait_changes"] == 0, statements.rows_of
         assert "drop_all_wait_changes" in {name for name, _ in statements.calls}
         assert (await raw_sql(url, "SELECT count(*) AS n FROM wait_change"))[0]["n"] == 0
+        # The log was dropped before the load read the shards: no reconcile after it has
+        # a shard's checksum to compare.
+        statements.calls.clear()
+        await async_wait_until(
+            lambda: sum(1 for name, _ in statements.calls if name == "max_trigger_id") >= 2,
+            timeout=30,
+            what="two reconciles",
+        )
+        assert "shard_sums" not in {name for name, _ in statements.calls}
 
         # A change after the drop is logged and found: a wait ended behind the store's back
         # is dropped by a reconcile, an event wait's trigger row deleted is repaired.

@@ -129,6 +129,12 @@ class MemoryStore:
         await self._interleave()
         return self.changes
 
+    async def drop_wait_changes(self, shards: Collection[int]) -> int:
+        named = self.changed & set(shards)
+        self.changed -= named
+        await self._interleave()
+        return len(named)
+
     async def released_waits(self, after_id: int) -> list[Any]:
         return []
 
