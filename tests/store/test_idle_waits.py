@@ -241,3 +241,40 @@ async def test_a_start_after_a_bulk_write_reads_none_of_its_change_log(
     finally:
         trig.stop()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_drop_deletes_the_log_of_its_shards_only_a_window_a_transaction(
+    live_store: Store, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """drop_wait_changes of some shards deletes their rows, window by window of ids, and
+    leaves the other shards' for their holders; of every shard, one statement."""
+    from triggerer import store as triggerer_store
+    from triggerer.store import TriggererStore
+
+    await write_waits(live_store)
+    monkeypatch.setattr(triggerer_store, "_CHANGES_PER_TAKE", 700)
+    statements = Statements()
+    statements.wrap(monkeypatch)
+    statements.on = True
+    ops = TriggererStore(live_store.db, live_store.clock)
+    ours = set(range(0, SHARDS, 2))
+
+    async def log() -> Counter[int]:
+        rows = await raw_sql(url, "SELECT shard, count(*) AS n FROM wait_change GROUP BY shard")
+        return Counter({int(r["shard"]): int(r["n"]) for r in rows})
+
+    before = await log()
+    assert set(before) == set(range(SHARDS))
+    dropped = await ops.drop_wait_changes(ours)
+    assert dropped == sum(n for s, n in before.items() if s in ours)
+    assert await log() == Counter({s: n for s, n in before.items() if s not in ours})
+    windows = sum(1 for name, _ in statements.calls if name == "drop_wait_changes")
+    assert windows == (POLLED + EVENTS) // 700 + 1  # windows of any shard's ids
+    assert statements.rows_of["wait_change_window"] == windows + 1  # the last finds none
+    assert not ops.changes.shards  # named by the caller, not here
+
+    assert await ops.drop_wait_changes(range(SHARDS)) == sum(
+        n for s, n in before.items() if s not in ours
+    )
+    assert not await log()
+    assert [name for name, _ in statements.calls][-1] == "drop_all_wait_changes"
