@@ -481,6 +481,23 @@ DELETE FROM wait_change
 WHERE id IN (SELECT id FROM wait_change WHERE shard = ANY(:shards) LIMIT :n)
 RETURNING shard, task_row, trigger_id;
 
+-- name: wait_change_window
+-- The change log's ids after :after, :n rows of them at most (any shard's): the window
+-- drop_wait_changes deletes next, in id order (through the index on shard, one shard's
+-- rows are scattered over the table's pages: a million deleted so cost 6x the CPU).
+SELECT max(id) AS upto
+FROM (SELECT id FROM wait_change WHERE id > :after ORDER BY id LIMIT :n) AS w;
+
+-- name: drop_wait_changes
+-- take_wait_changes unread, for shards a pass is about to search whole: those rows tell it
+-- nothing, and a bulk write's million cost seconds to read back. A window of ids at a time.
+DELETE FROM wait_change WHERE shard = ANY(:shards) AND id > :after AND id <= :upto;
+
+-- name: drop_all_wait_changes
+-- drop_wait_changes of every shard: one statement (SQLite empties the table whole then,
+-- ~5x cheaper than deleting its rows; PostgreSQL deletes what its snapshot sees).
+DELETE FROM wait_change;
+
 -- name: orphan_deferred_of
 -- orphan_deferred among the tasks the change log named: those that began waiting, and
 -- those waiting on a trigger row when it was deleted.
