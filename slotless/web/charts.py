@@ -54,31 +54,13 @@ def bar_chart(bars: Sequence[Bar], *, links: bool = True) -> Chart:
     for i, (label, secs, state, href) in enumerate(bars):
         x = i * (BAR_WIDTH + GAP) + 1
         if secs is None:
-            shown.append(
-                BarShown(
-                    x,
-                    str(HEIGHT - 1),
-                    "2",
-                    "#e0e0e0",
-                    state,
-                    "",
-                    f"{label} \u00b7 {state}: did not run",
-                    href,
-                )  # fmt: skip
-            )
+            title = f"{label} \u00b7 {state}: did not run"
+            shown.append(BarShown(x, str(HEIGHT - 1), "2", "#e0e0e0", state, "", title, href))
             continue
         h = max(1.5, secs / top * HEIGHT if top else 1.5)
-        shown.append(
-            BarShown(
-                x,
-                f"{HEIGHT + 1 - h:.1f}",
-                f"{h:.1f}",
-                FILLS.get(state, "#9e9e9e"),
-                state,
-                f"{secs:.3f}",
-                f"{label} \u00b7 {state} \u00b7 {human_seconds(secs)}",
-                href,
-            )  # fmt: skip
-        )
+        title = f"{label} \u00b7 {state} \u00b7 {human_seconds(secs)}"
+        fill = FILLS.get(state, "#9e9e9e")
+        y, height = f"{HEIGHT + 1 - h:.1f}", f"{h:.1f}"
+        shown.append(BarShown(x, y, height, fill, state, f"{secs:.3f}", title, href))
     width = len(bars) * (BAR_WIDTH + GAP) + 1
     return Chart(width, HEIGHT + 2, human_seconds(top) if top else "-", tuple(shown), links)
