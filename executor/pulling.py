@@ -14,6 +14,7 @@ before the fork, once per attempt of a task that has parents.
 from __future__ import annotations
 
 import asyncio
+from functools import cache
 
 from .context import NamedValueError, Published, Reader
 from .dag import TaskSpec
@@ -24,7 +25,8 @@ PULL_TIMEOUT = 60.0
 
 
 def ancestors(spec: TaskSpec) -> set[str]:
-    """Every task upstream of ``spec`` in its DAG."""
+    """Every task upstream of ``spec`` in its DAG (walked when needed, not kept: kept for
+    every task of a chain of 10,000 it would be 50 million names)."""
     tasks = spec.dag.tasks
     seen: set[str] = set()
     todo = list(spec.parents)
@@ -39,14 +41,14 @@ def ancestors(spec: TaskSpec) -> set[str]:
 
 async def reader(spec: TaskSpec, run_id: str, values: Values, *, in_process: bool) -> Reader:
     """The reader of an attempt of ``spec`` in run ``run_id`` (see the module)."""
-    upstream = ancestors(spec)
     preloaded: dict[str, Published] = {}
-    if in_process and upstream:
-        preloaded = await values.published(run_id, sorted(upstream))
+    if in_process and spec.parents:
+        preloaded = await values.published(run_id, sorted(ancestors(spec)))
     loop = asyncio.get_running_loop()
+    upstream = cache(lambda: ancestors(spec))  # a thread slot's: at its first pull
 
     def read(task_id: str) -> Published:
-        if task_id not in upstream:
+        if task_id not in upstream():
             if task_id not in spec.dag.tasks:
                 why = f"DAG {spec.dag.dag_id!r} has no task {task_id!r}"
             else:

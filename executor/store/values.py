@@ -93,26 +93,22 @@ async def with_setups(
     again, and what is set up again is torn down."""
     roles = {r["task_id"]: r["role"] for r in await tx.fetch("run_roles", run_id=run_id)}
     picked = set(picked)
-    if not roles:
-        return picked
-    teardowns = {
-        s: {c for c in children.get(s, ()) if roles.get(c) == "teardown"}
-        for s, role in roles.items()
-        if role == "setup"
-    }
     out = set(picked)
-    for t in picked:
-        below = _reach(t, children)
-        for s in _reach(t, parents) & teardowns.keys():
-            if teardowns[s] & below:
-                out |= {s} | teardowns[s]
+    for setup, role in roles.items():
+        if role != "setup":
+            continue
+        teardowns = {c for c in children.get(setup, ()) if roles.get(c) == "teardown"}
+        # Its scope: below it (or it) and above one of its teardowns (or one of them).
+        scope = _reach([setup], children) & _reach(teardowns, parents)
+        if picked & scope:
+            out |= {setup} | teardowns
     return out
 
 
-def _reach(start: str, edges: Mapping[str, Collection[str]]) -> set[str]:
+def _reach(start: Iterable[str], edges: Mapping[str, Collection[str]]) -> set[str]:
     """``start`` and every task reached from it along ``edges``."""
-    seen = {start}
-    todo = [start]
+    seen = set(start)
+    todo = list(seen)
     while todo:
         for nxt in edges.get(todo.pop(), ()):
             if nxt not in seen:

@@ -260,3 +260,7 @@ async def test_clearing_a_task_clears_its_setup_and_teardown(store: Store) -> No
     info = await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=2)
     assert info["state"] == "FAILED"  # the query fails again; the cluster was set up again
     assert (await states(store, run_id))["delete"] == "SUCCESS"
+    # Above the setup is outside its scope: cleared alone. The setup brings its teardown.
+    assert (await store.runs.clear(run_id, ["choose"])).tasks == ["choose"]
+    await run_to_end(store, run_id, dags={dag.dag_id: dag}, slots=2)
+    assert (await store.runs.clear(run_id, ["create"])).tasks == ["create", "delete"]
