@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from triggers.limits import MAX_SERIALIZED_BYTES
+from triggers.limits import MAX_SERIALIZED_BYTES, storable_text
 
 from .durations import Duration, seconds
 
@@ -37,7 +37,7 @@ class TaskDeferred(Exception):
 # trigger's kwargs and an event's payload (triggers/limits.py), for the same reason: every
 # task that pulls it reads it back whole. Pass a reference (a path, a key) to more.
 MAX_VALUE_BYTES = MAX_SERIALIZED_BYTES
-MAX_KEY_CHARS = 200  # a key is a name, not data
+MAX_KEY_CHARS = 200  # a key is a name, not data (and UTF-8 text without NUL)
 
 
 class NamedValueError(ValueError):
@@ -131,7 +131,14 @@ class TaskContext:
         to ``pull``. Stored as JSON (at most :data:`MAX_VALUE_BYTES`) in the transaction
         that records this attempt's SUCCESS: a failed or deferred attempt's pushes are
         dropped; a clear forgets them. Pushing a key again replaces it."""
-        if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS:
+        # A key is stored as text, not JSON: one PostgreSQL cannot hold (a NUL) would fail
+        # the transaction recording the success, again at every retry of it.
+        if (
+            not isinstance(key, str)
+            or not key
+            or len(key) > MAX_KEY_CHARS
+            or not storable_text(key)
+        ):
             raise NamedValueError(f"ctx.push: the key must be a name of 1 to {MAX_KEY_CHARS} "
                               f"characters, not {key!r:.60}")  # fmt: skip
         try:

@@ -111,6 +111,20 @@ async def test_a_value_over_the_limit_fails_the_task_in_one_line_naming_key_and_
     assert "\n" not in error
 
 
+async def test_a_key_that_cannot_be_stored_fails_the_push_not_the_recording(
+    store: Store,
+) -> None:
+    dag = DAG("badkey")
+
+    @dag.task
+    def nul(ctx: TaskContext) -> None:
+        ctx.push("a\x00b", 1)  # PostgreSQL's text holds no NUL
+
+    run_id, info = await run(store, dag)
+    assert info["state"] == "FAILED"
+    assert "ctx.push: the key must be a name" in await error_of(store, run_id, "nul")
+
+
 async def test_a_failed_attempts_pushes_are_discarded_and_a_retry_keeps_its_own(
     store: Store,
 ) -> None:
