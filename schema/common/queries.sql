@@ -66,10 +66,10 @@ LIMIT 1;
 -- :ready_at is set for the tasks a new RUNNING run starts at once (executor/store/runs.py).
 INSERT INTO task (run_id, task_id, state, trigger_rule, priority, is_leaf, expand_from, map_cap,
                   max_attempts, n_parents, ready_at, updated_at, pool, pool_slots, queue,
-                  hooks)
+                  hooks, role)
 VALUES (:run_id, :task_id, 'PENDING', :trigger_rule, :priority, :is_leaf, :expand_from,
         :map_cap, :max_attempts, :n_parents, :ready_at, :now, :pool, :pool_slots, :queue,
-        :hooks);
+        :hooks, :role);
 
 -- name: insert_edge
 INSERT INTO edge (run_id, parent, child) VALUES (:run_id, :parent, :child);
@@ -1132,8 +1132,9 @@ UPDATE dag_run
 SET tasks_unfinished = (SELECT count(*) FROM task t
                         WHERE t.run_id = dag_run.run_id AND t.map_index = -1
                           AND t.state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')),
+    -- is_leaf 1 (a leaf) or 2 (only quiet teardowns after it) decides (executor/rules.py)
     leaves_failed = (SELECT count(*) FROM task t
-                     WHERE t.run_id = dag_run.run_id AND t.map_index = -1 AND t.is_leaf = 1
+                     WHERE t.run_id = dag_run.run_id AND t.map_index = -1 AND t.is_leaf IN (1, 2)
                        AND t.state IN ('FAILED', 'UPSTREAM_FAILED'))
 WHERE run_id = :run_id;
 
