@@ -50,7 +50,8 @@ landed = dag.sensor(
     parents=[landed],
     templates={
         "report": f"{ROOT}/reports/{{{{ params.region }}}}/{{{{ ds_nodash }}}}.json",
-        "title": "Settlements of {{ macros.ds_format(macros.ds_add(ds, -1), '%Y-%m-%d', '%d %b %Y') }}",
+        "title": "Settlements of "
+        "{{ macros.ds_format(macros.ds_add(ds, -1), '%Y-%m-%d', '%d %b %Y') }}",
     },
 )
 def report(ctx):
