@@ -7,20 +7,22 @@ it), saying the template and the error on one line (executor/templating.py)."""
 from __future__ import annotations
 
 import json
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 from support import backends
-from support.helpers import async_wait_until, raw_sql
+from support.catalogued import all_runs, catalogue_file
+from support.helpers import FakeClock, async_wait_until, loaded_waits, ops, raw_sql, write_dag
 from support.triggers import log_text, serving
 
 from executor import DAG
 from executor.store import Store
+from triggerer.store import Fire, TriggererBatch
 from triggers.files import FileTrigger
 
 backend, url, pg_server = backends.backend, backends.url, backends.pg_server  # fixtures
-live_store = backends.live_store  # fixture
+live_store, store = backends.live_store, backends.store  # fixtures
 
 DAY = date(2026, 11, 26)  # the run's ds; its yesterday is 2026-11-25
 
@@ -139,3 +141,35 @@ async def test_a_template_that_fails_fails_its_task_once_saying_the_template_and
         "attribute 'partition'"
     )
     assert said in load_log.splitlines()[-1], load_log
+
+
+CONDITION = """
+from executor import DAG
+from triggers.files import FileTrigger
+
+dag = DAG("yesterdays", timezone="Europe/Paris",
+          start_when=FileTrigger(path="/in/{{ macros.ds_add(ds, -1) }}/{{ dag_id }}.csv"))
+
+@dag.task
+def work(ctx):
+    return ctx.start_event
+"""
+
+
+async def test_a_start_condition_is_rendered_with_macros_for_its_date_and_the_next(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    # 2026-11-20 23:30 UTC is already the 21st in Paris: the condition is for the 21st.
+    clock.set(datetime(2026, 11, 20, 23, 30, tzinfo=UTC).timestamp())
+    await catalogue_file(store, write_dag(tmp_path, CONDITION))
+    [wait] = await store.catalogue.start_waits()
+    assert wait["logical_date"] == "2026-11-21"
+    assert "/in/2026-11-20/yesterdays.csv" in wait["description"]
+    waits = await loaded_waits(store, "start")
+    fired = TriggererBatch(fires=[Fire(waits, json.dumps({"paths": ["x"]}), "fired")])
+    await ops(store).triggerer_commit(fired)
+    [run] = await all_runs(store)
+    assert run["logical_date"] == "2026-11-21"
+    [wait] = await store.catalogue.start_waits()  # re-armed for the next date, rendered
+    assert wait["logical_date"] == "2026-11-22"
+    assert "/in/2026-11-21/yesterdays.csv" in wait["description"]
