@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import sensing
+from . import pulling, sensing
 from .catalogue import DEFAULT_PARSE_TIMEOUT, parse_file
 from .context import TaskContext, TaskDeferred
 from .dag import DAG, SensorSpec, TaskSpec
@@ -40,6 +40,7 @@ from .runnames import logical_shown, midnight
 from .slots import ProcessSlots, Result, ThreadSlots
 from .statemachine import expansion_problem
 from .store import Exchange, Views
+from .store.values import Values
 from .templating import Scope, TemplateFailed, render_value, utc
 
 
@@ -94,6 +95,7 @@ class Attempts:
             raise ValueError(f"unknown isolation {isolation!r}: use thread or process")
         self.exchange = exchange
         self.views = views
+        self.values = Values(exchange.db, exchange.clock)  # ctx.pull's reads
         self.runner = ThreadSlots(slots) if isolation == "thread" else ProcessSlots(slots)
         # Sensor checks are async code on a short-lived loop: always in a thread.
         self.sensor_runner = (
@@ -147,6 +149,9 @@ class Attempts:
             data_interval_start=info.data_interval[0] if info.data_interval else None,
             data_interval_end=info.data_interval[1] if info.data_interval else None,
             start_event=copy.deepcopy(info.start_event),
+        )
+        ctx._reader = await pulling.reader(
+            spec, row.run_id, self.values, in_process=isinstance(self.runner, ProcessSlots)
         )
         self.running[row.id] = ctx
         scope = info.scope(row.run_id, row.task_id, ctx.params)
@@ -318,7 +323,10 @@ class Attempts:
         if problem:
             o = self.failed(row, owner, problem, spec)
         else:
-            o = Succeeded(**_base(row, owner), output_json=output_json, skip_children=skip)
+            o = Succeeded(
+                **_base(row, owner), output_json=output_json, skip_children=skip,
+                values=dict(ctx._pushed),
+            )  # fmt: skip
         o.logs = ctx.lines
         return o
 

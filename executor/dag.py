@@ -115,6 +115,12 @@ class TaskSpec:
     # on_failure / on_retry / on_success / on_sensor_timeout and notify= (the DAG's are
     # the defaults): executor/notifications.py
     hooks: Hooks = field(default_factory=Hooks)
+    # Setup and teardown (Airflow 3's): a teardown runs once its parents ended whatever
+    # happened, provided one of its setups succeeded (rules.ALL_DONE_SETUP_SUCCESS); its
+    # failure fails the run only with on_failure_fail_run (rules.leaf_kinds).
+    setup: bool = False
+    teardown: bool = False
+    on_failure_fail_run: bool = False
     # templates= as declared: rendered per attempt into ctx.templates (executor/templating.py)
     templates: dict[str, Any] = field(default_factory=dict)
 
@@ -269,9 +275,20 @@ class DAG:
         on_success: Callback | None = None,
         on_sensor_timeout: Callback | None = None,
         notify: NotifySpec = None,
+        setup: bool = False,
+        teardown: bool = False,
+        teardown_of: Iterable[ParentRef] = (),
+        on_failure_fail_run: bool = False,
         templates: dict[str, Any] | None = None,
     ) -> Any:
         """Declare a task; usable as ``@dag.task`` or ``@dag.task(parents=[...], retries=3)``.
+
+        ``setup=True`` makes a setup task, ``teardown_of=[setup_task]`` (or
+        ``teardown=True``) a teardown: it runs once its parents ended however they ended,
+        provided one of its setups succeeded, is skipped when they were skipped, and its
+        failure does not fail the run unless ``on_failure_fail_run=True``
+        (docs/dag-patterns.md, "Setup and teardown"). ``teardown_of`` makes those tasks
+        its parents and marks them setups.
 
         ``expand=upstream`` runs one instance per item of ``upstream``'s output (a list).
         ``branch=True`` makes the task's return value (a child id or list of ids) choose which
@@ -314,6 +331,12 @@ class DAG:
                     raise DagError(f"task {tid!r}: a mapped task cannot be a branch")
             if map_cap is not None and map_cap < 0:
                 raise DagError(f"task {tid!r}: map_cap must be >= 0")
+            setups = [self._setup_of(tid, s) for s in teardown_of]
+            is_teardown = teardown or bool(setups)
+            _check_role(tid, setup, is_teardown, on_failure_fail_run, source)
+            if is_teardown:
+                rule = TriggerRule.ALL_DONE_SETUP_SUCCESS
+                parent_ids += [s.task_id for s in setups if s.task_id not in parent_ids]
             _check_pool(tid, pool, pool_slots, queue)
             hooks = _hooks(
                 f"task {tid!r}",
@@ -348,7 +371,12 @@ class DAG:
                 pool_slots=pool_slots,
                 queue=queue,
                 hooks=hooks,
+                setup=setup,
+                teardown=is_teardown,
+                on_failure_fail_run=on_failure_fail_run,
             )
+            for s in setups:
+                s.setup = True  # as Airflow's as_teardown(setups=...) marks them
             self.tasks[tid] = spec
             return spec
 
@@ -402,6 +430,17 @@ class DAG:
             expected_by=late,
         )
         return self.task(None, task_id=task_id, sensor=spec, **options)
+
+    def _setup_of(self, tid: str, ref: ParentRef) -> TaskSpec:
+        """A task ``teardown_of`` names: declared before, not a teardown, not mapped."""
+        found = self.tasks.get(_ref(ref))
+        if found is None:
+            raise DagError(f"task {tid!r}: teardown_of names {_ref(ref)!r}, which is not "
+                           "a task of this DAG (declare the setup first)")  # fmt: skip
+        if found.teardown or found.expand is not None:
+            what = "a teardown" if found.teardown else "a mapped task"
+            raise DagError(f"task {tid!r}: teardown_of names {found.task_id!r}, {what}")
+        return found
 
     def children(self, task_id: str) -> list[str]:
         return [t.task_id for t in self.tasks.values() if task_id in t.parents]
@@ -529,6 +568,17 @@ def _check_deferrable(task_id: str, trigger: BaseTrigger) -> None:
             "SLOTLESS_ALLOWED_TRIGGERS (docs/writing-triggers.md), or give the sensor "
             "mode='reschedule'"
         )
+
+
+def _check_role(tid: str, setup: bool, teardown: bool, fails_run: bool, source: str | None) -> None:
+    """A task's part in a setup/teardown pair, checked at declaration."""
+    if setup and teardown:
+        raise DagError(f"task {tid!r}: a task is a setup or a teardown, not both")
+    if fails_run and not teardown:
+        raise DagError(f"task {tid!r}: on_failure_fail_run is for a teardown (teardown_of=...)")
+    if (setup or teardown) and source is not None:
+        role = "setup" if setup else "teardown"
+        raise DagError(f"task {tid!r}: a {role} task cannot be mapped (expand=)")
 
 
 def _check_pool(tid: str, pool: object, pool_slots: object, queue: object) -> None:

@@ -11,9 +11,12 @@ from aiohttp import web
 from . import (  # noqa: F401
     api_dags,
     api_logs,
+    api_runs,
     api_waits,
+    audit_page,
     dag_page,
     logs_page,
+    runs_page,
     trigger_form,
     waits_page,
 )
@@ -21,6 +24,8 @@ from . import (  # noqa: F401
 SECTIONS: tuple[Callable[[web.Application], None], ...] = (
     dag_page.add_routes,
     waits_page.add_routes,
+    audit_page.add_routes,
     logs_page.add_routes,
     trigger_form.add_routes,
+    runs_page.add_routes,
 )
