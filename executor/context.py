@@ -67,6 +67,7 @@ class TaskContext:
     its instances' outputs in index order. A mapped instance also sees ``item``, ``index``
     and ``total``. ``params`` is the run's params: the DAG's defaults updated with the
     run's conf (a dict), or the conf validated into the DAG's params model (an instance).
+    ``templates`` is the task's ``templates=`` rendered for this run (docs/templates.md).
     """
 
     run_id: str
@@ -85,6 +86,8 @@ class TaskContext:
     data_interval_start: datetime | None = None
     data_interval_end: datetime | None = None
     start_event: Any = None  # the payload of the start condition that started the run
+    # The task's templates= rendered for this run, by key (Airflow's templates_dict).
+    templates: dict[str, Any] = field(default_factory=dict)
     _logs: list[tuple[float, str]] = field(default_factory=list, repr=False)
     # ctx.push's values as JSON, key -> text: recorded with the attempt's SUCCESS only.
     _pushed: dict[str, str] = field(default_factory=dict, repr=False)

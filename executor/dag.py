@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from typing import Any, Literal
+from zoneinfo import ZoneInfo
 
 from triggers.base import BaseTrigger
 from triggers.people import NEEDS_ANSWER, PersonWait
@@ -30,6 +31,14 @@ from .pools import PoolError, check_name
 from .rules import TriggerRule
 from .runpolicy import RunPolicy, failure_policy, time_of_day, timeout_seconds
 from .schedules import Schedule
+from .templating import (
+    START_NAMES,
+    TASK_NAMES,
+    Scope,
+    check_fields,
+    declared_templates,
+    render_trigger,
+)
 
 DEFAULT_MAP_CAP = 50_000
 DEFAULT_SENSOR_TIMEOUT = 12 * 3600.0  # seed 000: 12 h by default, 14 h for files known to be late
@@ -112,6 +121,8 @@ class TaskSpec:
     setup: bool = False
     teardown: bool = False
     on_failure_fail_run: bool = False
+    # templates= as declared: rendered per attempt into ctx.templates (executor/templating.py)
+    templates: dict[str, Any] = field(default_factory=dict)
 
     def method(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``fn`` as a resume point for ``ctx.defer(..., method=fn.__name__)``."""
@@ -268,6 +279,7 @@ class DAG:
         teardown: bool = False,
         teardown_of: Iterable[ParentRef] = (),
         on_failure_fail_run: bool = False,
+        templates: dict[str, Any] | None = None,
     ) -> Any:
         """Declare a task; usable as ``@dag.task`` or ``@dag.task(parents=[...], retries=3)``.
 
@@ -285,7 +297,9 @@ class DAG:
         it only on workers serving that queue (``slotless worker --queues gpu``).
         ``on_failure=fn`` (and on_retry, on_success, on_sensor_timeout) runs ``fn(ctx)`` in a
         worker slot when that happens, and ``notify=`` sends to apprise URLs
-        (executor/notifications.py); unset, the DAG's apply.
+        (executor/notifications.py); unset, the DAG's apply. ``templates={"path":
+        "s3://b/{{ ds }}/x"}`` is rendered per attempt into ``ctx.templates`` (Airflow's
+        ``templates_dict``; docs/templates.md).
         """
 
         def register(f: TaskFn | None) -> TaskSpec:
@@ -334,10 +348,12 @@ class DAG:
                 },
                 notify,
             )
+            rendered_later = declared_templates(templates, f"DAG {self.dag_id!r}: task {tid!r}")
             spec = TaskSpec(
                 dag=self,
                 task_id=tid,
                 fn=f,
+                templates=rendered_later,
                 parents=parent_ids,
                 retries=retries,
                 retry_delay=seconds(retry_delay) or 0.0,
@@ -380,8 +396,9 @@ class DAG:
     ) -> TaskSpec:
         """A task that waits until ``trigger``'s condition holds; its output is the event.
 
-        String fields of the trigger may use ``{{ ds }}``, ``{{ ds_nodash }}``,
-        ``{{ run_id }}``, ``{{ dag_id }}``, ``{{ task_id }}``; they are filled per run.
+        String fields of the trigger (at any depth) are Jinja2 templates with Airflow's
+        names and macros (``{{ macros.ds_add(ds, -1) }}``: docs/templates.md), rendered
+        per run; their syntax and names are checked here.
         After ``timeout`` the sensor fails with "sensor timeout", or ends SKIPPED if
         ``soft_fail``. With ``expected_by="05:30"`` (a time of day on the DAG's clock, from
         the run's logical date: executor/runpolicy.py), a "late" notice goes out once if
@@ -389,6 +406,7 @@ class DAG:
         """
         if mode not in ("poke", "reschedule", "deferrable"):
             raise DagError(f"sensor {task_id!r}: unknown mode {mode!r}")
+        check_fields(trigger.templates(), TASK_NAMES, f"DAG {self.dag_id!r}: sensor {task_id!r}")
         if isinstance(trigger, PersonWait):
             if mode != "deferrable":  # a person answers: there is nothing for a slot to check
                 raise DagError(
@@ -529,8 +547,9 @@ def _start_when(dag_id: str, trigger: BaseTrigger | None) -> BaseTrigger | None:
             f"DAG {dag_id!r}: start_when trigger class {classpath} is not allow-listed "
             "(register it: docs/writing-triggers.md)"
         )
-    try:
-        trigger.render({"ds": "2000-01-01", "ds_nodash": "20000101", "logical_date": "2000-01-01"})
+    check_fields(trigger.templates(), START_NAMES, f"DAG {dag_id!r}: start_when")
+    try:  # rendered for a date as the triggerer will: a value its class refuses is found now
+        render_trigger(trigger, Scope.for_date(dag_id, date(2000, 1, 1), ZoneInfo("UTC")))
     except (KeyError, ValueError, TriggerLoadError) as exc:
         raise DagError(f"DAG {dag_id!r}: start_when: {exc}") from None
     return trigger
