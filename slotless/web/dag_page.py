@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
 from aiohttp import web
+from markupsafe import Markup, escape
 from pydantic import BaseModel
 
 from executor.loader import DagImportError
@@ -53,7 +54,7 @@ from ..trigger import import_dag
 from .charts import Bar, Chart, bar_chart
 from .graph import STATE_ORDER
 from .keys import AUTH, LIVE, SETTINGS, STORE
-from .render import View, dag_href, run_href, task_href, with_query
+from .render import MARKS, View, dag_href, run_href, task_href, with_query
 from .respond import polled, respond
 
 log = logging.getLogger("slotless.web")
@@ -195,6 +196,15 @@ class CellShown:
     title: str
     style: str = ""  # a mapped cell's mix of its instances' states
     mixed: bool = False
+    # The class and the mark, made once here: a state is one of a fixed set of names (no
+    # markup), so the template writes them as they are instead of escaping 5,000 of each.
+    cls: Markup = field(init=False)
+    mark: Markup = field(init=False)
+
+    def __post_init__(self) -> None:
+        mixed = " mixed" if self.mixed else ""
+        object.__setattr__(self, "cls", Markup(f"cell st-{escape(self.state)}{mixed}"))
+        object.__setattr__(self, "mark", Markup(escape(MARKS.get(self.state, ""))))
 
 
 @dataclass(frozen=True, slots=True)
