@@ -240,7 +240,11 @@ class Attempts:
             o = self.failed(row, owner, result.value.event.error, spec)
         else:
             ctx.log(f"condition held: {trigger.describe()}")
-            o = Succeeded(**_base(row, owner), output_json=json.dumps(result.value.event.payload))
+            o = Succeeded(
+                **_base(row, owner),
+                output_json=json.dumps(result.value.event.payload),
+                asset_events=[(row.task_id, a.uri, None) for a in spec.outlets],
+            )
         o.slot_kind = "poke" if mode == "poke" else "execute"
         o.logs = ctx.lines
         return o
@@ -285,7 +289,14 @@ class Attempts:
         if problem:
             o = self.failed(row, owner, problem, spec)
         else:
-            o = Succeeded(**_base(row, owner), output_json=output_json, skip_children=skip)
+            o = Succeeded(
+                **_base(row, owner),
+                output_json=output_json,
+                skip_children=skip,
+                asset_events=[
+                    (row.task_id, a.uri, ctx._asset_extras.get(a.uri)) for a in spec.outlets
+                ],
+            )
         o.logs = ctx.lines
         return o
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .assets import check_uri, extra_json
 from .durations import Duration, seconds
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class TaskContext:
     data_interval_end: datetime | None = None
     start_event: Any = None  # the payload of the start condition that started the run
     _logs: list[tuple[float, str]] = field(default_factory=list, repr=False)
+    # Extras for the asset events of this attempt's outlets: URI -> JSON (ctx.asset_event).
+    _asset_extras: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def ds(self) -> str:
@@ -91,3 +94,24 @@ class TaskContext:
         ``ctx.event`` holds the event's payload. ``timeout`` bounds the wait.
         """
         raise TaskDeferred(trigger, method, dict(kwargs or {}), seconds(timeout))
+
+    def asset_event(self, asset: Any, *, extra: dict[str, Any]) -> None:
+        """Attach ``extra`` (a JSON object, at most 64 KiB) to the event this task's
+        SUCCESS records for ``asset``, one of its ``outlets``; called again, the last wins.
+        Consumers read it in ``ctx.triggering_asset_events``."""
+        uri = check_uri(getattr(asset, "uri", asset))
+        self._asset_extras[uri] = extra_json(extra) or "{}"
+
+    @property
+    def triggering_asset_events(self) -> dict[str, list[dict[str, Any]]]:
+        """The asset events that started this run (an asset-scheduled DAG's run): URI ->
+        its events, oldest first, each ``{"id", "uri", "ts", "source", "extra", ...}``;
+        empty for any other run."""
+        ev = self.start_event
+        if isinstance(ev, dict) and isinstance(ev.get(ASSET_EVENTS), dict):
+            return ev[ASSET_EVENTS]
+        return {}
+
+
+# The key of an asset-triggered run's start event under which its events are kept.
+ASSET_EVENTS = "triggering_asset_events"

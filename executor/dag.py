@@ -12,6 +12,7 @@ from triggers.base import BaseTrigger
 from triggers.people import NEEDS_ANSWER, PersonWait
 from triggers.registry import TriggerLoadError, is_allowed
 
+from .assets import Asset, Condition, assets_of, check_declaration
 from .context import TaskContext
 from .durations import Duration, seconds
 from .errors import DagError as DagError  # authors import it from here too
@@ -106,6 +107,8 @@ class TaskSpec:
     # on_failure / on_retry / on_success / on_sensor_timeout and notify= (the DAG's are
     # the defaults): executor/notifications.py
     hooks: Hooks = field(default_factory=Hooks)
+    # The assets its SUCCESS updates: an asset event each, in the same transaction.
+    outlets: tuple[Asset, ...] = ()
 
     def method(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``fn`` as a resume point for ``ctx.defer(..., method=fn.__name__)``."""
@@ -161,7 +164,7 @@ class DAG:
         dag_id: str,
         *,
         description: str = "",
-        schedule: str | timedelta | None = None,
+        schedule: str | timedelta | Condition | Sequence[Asset] | None = None,
         start_date: datetime | date | None = None,
         end_date: datetime | date | None = None,
         timezone: str = "UTC",
@@ -193,10 +196,17 @@ class DAG:
         except TypeError as exc:
             raise DagError(f"DAG {dag_id!r}: {exc}") from None
         self.params: Params = params
+        # Assets as a schedule (executor/assets.py): runs start when the condition holds,
+        # in the transaction of the event that completes it (executor/store/assets.py).
+        self.asset_schedule: Condition | None = check_declaration(f"DAG {dag_id!r}", schedule)
+        if self.asset_schedule is not None:
+            _check_watchers(dag_id, assets_of(self.asset_schedule))
+        timed = None if self.asset_schedule is not None else schedule
+        assert timed is None or isinstance(timed, str | timedelta), "as_condition took lists"
         # When runs are due, catchup included (executor/schedules.py, docs/scheduling.md);
         # the triggerer starts them (executor/store/starts.py).
         self.schedule: Schedule | None = _schedule(
-            dag_id, schedule, start_date, end_date, timezone, catchup, max_active_runs
+            dag_id, timed, start_date, end_date, timezone, catchup, max_active_runs
         )
         self.timezone = timezone
         self.max_active_runs = max_active_runs
@@ -258,6 +268,7 @@ class DAG:
         on_success: Callback | None = None,
         on_sensor_timeout: Callback | None = None,
         notify: NotifySpec = None,
+        outlets: Iterable[Asset] = (),
     ) -> Any:
         """Declare a task; usable as ``@dag.task`` or ``@dag.task(parents=[...], retries=3)``.
 
@@ -268,7 +279,9 @@ class DAG:
         it only on workers serving that queue (``slotless worker --queues gpu``).
         ``on_failure=fn`` (and on_retry, on_success, on_sensor_timeout) runs ``fn(ctx)`` in a
         worker slot when that happens, and ``notify=`` sends to apprise URLs
-        (executor/notifications.py); unset, the DAG's apply.
+        (executor/notifications.py); unset, the DAG's apply. ``outlets=[Asset(...)]``: its
+        SUCCESS records an event of each (executor/assets.py), which may start the DAGs
+        scheduled on them.
         """
 
         def register(f: TaskFn | None) -> TaskSpec:
@@ -301,6 +314,7 @@ class DAG:
             if map_cap is not None and map_cap < 0:
                 raise DagError(f"task {tid!r}: map_cap must be >= 0")
             _check_pool(tid, pool, pool_slots, queue)
+            outs = _outlets(self.dag_id, tid, outlets)
             hooks = _hooks(
                 f"task {tid!r}",
                 {
@@ -332,6 +346,7 @@ class DAG:
                 pool_slots=pool_slots,
                 queue=queue,
                 hooks=hooks,
+                outlets=outs,
             )
             self.tasks[tid] = spec
             return spec
@@ -495,6 +510,25 @@ def _start_when(dag_id: str, trigger: BaseTrigger | None) -> BaseTrigger | None:
     except (KeyError, ValueError, TriggerLoadError) as exc:
         raise DagError(f"DAG {dag_id!r}: start_when: {exc}") from None
     return trigger
+
+
+def _outlets(dag_id: str, tid: str, outlets: Iterable[Asset]) -> tuple[Asset, ...]:
+    outs = tuple(dict.fromkeys(outlets))
+    bad = [o for o in outs if not isinstance(o, Asset)]
+    if bad:
+        raise DagError(f"DAG {dag_id!r}: task {tid!r}: outlets are assets, not {bad[0]!r}")
+    _check_watchers(dag_id, outs)
+    return outs
+
+
+def _check_watchers(dag_id: str, assets: Iterable[Asset]) -> None:
+    """An asset's watchers are held like start conditions: checked the same way."""
+    for a in assets:
+        for w in a.watchers:
+            try:
+                _start_when(dag_id, w)
+            except DagError as exc:
+                raise DagError(f"{exc} (a watcher of asset {a.uri})") from None
 
 
 def _check_deferrable(task_id: str, trigger: BaseTrigger) -> None:

@@ -12,6 +12,7 @@ import time
 from urllib.parse import urlparse
 
 from ..driver.db import Database, Row, SchemaTooNew, Tx
+from .assets import Assets
 from .callbacks import Callbacks
 from .catalogue import Catalogue
 from .control import Runs
@@ -66,6 +67,7 @@ class Store:
         self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
         self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
         self.loglines = LogLines(db, clock)  # a task's log after a cursor; running lines
+        self.assets = Assets(db, clock)  # asset events from outside, the assets listed
 
     @property
     def url(self) -> str:

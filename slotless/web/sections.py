@@ -9,9 +9,11 @@ from aiohttp import web
 
 # The api_* modules' /api/v1 routes are registered when they are imported.
 from . import (  # noqa: F401
+    api_assets,
     api_dags,
     api_logs,
     api_waits,
+    assets_page,
     dag_page,
     logs_page,
     trigger_form,
@@ -23,4 +25,5 @@ SECTIONS: tuple[Callable[[web.Application], None], ...] = (
     waits_page.add_routes,
     logs_page.add_routes,
     trigger_form.add_routes,
+    assets_page.add_routes,
 )
