@@ -101,9 +101,7 @@ async def test_replayed_event_starts_nothing_more(store: Store, tmp_path: Path) 
     assert b.events == 1
 
 
-async def test_task_success_records_the_event_and_its_extra(
-    store: Store, tmp_path: Path
-) -> None:
+async def test_task_success_records_the_event_and_its_extra(store: Store, tmp_path: Path) -> None:
     path = write_dag(
         tmp_path,
         f"""
