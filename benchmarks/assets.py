@@ -65,7 +65,7 @@ async def _grow(store: Any, folder: Path, have: int, want: int, assets: int) -> 
         dags = _dags(start, min(want, start + PER_FILE), assets)
         path = folder / f"consumers_{start:06d}.py"
         path.write_text("# catalogued by benchmarks/assets.py, never imported\n")
-        declared = [DeclaredDag(**_declared(d, d.dag_id)) for d in dags]
+        declared = [DeclaredDag(**_declared(d, d.dag_id)) for d in dags]  # type: ignore[arg-type]
         error = await store.catalogue.record_parse(str(path), path.stat().st_mtime, declared, None)
         if error is not None:
             raise RuntimeError(f"{path}: {error}")

@@ -171,10 +171,24 @@ def event_dict(e: Row) -> dict[str, Any]:
     }
 
 
+# The migration that made the asset tables (schema/*/025_assets.sql).
+SCHEMA = 25
+
+
+async def has_assets(tx: Tx) -> bool:
+    """Whether the store's schema has the asset tables. It always has once this code opened
+    it (opening migrates); a store of an older schema that this code writes catalogue rows
+    to (the migrations' own tests do) stores no assets rather than failing."""
+    row = await tx.fetchone("schema_version_current")
+    return row is not None and int(row["version"]) >= SCHEMA
+
+
 async def catalogue_assets(tx: Tx, dag_id: str, declared: str | None, now: float) -> bool:
     """Store what a DAG declares of assets (:func:`executor.assets.declared` as JSON):
     its condition, the URIs it consumes and produces, the assets' names and watchers.
     Returns whether its watchers changed (its start waits are armed again then)."""
+    if not await has_assets(tx):
+        return False
     before = await tx.fetchone("dag_assets_before", dag_id=dag_id)
     if before is None:
         return False

@@ -41,7 +41,7 @@ from ..driver.db import Row, Tx
 from ..runnames import RunType
 from ..runwaits import insert_trigger as _insert_trigger
 from ..schedules import Interval, Schedule
-from .assets import NewAssetEvent, record_asset_events
+from .assets import NewAssetEvent, has_assets, record_asset_events
 from .lines import one_line
 from .runs import (
     NewRun,
@@ -327,6 +327,8 @@ async def _fire_condition(tx: Tx, spec: StartSpec, wait: Row, payload: Any, now:
 
 async def _arm_watchers(tx: Tx, spec: StartSpec, now: float) -> None:
     """The watchers of the assets ``spec``'s DAG names: each a start wait of its own."""
+    if not await has_assets(tx):
+        return
     row = await tx.fetchone("dag_asset_watchers", dag_id=spec.dag_id)
     watchers = json.loads(row["asset_watchers"]) if row and row["asset_watchers"] else []
     for n, (uri, classpath, kwargs) in enumerate(watchers):
