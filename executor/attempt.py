@@ -289,6 +289,8 @@ class Attempts:
         if problem:
             o = self.failed(row, owner, problem, spec)
         else:
+            for uri in sorted(set(ctx._asset_extras) - {a.uri for a in spec.outlets}):
+                ctx.log(f"ctx.asset_event({uri!r}): not one of this task's outlets, ignored")
             o = Succeeded(
                 **_base(row, owner),
                 output_json=output_json,

@@ -101,7 +101,11 @@ async def test_replayed_event_starts_nothing_more(store: Store, tmp_path: Path) 
     assert b.events == 1
 
 
-async def test_task_success_records_the_event_and_its_extra(store: Store, tmp_path: Path) -> None:
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_task_success_records_the_event_and_its_extra(
+    store: Store, tmp_path: Path, isolation: str
+) -> None:
+    """In a forked child too: ctx.asset_event's extra crosses the pipe with the logs."""
     path = write_dag(
         tmp_path,
         f"""
@@ -126,7 +130,7 @@ async def test_task_success_records_the_event_and_its_extra(store: Store, tmp_pa
     await catalogue_file(store, path)
     producer = load_dag(path, "producer")
     started = await store.runs.start_run(producer, date(2026, 11, 26), dag_file=str(path))
-    await run_to_end(store, started.run_id)
+    await run_to_end(store, started.run_id, isolation=isolation)
     [run] = await runs_of(store, "consumer")
     assert run["run_type"] == "asset"
     await run_to_end(store, run["run_id"])
