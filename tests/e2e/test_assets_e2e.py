@@ -151,6 +151,8 @@ async def test_cli_api_watcher_and_page(services: tuple[str, Path], db_url: str)
                            headers=key)  # fmt: skip
     assert status == 200 and json.loads(text)["created"] is False and json.loads(text)["runs"] == []
     assert [r["run_id"] for r in await runs_of(db_url, "both")] == [run_id]
+    status, text = request(f"{base}/api/v1/runs/{run_id}", method="GET", token=None)
+    assert status == 200 and json.loads(text)["run_type"] == "asset", text
     assert request(base + "/api/v1/assets/events", {"uri": B}, token=None)[0] == 401
     status, text = request(base + "/api/v1/assets/events", {"uri": "not a uri"})
     assert status == 400 and "URI" in json.loads(text)["error"]
