@@ -99,7 +99,8 @@ async def list_command(args: argparse.Namespace) -> int:
         print("no assets yet")
     for a in assets:
         last = "never updated" if a.last_ts is None else f"last {_when(a.last_ts)}"
-        print(f"{a.uri}{f' ({a.name})' if a.name else ''}  {a.events} events, {last}")
+        count = f"{a.events} event" + ("" if a.events == 1 else "s")
+        print(f"{a.uri}{f' ({a.name})' if a.name else ''}  {count}, {last}")
         producers = ", ".join(f"{d}.{t}" for d, t in a.producers) or "none"
         print(f"    produced by: {producers}; consumed by: {', '.join(a.consumers) or 'none'}")
     return 0
