@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from support import backends
 from support.catalogued import all_runs, catalogue_file
-from support.helpers import FakeClock, run_to_end, write_dag
+from support.helpers import FakeClock, loaded_waits, ops, run_to_end, write_dag
 
 from executor.assets import Asset, AssetError, holds, to_tree
 from executor.loader import load_dag
 from executor.store import Store, open_store
 from executor.store.assets import asset_run_key
+from triggerer.store import Fire, TriggererBatch
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
 pg_server = backends.pg_server  # fixture
@@ -177,3 +178,50 @@ def test_conditions_and_uris() -> None:
     for bad in ("orders", "s3://", "s3://a b", "", "x" * 3000):
         with pytest.raises(AssetError):
             Asset(bad)
+
+
+async def test_a_watchers_fire_records_one_event_and_is_armed_again(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A watcher is a start wait: its fire (as the triggerer commits it) records an event,
+    starts the consumer and re-arms the same watcher after its poke interval; the same fire
+    written again (a retried batch, a takeover) records nothing."""
+    clock.set(1_800_000_000.0)
+    flag = tmp_path / "flag"
+    await catalogue_file(
+        store,
+        write_dag(
+            tmp_path,
+            f"""
+            from executor import DAG, Asset
+            from triggers.files import FileTrigger
+
+            c = Asset("{C}", watchers=[FileTrigger(path="{flag}", poke_interval=30)])
+            on_c = DAG("on_c", schedule=[c])
+
+            @on_c.task
+            def see(ctx):
+                return 1
+            """,
+        ),
+    )
+    [wait] = await store.catalogue.start_waits()
+    assert wait["kind"] == f"watch:0:{C}"
+    waits = await loaded_waits(store, "start")
+    batch = TriggererBatch(fires=[Fire(waits, json.dumps({"path": str(flag)}), "fired")])
+    await ops(store).triggerer_commit(batch)
+    [run] = await runs_of(store, "on_c")
+    [event] = json.loads(run["start_event"])["triggering_asset_events"][C]
+    assert event["source"] == "watcher" and event["extra"] == {"path": str(flag)}
+    await ops(store).triggerer_commit(batch)  # the same fire again
+    assert len(await runs_of(store, "on_c")) == 1
+    [asset] = [a for a in await store.assets.list_assets() if a.uri == C]
+    assert asset.events == 1
+    # Armed again: the same watcher, not checked before its poke interval.
+    [again] = await store.catalogue.start_waits()
+    assert again["kind"] == wait["kind"] and again["not_before"] == clock() + 30
+    assert set(await loaded_waits(store, "start")) == set(waits)
+    assert await loaded_waits(store, "start") != waits  # on a new trigger row
+    # Paused, the watcher is no longer held.
+    await store.catalogue.set_paused("on_c", True)
+    assert await store.catalogue.start_waits() == []
