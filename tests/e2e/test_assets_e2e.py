@@ -172,9 +172,14 @@ async def test_cli_api_watcher_and_page(services: tuple[str, Path], db_url: str)
     events = json.loads(run["start_event"])["triggering_asset_events"]
     assert [e["source"] for e in events[C]] == ["watcher"]
 
-    # The page: every asset, its producers and consumers, and the lineage graph.
+    # The page: every asset, its producers and consumers, and the lineage graph; a URI is
+    # text, never markup.
+    hostile = "s3://x/<b>bold</b>"
+    status, _ = request(base + "/api/v1/assets/events", {"uri": hostile, "extra": {"<i>": "</td>"}})
+    assert status == 201
     status, html = request(base + "/assets", method="GET", token=None)
     assert status == 200
+    assert "<b>bold" not in html and '</td>"' not in html and "&lt;b&gt;bold" in html
     for text in (A, B, C, "maker", "both", "on_c", "<svg", "lineage"):
         assert text in html, text
 
