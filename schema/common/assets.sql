@@ -66,18 +66,23 @@ INSERT INTO asset_producer (dag_id, task_id, uri) VALUES (:dag_id, :task_id, :ur
 ON CONFLICT DO NOTHING;
 
 -- name: assets_listed
--- Every asset with its newest event (the API's list, the page).
+-- Every asset with its newest event's time (by the index on (uri, id), not a scan of its
+-- events) and how many it has (a count over that index).
 SELECT a.uri, a.name, a.created_at,
        (SELECT count(*) FROM asset_event e WHERE e.uri = a.uri) AS events,
-       (SELECT max(e.ts) FROM asset_event e WHERE e.uri = a.uri) AS last_ts
+       (SELECT e.ts FROM asset_event e WHERE e.uri = a.uri ORDER BY e.id DESC LIMIT 1)
+           AS last_ts
 FROM asset a ORDER BY a.uri;
 
 -- name: asset_last_events
--- The newest :n events of each asset named (a window per URI).
-SELECT id, uri, ts, source, run_id, task_id, extra FROM (
-    SELECT e.*, row_number() OVER (PARTITION BY e.uri ORDER BY e.id DESC) AS k
-    FROM asset_event e WHERE e.uri = ANY(:uris)
-) AS ranked WHERE k <= :n ORDER BY uri, id DESC;
+-- The newest :n events of each asset named: :n index entries per asset, however many
+-- events it has had.
+SELECT e.id, e.uri, e.ts, e.source, e.run_id, e.task_id, e.extra
+FROM asset a JOIN asset_event e ON e.id IN (
+    SELECT x.id FROM asset_event x WHERE x.uri = a.uri ORDER BY x.id DESC LIMIT :n
+)
+WHERE a.uri = ANY(:uris)
+ORDER BY e.uri, e.id DESC;
 
 -- name: asset_links
 -- Who produces and who consumes each asset: the lineage.

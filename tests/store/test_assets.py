@@ -100,6 +100,11 @@ async def test_replayed_event_starts_nothing_more(store: Store, tmp_path: Path) 
     assert len(await all_runs(store)) == 5
     [b] = [a for a in await store.assets.list_assets() if a.uri == B]
     assert b.events == 1
+    for n in range(7):
+        await send(store, C, n=n)
+    [c] = [a for a in await store.assets.list_assets() if a.uri == C]
+    assert c.events == 7 and [e["extra"]["n"] for e in c.last_events] == [6, 5, 4, 3, 2]
+    assert c.last_ts == c.last_events[0]["ts"]
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
