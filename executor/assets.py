@@ -73,7 +73,7 @@ class Asset:
     """
 
     uri: str
-    name: str | None = None
+    name: str | None = field(default=None, compare=False)
     watchers: tuple[BaseTrigger, ...] = field(default=(), compare=False, hash=False)
 
     def __init__(

@@ -83,7 +83,7 @@ async def record_asset_events(
     for ev in events:
         if ev.source not in SOURCES:
             raise ValueError(f"unknown asset event source {ev.source!r}")
-        await tx.execute("ensure_asset", uri=ev.uri, name=None, now=now)
+        await tx.execute("ensure_asset", uri=ev.uri, now=now)
         row = await tx.fetchone(
             "insert_asset_event",
             uri=ev.uri,
@@ -214,7 +214,7 @@ async def catalogue_assets(tx: Tx, dag_id: str, declared: str | None, now: float
     if schedule is None:  # no longer a consumer: what was queued for it goes
         await tx.execute("delete_asset_queues", dag_ids=[dag_id])
     for uri, a in sorted(doc.get("assets", {}).items()):
-        await tx.execute("ensure_asset", uri=uri, name=a.get("name"), now=now)
+        await tx.execute("name_asset", uri=uri, name=a.get("name"), now=now)
     if schedule is not None:
         for uri in sorted(tree_uris(schedule)):
             await tx.execute("insert_asset_consumer", dag_id=dag_id, uri=uri)

@@ -37,6 +37,7 @@ from triggers.base import BaseTrigger
 from triggers.registry import load_trigger
 from triggers.temporal import DateTimeTrigger
 
+from ..assets import MAX_EXTRA
 from ..driver.db import Row, Tx
 from ..runnames import RunType
 from ..runwaits import insert_trigger as _insert_trigger
@@ -348,7 +349,7 @@ async def _fire_watcher(tx: Tx, wait: Row, payload: Any, now: float) -> int:
     is the fired trigger row, so a fire written twice records one event."""
     uri = wait["kind"].split(":", 2)[2]
     extra = json.dumps(payload, sort_keys=True) if isinstance(payload, dict) else None
-    if extra is not None and len(extra.encode()) > 64 * 1024:
+    if extra is not None and len(extra.encode()) > MAX_EXTRA:
         extra = None  # an oversized payload is not kept: the event still counts
     event = NewAssetEvent(uri, "watcher", extra, dedup_key=f"watch:{wait['trigger_id']}")
     [rec] = await record_asset_events(tx, [event], now)

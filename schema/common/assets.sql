@@ -3,6 +3,12 @@
 -- by its primary key under the DAG's lock (lock_dags_runs), all in the event's transaction.
 
 -- name: ensure_asset
+-- An event's asset: known from now on (an event sent for a URI no DAG names yet).
+INSERT INTO asset (uri, name, created_at) VALUES (:uri, NULL, :now)
+ON CONFLICT (uri) DO NOTHING;
+
+-- name: name_asset
+-- An asset a DAG declares, with its name (the last parse that names it wins).
 INSERT INTO asset (uri, name, created_at) VALUES (:uri, :name, :now)
 ON CONFLICT (uri) DO UPDATE SET name = COALESCE(excluded.name, asset.name);
 
