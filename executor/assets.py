@@ -41,7 +41,7 @@ def check_uri(uri: object) -> str:
         raise AssetError(f"an asset URI is a string, not {type(uri).__name__}")
     if len(uri) > MAX_URI:
         raise AssetError(f"asset URI longer than {MAX_URI} characters: {uri[:60]!r}...")
-    if not _URI.match(uri):
+    if not _URI.fullmatch(uri):
         raise AssetError(
             f"bad asset URI {uri!r}: write scheme://path (s3://lake/orders, file:///data/x.csv)"
         )
