@@ -56,7 +56,7 @@ def test_outlets_and_watchers_are_checked_at_declaration() -> None:
     with pytest.raises(DagError, match="outlets are assets"):
         dag.task(lambda ctx: 1, task_id="t", outlets=["s3://l/a"])  # type: ignore[list-item]
     watched = Asset("s3://l/w", watchers=[NotListed()])
-    with pytest.raises(DagError, match="not allow-listed.*watcher of asset s3://l/w"):
+    with pytest.raises(DagError, match=r"not allow-listed.*watcher of asset s3://l/w"):
         dag.task(lambda ctx: 1, task_id="u", outlets=[watched])
     with pytest.raises(DagError, match="watcher of asset s3://l/w"):
         DAG("e", schedule=[watched])
