@@ -15,7 +15,7 @@ from triggers.base import BaseTrigger
 class NotListed(BaseTrigger):
     """A trigger class nobody allow-listed."""
 
-    async def poke(self, context):  # type: ignore[no-untyped-def]
+    async def poke(self, context):
         return None
 
 
