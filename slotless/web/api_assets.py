@@ -82,11 +82,16 @@ async def send_asset_event(call: Call) -> tuple[int, BaseModel]:
     key = event.key or call.request.headers.get("Idempotency-Key")
     try:
         uri = check_uri(event.uri)
+    except AssetError as exc:
+        raise ApiError(400, str(exc), "uri") from None
+    try:
         extra = extra_json(event.extra)
+    except AssetError as exc:  # too large (413), or not storable as JSON (NaN: 400)
+        raise ApiError(413 if "KiB" in str(exc) else 400, str(exc), "extra") from None
+    try:
         check_key(key)
     except AssetError as exc:
-        field = "uri" if "URI" in str(exc) else "key" if "key" in str(exc) else "extra"
-        raise ApiError(413 if "KiB" in str(exc) else 400, str(exc), field) from None
+        raise ApiError(400, str(exc), "key") from None
     rec = await call.store.assets.send_event(
         uri, extra, source="api", dedup_key=None if key is None else f"api:{key}"
     )
