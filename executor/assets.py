@@ -34,6 +34,10 @@ class AssetError(ValueError):
     """A bad URI, name, condition or extra: the message is one line naming it."""
 
 
+class ExtraTooLarge(AssetError):
+    """An event's extra over :data:`MAX_EXTRA` (the API answers 413)."""
+
+
 def check_uri(uri: object) -> str:
     """``uri`` if it is one we accept (``scheme://rest``, at most :data:`MAX_URI`
     characters, no whitespace), else :class:`AssetError` naming it."""
@@ -59,7 +63,7 @@ def extra_json(extra: object) -> str | None:
     except (TypeError, ValueError) as exc:
         raise AssetError(f"an asset event's extra cannot be stored as JSON: {exc}") from None
     if len(text.encode()) > MAX_EXTRA:
-        raise AssetError(f"an asset event's extra is over {MAX_EXTRA // 1024} KiB")
+        raise ExtraTooLarge(f"an asset event's extra is over {MAX_EXTRA // 1024} KiB")
     return text
 
 

@@ -10,7 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.assets import MAX_EXTRA, MAX_URI, AssetError, check_uri, extra_json
+from executor.assets import (
+    MAX_EXTRA,
+    MAX_URI,
+    AssetError,
+    ExtraTooLarge,
+    check_uri,
+    extra_json,
+)
 
 from ..assets_cli import MAX_KEY, as_json, check_key
 from .api import ApiError, Call, route
@@ -87,7 +94,7 @@ async def send_asset_event(call: Call) -> tuple[int, BaseModel]:
     try:
         extra = extra_json(event.extra)
     except AssetError as exc:  # too large (413), or not storable as JSON (NaN: 400)
-        raise ApiError(413 if "KiB" in str(exc) else 400, str(exc), "extra") from None
+        raise ApiError(413 if isinstance(exc, ExtraTooLarge) else 400, str(exc), "extra") from None
     try:
         check_key(key)
     except AssetError as exc:
