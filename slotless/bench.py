@@ -39,6 +39,7 @@ BENCHES = (
     "chaos",
     "vs_airflow",
     "assets",
+    "web",
 )
 
 

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from ..driver.db import Database, Row, SchemaTooNew, Tx
 from .assets import Assets
+from .audit import Audit
 from .callbacks import Callbacks
 from .catalogue import Catalogue
 from .control import Runs
@@ -24,6 +25,7 @@ from .loglines import LogLines
 from .part import Clock
 from .people import Answers
 from .pools import Pools
+from .runlist import RunList
 from .waitlist import Waitlist
 
 DEFAULT_DB = "sqlite:///slotless.db"
@@ -31,6 +33,7 @@ DEFAULT_DB = "sqlite:///slotless.db"
 __all__ = [
     "DEFAULT_DB",
     "Answers",
+    "Audit",
     "Callbacks",
     "Catalogue",
     "Database",
@@ -68,6 +71,8 @@ class Store:
         self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
         self.loglines = LogLines(db, clock)  # a task's log after a cursor; running lines
         self.assets = Assets(db, clock)  # asset events from outside, the assets listed
+        self.audit = Audit(db, clock)
+        self.runlist = RunList(db, clock)  # the runs list and a run's Gantt chart
 
     @property
     def url(self) -> str:

@@ -26,6 +26,7 @@ from ..states import State
 from .assets import NewAssetEvent, record_asset_events
 from .events import look_back, register_waits
 from .people import PERSON_KEY, request_made
+from .values import write_values
 
 
 async def record_outcomes(tx: Tx, outcomes: list[Outcome], now: float) -> None:
@@ -55,6 +56,10 @@ async def record_outcomes(tx: Tx, outcomes: list[Outcome], now: float) -> None:
             carry=Outputs({o.row_id: o.output_json for o in group}),
         )
         recorded = {row.id for row in moved}
+        # ctx.push's values with the SUCCESS that keeps them: a stale report moved nothing.
+        await write_values(
+            tx, {o.row_id: o.values for o in group if o.values and o.row_id in recorded}
+        )
         for o in group:
             if o.skip_children and o.row_id in recorded:
                 await _skip_branches(tx, o, now)

@@ -66,10 +66,10 @@ LIMIT 1;
 -- :ready_at is set for the tasks a new RUNNING run starts at once (executor/store/runs.py).
 INSERT INTO task (run_id, task_id, state, trigger_rule, priority, is_leaf, expand_from, map_cap,
                   max_attempts, n_parents, ready_at, updated_at, pool, pool_slots, queue,
-                  hooks)
+                  hooks, role)
 VALUES (:run_id, :task_id, 'PENDING', :trigger_rule, :priority, :is_leaf, :expand_from,
         :map_cap, :max_attempts, :n_parents, :ready_at, :now, :pool, :pool_slots, :queue,
-        :hooks);
+        :hooks, :role);
 
 -- name: insert_edge
 INSERT INTO edge (run_id, parent, child) VALUES (:run_id, :parent, :child);
@@ -480,6 +480,23 @@ WHERE t.state = 'DEFERRED' AND (t.id % :n_shards) = ANY(:shards)
 DELETE FROM wait_change
 WHERE id IN (SELECT id FROM wait_change WHERE shard = ANY(:shards) LIMIT :n)
 RETURNING shard, task_row, trigger_id;
+
+-- name: wait_change_window
+-- The change log's ids after :after, :n rows of them at most (any shard's): the window
+-- drop_wait_changes deletes next, in id order (through the index on shard, one shard's
+-- rows are scattered over the table's pages: a million deleted so cost 6x the CPU).
+SELECT max(id) AS upto
+FROM (SELECT id FROM wait_change WHERE id > :after ORDER BY id LIMIT :n) AS w;
+
+-- name: drop_wait_changes
+-- take_wait_changes unread, for shards a pass is about to search whole: those rows tell it
+-- nothing, and a bulk write's million cost seconds to read back. A window of ids at a time.
+DELETE FROM wait_change WHERE shard = ANY(:shards) AND id > :after AND id <= :upto;
+
+-- name: drop_all_wait_changes
+-- drop_wait_changes of every shard: one statement (SQLite empties the table whole then,
+-- ~5x cheaper than deleting its rows; PostgreSQL deletes what its snapshot sees).
+DELETE FROM wait_change;
 
 -- name: orphan_deferred_of
 -- orphan_deferred among the tasks the change log named: those that began waiting, and
@@ -1115,8 +1132,9 @@ UPDATE dag_run
 SET tasks_unfinished = (SELECT count(*) FROM task t
                         WHERE t.run_id = dag_run.run_id AND t.map_index = -1
                           AND t.state NOT IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')),
+    -- is_leaf 1 (a leaf) or 2 (only quiet teardowns after it) decides (executor/rules.py)
     leaves_failed = (SELECT count(*) FROM task t
-                     WHERE t.run_id = dag_run.run_id AND t.map_index = -1 AND t.is_leaf = 1
+                     WHERE t.run_id = dag_run.run_id AND t.map_index = -1 AND t.is_leaf IN (1, 2)
                        AND t.state IN ('FAILED', 'UPSTREAM_FAILED'))
 WHERE run_id = :run_id;
 

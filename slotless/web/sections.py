@@ -12,10 +12,13 @@ from . import (  # noqa: F401
     api_assets,
     api_dags,
     api_logs,
+    api_runs,
     api_waits,
     assets_page,
+    audit_page,
     dag_page,
     logs_page,
+    runs_page,
     trigger_form,
     waits_page,
 )
@@ -23,7 +26,9 @@ from . import (  # noqa: F401
 SECTIONS: tuple[Callable[[web.Application], None], ...] = (
     dag_page.add_routes,
     waits_page.add_routes,
+    audit_page.add_routes,
     logs_page.add_routes,
     trigger_form.add_routes,
     assets_page.add_routes,
+    runs_page.add_routes,
 )
