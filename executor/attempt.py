@@ -278,7 +278,11 @@ class Attempts:
             o = self.failed(row, owner, result.value.event.error, spec)
         else:
             ctx.log(f"condition held: {trigger.describe()}")
-            o = Succeeded(**_base(row, owner), output_json=json.dumps(result.value.event.payload))
+            o = Succeeded(
+                **_base(row, owner),
+                output_json=json.dumps(result.value.event.payload),
+                asset_events=[(row.task_id, a.uri, None) for a in spec.outlets],
+            )
         o.slot_kind = "poke" if mode == "poke" else "execute"
         o.logs = ctx.lines
         return o
@@ -323,10 +327,17 @@ class Attempts:
         if problem:
             o = self.failed(row, owner, problem, spec)
         else:
+            for uri in sorted(set(ctx._asset_extras) - {a.uri for a in spec.outlets}):
+                ctx.log(f"ctx.asset_event({uri!r}): not one of this task's outlets, ignored")
             o = Succeeded(
-                **_base(row, owner), output_json=output_json, skip_children=skip,
+                **_base(row, owner),
+                output_json=output_json,
+                skip_children=skip,
                 values=dict(ctx._pushed),
-            )  # fmt: skip
+                asset_events=[
+                    (row.task_id, a.uri, ctx._asset_extras.get(a.uri)) for a in spec.outlets
+                ],
+            )
         o.logs = ctx.lines
         return o
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from triggers.limits import MAX_SERIALIZED_BYTES, storable_text
 
+from .assets import check_uri, extra_json
 from .durations import Duration, seconds
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class TaskContext:
     _pushed: dict[str, str] = field(default_factory=dict, repr=False)
     _reader: Reader | None = field(default=None, repr=False)
     _pulled: dict[str, Published] = field(default_factory=dict, repr=False)
+    # Extras for the asset events of this attempt's outlets: URI -> JSON (ctx.asset_event).
+    _asset_extras: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def ds(self) -> str:
@@ -172,3 +175,24 @@ class TaskContext:
                 found = self._pulled[task_id] = self._reader(task_id)
             value = found.output if key is None else found.values.get(key)
         return default if value is None else value
+
+    def asset_event(self, asset: Any, *, extra: dict[str, Any]) -> None:
+        """Attach ``extra`` (a JSON object, at most 64 KiB) to the event this task's
+        SUCCESS records for ``asset``, one of its ``outlets``; called again, the last wins.
+        Consumers read it in ``ctx.triggering_asset_events``."""
+        uri = check_uri(getattr(asset, "uri", asset))
+        self._asset_extras[uri] = extra_json(extra) or "{}"
+
+    @property
+    def triggering_asset_events(self) -> dict[str, list[dict[str, Any]]]:
+        """The asset events that started this run (an asset-scheduled DAG's run): URI ->
+        its events, oldest first, each ``{"id", "uri", "ts", "source", "extra", ...}``;
+        empty for any other run."""
+        ev = self.start_event
+        if isinstance(ev, dict) and isinstance(ev.get(ASSET_EVENTS), dict):
+            return ev[ASSET_EVENTS]
+        return {}
+
+
+# The key of an asset-triggered run's start event under which its events are kept.
+ASSET_EVENTS = "triggering_asset_events"

@@ -13,6 +13,7 @@ from triggers.base import BaseTrigger
 from triggers.people import NEEDS_ANSWER, PersonWait
 from triggers.registry import TriggerLoadError, is_allowed
 
+from .assets import Asset, Condition, assets_of, check_declaration
 from .context import TaskContext
 from .durations import Duration, seconds
 from .errors import DagError as DagError  # authors import it from here too
@@ -123,6 +124,8 @@ class TaskSpec:
     on_failure_fail_run: bool = False
     # templates= as declared: rendered per attempt into ctx.templates (executor/templating.py)
     templates: dict[str, Any] = field(default_factory=dict)
+    # The assets its SUCCESS updates: an asset event each, in the same transaction.
+    outlets: tuple[Asset, ...] = ()
 
     def method(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``fn`` as a resume point for ``ctx.defer(..., method=fn.__name__)``."""
@@ -178,7 +181,7 @@ class DAG:
         dag_id: str,
         *,
         description: str = "",
-        schedule: str | timedelta | None = None,
+        schedule: str | timedelta | Condition | Sequence[Asset] | None = None,
         start_date: datetime | date | None = None,
         end_date: datetime | date | None = None,
         timezone: str = "UTC",
@@ -210,10 +213,17 @@ class DAG:
         except TypeError as exc:
             raise DagError(f"DAG {dag_id!r}: {exc}") from None
         self.params: Params = params
+        # Assets as a schedule (executor/assets.py): runs start when the condition holds,
+        # in the transaction of the event that completes it (executor/store/assets.py).
+        self.asset_schedule: Condition | None = check_declaration(f"DAG {dag_id!r}", schedule)
+        if self.asset_schedule is not None:
+            _check_watchers(dag_id, assets_of(self.asset_schedule))
+        timed = None if self.asset_schedule is not None else schedule
+        assert timed is None or isinstance(timed, str | timedelta), "as_condition took lists"
         # When runs are due, catchup included (executor/schedules.py, docs/scheduling.md);
         # the triggerer starts them (executor/store/starts.py).
         self.schedule: Schedule | None = _schedule(
-            dag_id, schedule, start_date, end_date, timezone, catchup, max_active_runs
+            dag_id, timed, start_date, end_date, timezone, catchup, max_active_runs
         )
         self.timezone = timezone
         self.max_active_runs = max_active_runs
@@ -280,6 +290,7 @@ class DAG:
         teardown_of: Iterable[ParentRef] = (),
         on_failure_fail_run: bool = False,
         templates: dict[str, Any] | None = None,
+        outlets: Iterable[Asset] = (),
     ) -> Any:
         """Declare a task; usable as ``@dag.task`` or ``@dag.task(parents=[...], retries=3)``.
 
@@ -299,7 +310,9 @@ class DAG:
         worker slot when that happens, and ``notify=`` sends to apprise URLs
         (executor/notifications.py); unset, the DAG's apply. ``templates={"path":
         "s3://b/{{ ds }}/x"}`` is rendered per attempt into ``ctx.templates`` (Airflow's
-        ``templates_dict``; docs/templates.md).
+        ``templates_dict``; docs/templates.md). ``outlets=[Asset(...)]``: its
+        SUCCESS records an event of each (executor/assets.py), which may start the DAGs
+        scheduled on them.
         """
 
         def register(f: TaskFn | None) -> TaskSpec:
@@ -338,6 +351,7 @@ class DAG:
                 rule = TriggerRule.ALL_DONE_SETUP_SUCCESS
                 parent_ids += [s.task_id for s in setups if s.task_id not in parent_ids]
             _check_pool(tid, pool, pool_slots, queue)
+            outs = _outlets(self.dag_id, tid, outlets)
             hooks = _hooks(
                 f"task {tid!r}",
                 {
@@ -374,6 +388,7 @@ class DAG:
                 setup=setup,
                 teardown=is_teardown,
                 on_failure_fail_run=on_failure_fail_run,
+                outlets=outs,
             )
             for s in setups:
                 s.setup = True  # as Airflow's as_teardown(setups=...) marks them
@@ -553,6 +568,25 @@ def _start_when(dag_id: str, trigger: BaseTrigger | None) -> BaseTrigger | None:
     except (KeyError, ValueError, TriggerLoadError) as exc:
         raise DagError(f"DAG {dag_id!r}: start_when: {exc}") from None
     return trigger
+
+
+def _outlets(dag_id: str, tid: str, outlets: Iterable[Asset]) -> tuple[Asset, ...]:
+    outs = tuple(dict.fromkeys(outlets))
+    bad = [o for o in outs if not isinstance(o, Asset)]
+    if bad:
+        raise DagError(f"DAG {dag_id!r}: task {tid!r}: outlets are assets, not {bad[0]!r}")
+    _check_watchers(dag_id, outs)
+    return outs
+
+
+def _check_watchers(dag_id: str, assets: Iterable[Asset]) -> None:
+    """An asset's watchers are held like start conditions: checked the same way."""
+    for a in assets:
+        for w in a.watchers:
+            try:
+                _start_when(dag_id, w)
+            except DagError as exc:
+                raise DagError(f"{exc} (a watcher of asset {a.uri})") from None
 
 
 def _check_deferrable(task_id: str, trigger: BaseTrigger) -> None:

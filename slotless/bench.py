@@ -38,6 +38,7 @@ BENCHES = (
     "postgres",
     "chaos",
     "vs_airflow",
+    "assets",
     "web",
 )
 

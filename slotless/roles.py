@@ -61,6 +61,8 @@ NEEDS: dict[str, Role] = {
     "respond": Role.OPERATOR,
     # events (POST /api/v1/events)
     "send_events": Role.OPERATOR,
+    # asset events (POST /api/v1/assets/events): like an event, they may start runs
+    "send_asset_event": Role.OPERATOR,
     # DAGs and pools
     "pause": Role.ADMIN,
     "unpause": Role.ADMIN,

@@ -12,6 +12,7 @@ import time
 from urllib.parse import urlparse
 
 from ..driver.db import Database, Row, SchemaTooNew, Tx
+from .assets import Assets
 from .audit import Audit
 from .callbacks import Callbacks
 from .catalogue import Catalogue
@@ -69,6 +70,7 @@ class Store:
         self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
         self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
         self.loglines = LogLines(db, clock)  # a task's log after a cursor; running lines
+        self.assets = Assets(db, clock)  # asset events from outside, the assets listed
         self.audit = Audit(db, clock)
         self.runlist = RunList(db, clock)  # the runs list and a run's Gantt chart
 

@@ -169,7 +169,7 @@ class RunIn(_Model):
     run_key: str | None = Field(default=None, min_length=1, max_length=2048)
 
 
-RunTypeName = Literal["scheduled", "manual", "backfill", "event"]  # executor.runnames.RunType
+RunTypeName = Literal["scheduled", "manual", "backfill", "event", "asset"]  # runnames.RunType
 _LOGICAL_TIME = Field(
     description="the run's logical instant, ISO 8601 in UTC: a schedule's run, its "
     "interval's start; else midnight of its logical date on the DAG's clock (null: a run "
