@@ -82,7 +82,9 @@ async def fire_start_waits(store: Store, payload: object = None) -> dict[int, in
 
 
 def of(runs: list[dict], dag_id: str) -> list[dict]:
-    return sorted((r for r in runs if r["dag_id"] == dag_id), key=lambda r: r["logical_time"])
+    return sorted(
+        (r for r in runs if r["dag_id"] == dag_id), key=lambda r: (r["logical_time"], r["run_id"])
+    )
 
 
 async def test_an_hourly_schedule_creates_distinct_readable_runs_once(
