@@ -871,7 +871,7 @@ SELECT dag_id, file, paused, parse_error, file_mtime FROM dag WHERE dag_id = :da
 -- name: dags_page_runs
 -- The :n latest runs of each catalogued DAG by logical time (its grid of squares, as in
 -- Airflow: a backfill of old dates lands on the left), oldest first; created_at, then
--- run_id, break a tie between runs of one time. Per DAG, a walk of its index (028) that
+-- run_id, break a tie between runs of one time. Per DAG, a walk of its index (027) that
 -- stops after :n runs: a window over every run cost 275 ms at 100,000 runs, this ~5 ms.
 -- (A run without a logical time, written by a process of the release before 020 during
 -- an upgrade, sorts first on SQLite and last on PostgreSQL, as NULLs do.)

@@ -1,4 +1,4 @@
--- slotless schema v28 (PostgreSQL): runs by state, and a DAG's runs by logical time.
+-- slotless schema v27 (PostgreSQL): runs by state, and a DAG's runs by logical time.
 --
 -- The run list's counts (ops_run_states), the tasks of its unfinished runs
 -- (ops_live_task_states) and the runs needing attention start from a run's state. Without
