@@ -6,10 +6,12 @@ thing about when a DAG runs next.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
+from executor.assets import describe
 from executor.schedules import Schedule
 from executor.store.viewrows import DagRow
 
@@ -26,6 +28,10 @@ def schedule_shown(d: DagRow) -> ScheduleShown:
     and when it is due, on the DAG's wall clock. The next run is the one the triggerer
     holds a wait for; before any is armed (a listing that only parsed), the one the
     schedule would start as of the file's last parse; a paused DAG has none."""
+    if d.schedule is None and d.asset_schedule is not None:
+        # Started by its assets' events, not by a clock: no next run to tell in advance.
+        condition = describe(json.loads(d.asset_schedule))
+        return ScheduleShown(None, f"when its assets are updated: {condition}", None)
     if d.schedule is None:
         return ScheduleShown(None, None, None)
     schedule = Schedule.from_json(d.schedule)

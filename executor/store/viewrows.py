@@ -229,6 +229,7 @@ class DagRow(_FromRow):
     armed_logical_date: str | None
     armed_due: str | None
     waiting_for: str | None
+    asset_schedule: str | None  # JSON: the asset condition that starts it (executor/assets.py)
 
 
 @_typed

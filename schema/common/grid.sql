@@ -9,7 +9,7 @@
 -- One catalogued DAG as the DAGs list reads it (catalogue_dags), with what its page adds:
 -- its shape (the grid's task order), max_active_runs and when its file was parsed.
 SELECT d.dag_id, d.file, d.schedule, d.timezone, d.paused, d.next_logical_date,
-       d.parse_error, d.file_mtime, d.parsed_at, d.start_error, d.shape, d.max_active_runs,
+       d.parse_error, d.file_mtime, d.parsed_at, d.start_error, d.asset_schedule, d.shape, d.max_active_runs,
        (SELECT r.state FROM dag_run r WHERE r.dag_id = d.dag_id
         ORDER BY r.created_at DESC LIMIT 1) AS last_run_state,
        (SELECT s.logical_date FROM start_wait s

@@ -843,7 +843,7 @@ DELETE FROM dag_file WHERE path = ANY(:paths);
 -- Every DAG, with the state of its newest run (NULL: it never ran).
 -- armed_*: the schedule's wait the triggerer holds; waiting_for: the start condition's.
 SELECT d.dag_id, d.file, d.schedule, d.timezone, d.paused, d.next_logical_date,
-       d.parse_error, d.file_mtime, d.parsed_at, d.start_error,
+       d.parse_error, d.file_mtime, d.parsed_at, d.start_error, d.asset_schedule,
        (SELECT r.state FROM dag_run r WHERE r.dag_id = d.dag_id
         ORDER BY r.created_at DESC LIMIT 1) AS last_run_state,
        (SELECT s.logical_date FROM start_wait s

@@ -182,6 +182,10 @@ async def test_cli_api_watcher_and_page(services: tuple[str, Path], db_url: str)
     assert "<b>bold" not in html and '</td>"' not in html and "&lt;b&gt;bold" in html
     for text in (A, B, C, "maker", "both", "on_c", "<svg", "lineage"):
         assert text in html, text
+    # The DAGs list says what starts a DAG scheduled on assets, in its words.
+    status, html = request(base + "/dags", method="GET", token=None)
+    assert status == 200
+    assert f"when its assets are updated: {A} &amp; {B}" in html
 
 
 async def test_the_example_pair_runs(tmp_path: Path) -> None:
