@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from ..driver.db import Tx
+from ..mapping import decode
 from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
 from ..rules import Counts, Decision, decide
@@ -65,25 +66,42 @@ class TaskShape:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupShape:
+    """A task group (executor/dag.py): its full id, its own tasks (its subgroups' are
+    theirs), and for a mapped group what it maps over (as people read it)."""
+
+    group_id: str
+    tasks: tuple[str, ...]
+    over: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunShape:
-    """The rows a run of a DAG inserts: what run creation needs of a DAG, and no code."""
+    """The rows a run of a DAG inserts: what run creation needs of a DAG, and no code.
+
+    A task's ``parents`` are its edges in the DAG as declared; a member of a mapped group
+    waits as a row for its group's parents outside it instead (:func:`row_parents`)."""
 
     dag_id: str
     tasks: tuple[TaskShape, ...]
     hooks: int = 0  # the run's own events with handlers (executor.notifications.run_mask)
     policy: RunPolicy = field(default_factory=RunPolicy)
+    groups: tuple[GroupShape, ...] = ()  # for the page and `slotless status`
 
     @classmethod
     def of(cls, dag: DAG) -> RunShape:
+        specs = {t: dag.map_spec(t) for t in dag.tasks}
         return cls(
             dag.dag_id,
             tuple(
                 TaskShape(
                     s.task_id,
                     tuple(s.parents),
-                    s.trigger_rule.value,
+                    # A mapped group's member starts (expands) with the group, when the
+                    # group's parents succeeded; its own rule applies per instance.
+                    "all_success" if (m := specs[s.task_id]) and m.group else s.trigger_rule.value,
                     s.priority,
-                    s.expand,
+                    None if m is None else m.encode(),
                     s.effective_map_cap(),
                     s.retries + 1,
                     s.pool,
@@ -96,6 +114,14 @@ class RunShape:
             ),
             run_mask(dag.hooks),
             dag.policy,
+            tuple(
+                GroupShape(
+                    g.group_id,
+                    tuple(g.members),
+                    None if g.over is None else g.over.describe(),
+                )
+                for g in dag.groups.values()
+            ),
         )
 
     @property
@@ -111,14 +137,34 @@ class RunShape:
         tasks = [[*_fields(t)] for t in self.tasks]
         # A list when the run has no hooks nor policy of its own: the form stored before.
         doc: Any = tasks
-        if self.hooks or not self.policy.is_default:
+        if self.hooks or not self.policy.is_default or self.groups:
             doc = {"tasks": tasks, "hooks": self.hooks, "policy": self.policy.to_json()}
+            if self.groups:
+                doc["groups"] = [[g.group_id, g.tasks, g.over] for g in self.groups]
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, dag_id: str, text: str) -> RunShape:
         tasks, hooks, policy = shape_parts(text)
-        return cls(dag_id, tasks, hooks, policy)
+        return cls(dag_id, tasks, hooks, policy, shape_groups(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def shape_groups(text: str) -> tuple[GroupShape, ...]:
+    """A stored shape's task groups (none in shapes stored before groups existed)."""
+    doc = json.loads(text)
+    if isinstance(doc, list):
+        return ()
+    return tuple(GroupShape(g, tuple(tasks), over) for g, tasks, over in doc.get("groups", ()))
+
+
+def row_parents(t: TaskShape) -> tuple[str, ...]:
+    """The parents ``t``'s row waits for (its edges in the ``edge`` table): its own, or a
+    mapped group member's group parents (executor/mapping.py: ``needs``)."""
+    if t.expand_from is None or not t.expand_from.startswith("{"):
+        return t.parents
+    needs = decode(t.expand_from).needs
+    return t.parents if needs is None else needs
 
 
 @functools.lru_cache(maxsize=4096)
@@ -289,18 +335,20 @@ async def insert_runs(
             going = state == RunState.RUNNING.value
             new_run = {**row, "deadline_missed_at": None}
             waits += waits_of(new_run, now, times=True, timeout=going)
-        has_children = {p for t in shape.tasks for p in t.parents}
+        waits_for = {t.task_id: row_parents(t) for t in shape.tasks}
+        has_children = {p for ps in waits_for.values() for p in ps}
         going = state == RunState.RUNNING.value
         for t in shape.tasks:
-            ready = going and _runs_at_once(t)
+            ready = going and _runs_at_once(t, len(waits_for[t.task_id]))
             if ready and t.expand_from:
                 to_expand.append(run_id)  # expanding reads its upstream: the state machine's
                 ready = False
-            tasks.append(_task_row(run_id, t, t.task_id not in has_children, ready, now))
+            row = _task_row(run_id, t, t.task_id not in has_children, ready, now)
+            tasks.append({**row, "n_parents": len(waits_for[t.task_id])})
         edges += [
             {"run_id": run_id, "parent": parent, "child": t.task_id}
             for t in shape.tasks
-            for parent in t.parents
+            for parent in waits_for[t.task_id]
         ]
         if not shape.tasks:  # no task will ever end to finish it
             empty.append(run_id)
@@ -333,11 +381,11 @@ def _policy_columns(shape: RunShape, new: NewRun) -> dict[str, Any]:
     }
 
 
-def _runs_at_once(t: TaskShape) -> bool:
+def _runs_at_once(t: TaskShape, parents: int) -> bool:
     """Whether a new run's trigger rules start this task at once (no parent has ended):
     decided here, as :func:`executor.statemachine.evaluate` would, so that inserting
     10,000 runs reads none of their rows back."""
-    return _starts_at_once(t.trigger_rule, len(t.parents))
+    return _starts_at_once(t.trigger_rule, parents)
 
 
 @functools.lru_cache(maxsize=64)

@@ -84,6 +84,34 @@ VALUES (:run_id, :task_id, :map_index, 'PENDING', 'all_success', :priority, 0, :
         :item, :map_total, :expand_from, :now, :now, :pool, :pool_slots, :queue)
 ON CONFLICT DO NOTHING;
 
+-- name: insert_group_instance
+-- An instance of a mapped task group's member (executor/mapping.py): its own trigger rule
+-- over its parents in the group (instance i waits for their instances i), ready at once
+-- when it has none there.
+INSERT INTO task (run_id, task_id, map_index, state, trigger_rule, priority, is_leaf,
+                  max_attempts, item, map_total, expand_from, n_parents, ready_at, updated_at,
+                  pool, pool_slots, queue)
+VALUES (:run_id, :task_id, :map_index, 'PENDING', :trigger_rule, :priority, 0, :max_attempts,
+        :item, :map_total, :expand_from, :n_parents, :ready_at, :now, :pool, :pool_slots,
+        :queue)
+ON CONFLICT DO NOTHING;
+
+-- name: bump_instances
+-- An instance of a mapped group's member ended: count it in the same index's instances of
+-- its children in the group.
+UPDATE task
+SET n_done = n_done + 1, n_success = n_success + :success, n_failed = n_failed + :failed,
+    n_upstream_failed = n_upstream_failed + :upstream_failed, n_skipped = n_skipped + :skipped
+WHERE run_id = :run_id AND map_index = :map_index AND task_id = ANY(:task_ids)
+RETURNING *;
+
+-- name: instance_outputs
+SELECT task_id, output FROM task
+WHERE run_id = :run_id AND map_index = :map_index AND task_id = ANY(:task_ids);
+
+-- name: set_item
+UPDATE task SET item = :item WHERE id = :id;
+
 -- name: set_expanded
 UPDATE task
 SET n_parents = :n, n_done = 0, n_success = 0, n_failed = 0, n_upstream_failed = 0,
