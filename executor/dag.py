@@ -163,7 +163,9 @@ class TaskSpec:
         ``fn(ctx, **partial, name=element, ...)``; ``ctx.item`` is that dict."""
         if not lists:
             raise DagError(f"task {self.task_id!r}: expand() needs at least one list")
-        over = tuple((name, _source(self.task_id, name, v)) for name, v in lists.items())
+        over = tuple(
+            (name, _source(self.task_id, f"expand({name}=...)", v)) for name, v in lists.items()
+        )
         return self._mapped(MapSpec("product", over))
 
     def expand_kwargs(self, dicts: TaskSpec | Sequence[dict[str, Any]]) -> TaskSpec:
@@ -254,7 +256,8 @@ class TaskGroup:
 
     def task_ids(self) -> list[str]:
         """Every task in it, its subgroups' included."""
-        return [*self.members, *(t for g in self.children for t in g.task_ids())]
+        inside = {*self.members, *(t for g in self.children for t in g.task_ids())}
+        return [t for t in self.dag.tasks if t in inside]  # in declaration order
 
     def roots(self) -> list[TaskSpec]:
         inside = set(self.task_ids())

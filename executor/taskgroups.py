@@ -7,10 +7,10 @@ guessed from dots in task ids: a task outside any group may have a dot in its id
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .store.runs import RunShape, shape_groups, shape_parts
+from .store.runs import GroupShape, RunShape, shape_groups, shape_parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,10 @@ def group_tree(shape: str | RunShape | None) -> GroupNode:
         groups = shape_groups(shape)
     else:
         order, groups = [t.task_id for t in shape.tasks], shape.groups
+    return _tree(order, groups)
+
+
+def _tree(order: list[str], groups: Sequence[GroupShape]) -> GroupNode:
     position = {t: i for i, t in enumerate(order)}
     grouped = {t for g in groups for t in g.tasks}
     # Declared parents come before their subgroups, so building from the deepest up works.
@@ -78,6 +82,21 @@ def group_tree(shape: str | RunShape | None) -> GroupNode:
         by_parent.setdefault(parent, []).append(node)
     top = sorted(by_parent.pop("", []), key=lambda n: _first(n, position))
     return GroupNode("", tuple(t for t in order if t not in grouped), tuple(top))
+
+
+def tree_from_ids(task_ids: Sequence[str]) -> GroupNode:
+    """A tree guessed from the dots in task ids (``extract.s3.load`` in ``extract.s3``),
+    for a run whose DAG the catalogue does not hold: what is shown when the shape is not
+    known (mapped groups are not told apart)."""
+    members: dict[str, list[str]] = {}
+    for t in task_ids:
+        group = t.rpartition(".")[0]
+        members.setdefault(group, []).append(t)
+        while group:  # its ancestors exist, if empty
+            group = group.rpartition(".")[0]
+            members.setdefault(group, [])
+    groups = tuple(GroupShape(g, tuple(ts)) for g, ts in members.items() if g)
+    return _tree(list(task_ids), groups)
 
 
 def group_of(shape: str | RunShape | None) -> dict[str, str]:
