@@ -71,8 +71,8 @@ def test_task_groups_with_a_mapped_group_through_worker_processes(
     # Each member of the mapped group ran once per file; load[i] saw extract[i]'s output.
     files = ["orders.csv", "customers.csv", "refunds.csv"]
     for member in ("extract", "checks.row_count", "checks.schema", "load"):
-        rows = outputs(db_path, run_id, f"per_file.{member}")
-        assert len(rows) == 1 + len(files), member  # the template, then one per file
+        made = outputs(db_path, run_id, f"per_file.{member}")
+        assert len(made) == 1 + len(files), member  # the template, then one per file
     assert outputs(db_path, run_id, "per_file.load")[1:] == [
         {"file": f, "loaded": 10 * len(f)} for f in files
     ]
