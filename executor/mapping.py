@@ -18,9 +18,9 @@ import functools
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 MapKind = Literal["items", "product", "kwargs"]
 
@@ -146,6 +146,22 @@ def decode(text: str) -> MapSpec:
 def describe(expand_from: str) -> str:
     """What a stored ``expand_from`` maps over, for people (``slotless run``'s bars)."""
     return decode(expand_from).describe()
+
+
+class _Row(Protocol):
+    task_id: str
+    expand_from: str | None
+
+
+def group_mates(rows: Iterable[_Row], picked: Collection[str]) -> set[str]:
+    """The tasks (template rows) of every mapped group a task of ``picked`` belongs to."""
+    groups: dict[str, set[str]] = {}
+    for r in rows:
+        if r.expand_from is not None and r.expand_from.startswith("{"):
+            group = decode(r.expand_from).group
+            if group is not None:
+                groups.setdefault(group, set()).add(r.task_id)
+    return {t for members in groups.values() if members & set(picked) for t in members}
 
 
 def expansion_problem(source: str, items: Any, cap: int | None) -> str | None:

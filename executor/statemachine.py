@@ -537,7 +537,17 @@ async def _expand(tx: Tx, tpl: TaskRow, now: float) -> list[tuple[MovedTask, Sta
         now=now,
         message=f"expanded over {what} into {len(items)} instances",
     )
-    return []
+    if spec.group is None or not spec.after:
+        return []
+    # Expanding anew while a parent in the group kept its instances (a clear of only the
+    # group's failed tasks): theirs that ended will not report again, so they are counted.
+    parents = list(spec.after)
+    if await tx.fetchone("group_parents_ended", run_id=tpl.run_id, after=parents) is None:
+        return []
+    counted = await tx.fetch(
+        "recount_group_instances", after=parents, run_id=tpl.run_id, task_id=tpl.task_id
+    )
+    return await _decide(tx, TaskRow.all(counted), now)
 
 
 def _waits_in_group(row: TaskRow) -> bool:

@@ -256,3 +256,59 @@ async def test_expanding_again_creates_nothing_twice(store: Store, url: str) -> 
         assert [(r["id"], r["map_index"]) for r in after] == [
             (r["id"], r["map_index"]) for r in rows_before
         ]
+
+
+async def finish(store: Store, outputs: dict[tuple[str, int], Any], fail: set[Any]) -> None:
+    """Play a worker: claim and complete until nothing is claimable; ``fail`` names the
+    (task, index) attempts that fail."""
+    while claimed := await claim(store, "w", 50):
+        await complete(
+            store,
+            [
+                failed(r)
+                if (r.task_id, r.map_index) in fail
+                else ok(r, outputs.get((r.task_id, r.map_index)))
+                for r in claimed
+            ],
+        )
+
+
+async def test_clearing_a_task_of_a_mapped_group_runs_the_whole_group_again(
+    store: Store, url: str
+) -> None:
+    run_id = await store.runs.create_run(per_file_dag(), DAY)
+    outputs = {("list_files", -1): ["a", "b"]}
+    await finish(store, outputs, fail={("per_file.extract", 0)})
+    assert (await store.views.run_info(run_id) or {})["state"] == "FAILED"
+    done = await store.runs.clear(run_id, ["per_file.extract"], downstream=True)
+    # Its mate in the group is cleared with it (load's edge to it is per index, not in
+    # the edge table), then what follows the group.
+    assert done.tasks == ["per_file.extract", "per_file.load", "report"]
+    await finish(store, outputs, fail=set())
+    assert (await store.views.run_info(run_id) or {})["state"] == "SUCCESS"
+    loads = await rows_of(url, run_id, "per_file.load")
+    assert [r["state"] for r in loads] == ["SUCCESS"] * 3
+
+
+async def test_clearing_only_failed_tasks_counts_the_group_parents_that_kept_their_instances(
+    store: Store, url: str
+) -> None:
+    run_id = await store.runs.create_run(per_file_dag(), DAY)
+    outputs = {("list_files", -1): ["a", "b"], ("per_file.extract", 1): "B"}
+    await finish(store, outputs, fail={("per_file.load", 1)})
+    extract = await rows_of(url, run_id, "per_file.extract")
+    assert [r["state"] for r in extract] == ["SUCCESS"] * 3
+    done = await store.runs.clear(run_id, failed_only=True)
+    assert done.tasks == ["per_file.load", "report"]
+    # load's new instances are ready at once: extract's instances ended before.
+    claimed = await claim(store, "w", 10)
+    assert sorted((r.task_id, r.map_index) for r in claimed) == [
+        ("per_file.load", 0), ("per_file.load", 1),
+    ]  # fmt: skip
+    assert json.loads(str(claimed[1].item))["inputs"] == {"per_file.extract": "B"}
+    await complete(store, [ok(r) for r in claimed])
+    await finish(store, outputs, fail=set())
+    assert (await store.views.run_info(run_id) or {})["state"] == "SUCCESS"
+    assert [r["id"] for r in await rows_of(url, run_id, "per_file.extract")] == [
+        r["id"] for r in extract
+    ]  # not run again
