@@ -1,8 +1,8 @@
 """slotless executor: DAGs, the task state machine, the store and the sync workers."""
 
 from .context import TaskContext
-from .dag import DAG, DagError, TaskSpec
+from .dag import DAG, DagError, TaskGroup, TaskSpec
 from .rules import TriggerRule
 from .states import State
 
-__all__ = ["DAG", "DagError", "State", "TaskContext", "TaskSpec", "TriggerRule"]
+__all__ = ["DAG", "DagError", "State", "TaskContext", "TaskGroup", "TaskSpec", "TriggerRule"]

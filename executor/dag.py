@@ -602,33 +602,58 @@ class DAG:
         """What ``task_id`` maps over as its rows store it: a member of a mapped group gets
         the group's wiring (its parents in the group, its children there, and the parents
         outside it that every member's template waits for)."""
-        spec = self.tasks[task_id]
-        mapping = spec.mapping
-        if mapping is None or mapping.group is None:
-            return mapping
-        group = self.groups[mapping.group]
-        inside = set(group.task_ids())
-        needs = [p for t in group.task_ids() for p in self.tasks[t].parents if p not in inside]
+        return self.map_specs([task_id])[task_id]
+
+    def map_specs(self, task_ids: Iterable[str] | None = None) -> dict[str, MapSpec | None]:
+        """:meth:`map_spec` of many tasks (all by default), each mapped group read once."""
+        wanted = list(self.tasks if task_ids is None else task_ids)
+        out: dict[str, MapSpec | None] = {}
+        wiring: dict[str, tuple[list[str], tuple[str, ...], dict[str, list[str]]]] = {}
+        for task_id in wanted:
+            spec = self.tasks[task_id]
+            mapping = spec.mapping
+            if mapping is None or mapping.group is None:
+                out[task_id] = mapping
+                continue
+            if mapping.group not in wiring:
+                wiring[mapping.group] = self._group_wiring(self.groups[mapping.group])
+            members, needs, children = wiring[mapping.group]
+            inside = set(members)
+            out[task_id] = MapSpec(
+                mapping.kind,
+                mapping.over,
+                group=mapping.group,
+                after=tuple(p for p in spec.parents if p in inside),
+                before=tuple(children.get(task_id, ())),
+                needs=needs,
+                rule=spec.trigger_rule.value,
+            )
+        return out
+
+    def _group_wiring(
+        self, group: TaskGroup
+    ) -> tuple[list[str], tuple[str, ...], dict[str, list[str]]]:
+        """A mapped group's tasks, the parents outside it (its upstream list's task too),
+        and each task's children inside it."""
+        members = group.task_ids()
+        inside = set(members)
+        needs: set[str] = set()
+        children: dict[str, list[str]] = {}
+        for t in members:
+            for p in self.tasks[t].parents:
+                if p in inside:
+                    children.setdefault(p, []).append(t)
+                else:
+                    needs.add(p)
         if group.over is not None and group.over.task is not None:
-            needs.append(group.over.task)
-        return MapSpec(
-            mapping.kind,
-            mapping.over,
-            group=mapping.group,
-            after=tuple(p for p in spec.parents if p in inside),
-            before=tuple(c for c in group.task_ids() if task_id in self.tasks[c].parents),
-            needs=tuple(sorted(set(needs))),
-            rule=spec.trigger_rule.value,
-        )
+            needs.add(group.over.task)
+        return members, tuple(sorted(needs)), children
 
     def template_parents(self, task_id: str) -> list[str]:
         """The parents ``task_id``'s row waits for: its own, or for a member of a mapped
         group the group's parents outside it (its parents inside are waited for per
         instance)."""
-        mapping = self.map_spec(task_id)
-        if mapping is None or mapping.needs is None:
-            return self.tasks[task_id].parents
-        return list(mapping.needs)
+        return _row_parents(self.tasks[task_id], self.map_spec(task_id))
 
     def children(self, task_id: str) -> list[str]:
         return [t.task_id for t in self.tasks.values() if task_id in t.parents]
@@ -668,7 +693,8 @@ class DAG:
                     )
         # A mapped group's members wait, as rows, for the group's parents outside it: a
         # task outside that both follows one member and precedes another is a cycle there.
-        cycle = find_cycle({t: self.template_parents(t) for t in self.tasks})
+        specs = self.map_specs()
+        cycle = find_cycle({t: _row_parents(s, specs[t]) for t, s in self.tasks.items()})
         if cycle:
             raise DagError("cycle through a mapped group: " + " -> ".join(cycle))
 
@@ -789,6 +815,12 @@ def _hooks(owner: str, callbacks: dict[str, Callback | None], notify: NotifySpec
         return Hooks.declare(owner, callbacks, notify)
     except BadHook as exc:
         raise DagError(str(exc)) from None
+
+
+def _row_parents(spec: TaskSpec, mapping: MapSpec | None) -> list[str]:
+    if mapping is None or mapping.needs is None:
+        return spec.parents
+    return list(mapping.needs)
 
 
 def _refs(p: ParentRef) -> list[str]:

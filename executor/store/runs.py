@@ -90,7 +90,7 @@ class RunShape:
 
     @classmethod
     def of(cls, dag: DAG) -> RunShape:
-        specs = {t: dag.map_spec(t) for t in dag.tasks}
+        specs = dag.map_specs()
         return cls(
             dag.dag_id,
             tuple(
