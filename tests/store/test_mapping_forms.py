@@ -312,3 +312,33 @@ async def test_clearing_only_failed_tasks_counts_the_group_parents_that_kept_the
     assert [r["id"] for r in await rows_of(url, run_id, "per_file.extract")] == [
         r["id"] for r in extract
     ]  # not run again
+
+
+async def test_a_group_over_a_literal_list_waits_for_a_parent_of_any_of_its_tasks(
+    store: Store, url: str
+) -> None:
+    dag = DAG("literal_group")
+
+    @dag.task
+    def config(ctx: TaskContext) -> str:
+        return "v2"
+
+    with dag.group("per_region", expand=["eu", "us"]):
+
+        @dag.task
+        def fetch(ctx: TaskContext) -> str:
+            return f"{ctx.item}-{ctx.index}"
+
+        # A parent outside the group, declared on a task that is not a root of it: every
+        # task of the group waits for it before the group expands.
+        @dag.task(parents=[fetch, config], trigger_rule="all_done")
+        def publish(ctx: TaskContext) -> list[str]:
+            return [ctx.inputs["per_region.fetch"], ctx.inputs["config"]]
+
+    run_id = await store.runs.create_run(dag, DAY)
+    fetches = await rows_of(url, run_id, "per_region.fetch")
+    assert [(r["state"], r["n_parents"]) for r in fetches] == [("PENDING", 1)]  # no instance
+    assert (await run_to_end(store, run_id, dags={dag.dag_id: dag}))["state"] == "SUCCESS"
+    assert [output(r) for r in (await rows_of(url, run_id, "per_region.publish"))[1:]] == [
+        ["eu-0", "v2"], ["us-1", "v2"],
+    ]  # fmt: skip
