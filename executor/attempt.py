@@ -15,12 +15,13 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from functools import partial
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import sensing
+from . import pulling, sensing
 from .catalogue import DEFAULT_PARSE_TIMEOUT, parse_file
 from .context import TaskContext, TaskDeferred
 from .dag import DAG, SensorSpec, TaskSpec
@@ -35,10 +36,12 @@ from .outcomes import (
 )
 from .params import BadConf, resolve
 from .rows import MovedTask
-from .runnames import logical_shown
+from .runnames import logical_shown, midnight
 from .slots import ProcessSlots, Result, ThreadSlots
 from .statemachine import expansion_problem
 from .store import Exchange, Views
+from .store.values import Values
+from .templating import Scope, TemplateFailed, render_value, utc
 
 
 @dataclass(slots=True)
@@ -51,6 +54,27 @@ class _RunInfo:
     data_interval: tuple[datetime, datetime] | None = None
     start_event: Any = None
     shown: str | None = None  # its logical time for people (executor.runnames)
+    # What its templates see beyond the above (executor/templating.py: Scope)
+    logical_time: datetime | None = None  # aware
+    zone: ZoneInfo = field(
+        default_factory=lambda: ZoneInfo("UTC")
+    )  # the DAG's clock, on which logical_date is the date
+    conf: dict[str, Any] | None = None  # as triggered
+    run_type: str = "manual"
+
+    def scope(self, run_id: str, task_id: str, params: Any) -> Scope:
+        """What a task's templates are rendered for."""
+        return Scope(
+            dag_id=self.dag_id,
+            logical_time=self.logical_time or midnight(self.logical_date, self.zone),
+            zone=self.zone,
+            run_id=run_id,
+            task_id=task_id,
+            params=params,
+            conf=self.conf,
+            run_type=self.run_type,
+            data_interval=self.data_interval,
+        )
 
 
 class Attempts:
@@ -71,6 +95,7 @@ class Attempts:
             raise ValueError(f"unknown isolation {isolation!r}: use thread or process")
         self.exchange = exchange
         self.views = views
+        self.values = Values(exchange.db, exchange.clock)  # ctx.pull's reads
         self.runner = ThreadSlots(slots) if isolation == "thread" else ProcessSlots(slots)
         # Sensor checks are async code on a short-lived loop: always in a thread.
         self.sensor_runner = (
@@ -125,9 +150,21 @@ class Attempts:
             data_interval_end=info.data_interval[1] if info.data_interval else None,
             start_event=copy.deepcopy(info.start_event),
         )
+        ctx._reader = await pulling.reader(
+            spec, row.run_id, self.values, in_process=isinstance(self.runner, ProcessSlots)
+        )
         self.running[row.id] = ctx
+        scope = info.scope(row.run_id, row.task_id, ctx.params)
         if spec.sensor is not None:
-            return await self._sense(row, owner, spec, spec.sensor, ctx, release)
+            return await self._sense(row, owner, spec, spec.sensor, ctx, scope, release)
+        if spec.templates:
+            # In a thread: a template is its author's code (and a first use compiles it).
+            try:
+                ctx.templates = await asyncio.to_thread(
+                    render_value, spec.templates, scope, "templates"
+                )
+            except TemplateFailed as exc:
+                return refuse(row, owner, release, f"cannot render the task's templates: {exc}")
         job: Callable[[], Any] = partial(spec, ctx)
         method = row.next_method
         if method and method != "__call__":
@@ -179,6 +216,7 @@ class Attempts:
         spec: TaskSpec,
         sensor: SensorSpec,
         ctx: TaskContext,
+        scope: Scope,
         release: asyncio.Event,
     ) -> Outcome:
         """A sensor's turn: defer it, or check in the slot (poke / reschedule)."""
@@ -186,7 +224,7 @@ class Attempts:
         started = row.wait_started_at or now
         deadline = started + sensor.timeout
         try:
-            trigger = sensor.trigger.render(sensing.template_values(ctx))
+            trigger = await sensing.rendered(sensor.trigger, scope)
         except Exception as exc:
             return refuse(row, owner, release, f"cannot render the sensor's trigger: {exc}")
         mode = sensor.mode
@@ -240,7 +278,11 @@ class Attempts:
             o = self.failed(row, owner, result.value.event.error, spec)
         else:
             ctx.log(f"condition held: {trigger.describe()}")
-            o = Succeeded(**_base(row, owner), output_json=json.dumps(result.value.event.payload))
+            o = Succeeded(
+                **_base(row, owner),
+                output_json=json.dumps(result.value.event.payload),
+                asset_events=[(row.task_id, a.uri, None) for a in spec.outlets],
+            )
         o.slot_kind = "poke" if mode == "poke" else "execute"
         o.logs = ctx.lines
         return o
@@ -285,7 +327,17 @@ class Attempts:
         if problem:
             o = self.failed(row, owner, problem, spec)
         else:
-            o = Succeeded(**_base(row, owner), output_json=output_json, skip_children=skip)
+            for uri in sorted(set(ctx._asset_extras) - {a.uri for a in spec.outlets}):
+                ctx.log(f"ctx.asset_event({uri!r}): not one of this task's outlets, ignored")
+            o = Succeeded(
+                **_base(row, owner),
+                output_json=output_json,
+                skip_children=skip,
+                values=dict(ctx._pushed),
+                asset_events=[
+                    (row.task_id, a.uri, ctx._asset_extras.get(a.uri)) for a in spec.outlets
+                ],
+            )
         o.logs = ctx.lines
         return o
 
@@ -350,8 +402,19 @@ class Attempts:
             info = _RunInfo(
                 dag, run["dag_id"], logical, problem, params, interval, event, logical_shown(run)
             )
+            info.logical_time = utc(run["logical_time"]) if run["logical_time"] else None
+            info.zone = _zone(run["timezone"])
+            info.conf = None if run["conf"] is None else json.loads(run["conf"])
+            info.run_type = run["run_type"] or "manual"
         self._runs[run_id] = info
         return info
+
+
+def _zone(name: str | None) -> ZoneInfo:
+    try:
+        return ZoneInfo(name or "UTC")
+    except (ZoneInfoNotFoundError, ValueError):  # a zone this machine's tzdata lacks
+        return ZoneInfo("UTC")
 
 
 def refuse(row: MovedTask, owner: str, release: asyncio.Event, why: str) -> Failed:

@@ -63,6 +63,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .assets import declared
 from .dag import DAG
 from .errors import DagError
 from .loader import DagImportError, import_dags
@@ -425,7 +426,16 @@ def _declared(dag: object, dag_id: str) -> dict[str, object]:
         "max_active_runs": dag.max_active_runs,
         "start_when": when,
         "shape": RunShape.of(dag).to_json(),
+        "assets": _assets_declared(dag),
     }
+
+
+def _assets_declared(dag: DAG) -> str | None:
+    """What the catalogue stores of a DAG's assets (None: it names none)."""
+    outlets = {t.task_id: t.outlets for t in dag.tasks.values() if t.outlets}
+    if dag.asset_schedule is None and not outlets:
+        return None
+    return json.dumps(declared(dag.asset_schedule, outlets), sort_keys=True)
 
 
 def _validated(path: str, dag_id: str, dag: DAG) -> None:

@@ -10,11 +10,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from typing import Any, Literal
+from zoneinfo import ZoneInfo
 
 from triggers.base import BaseTrigger
 from triggers.people import NEEDS_ANSWER, PersonWait
 from triggers.registry import TriggerLoadError, is_allowed
 
+from .assets import Asset, Condition, assets_of, check_declaration
 from .context import TaskContext
 from .durations import Duration, seconds
 from .errors import DagError as DagError  # authors import it from here too
@@ -34,6 +36,14 @@ from .pools import PoolError, check_name
 from .rules import TriggerRule
 from .runpolicy import RunPolicy, failure_policy, time_of_day, timeout_seconds
 from .schedules import Schedule
+from .templating import (
+    START_NAMES,
+    TASK_NAMES,
+    Scope,
+    check_fields,
+    declared_templates,
+    render_trigger,
+)
 
 DEFAULT_MAP_CAP = 50_000
 DEFAULT_SENSOR_TIMEOUT = 12 * 3600.0  # seed 000: 12 h by default, 14 h for files known to be late
@@ -117,6 +127,16 @@ class TaskSpec:
     # on_failure / on_retry / on_success / on_sensor_timeout and notify= (the DAG's are
     # the defaults): executor/notifications.py
     hooks: Hooks = field(default_factory=Hooks)
+    # Setup and teardown (Airflow 3's): a teardown runs once its parents ended whatever
+    # happened, provided one of its setups succeeded (rules.ALL_DONE_SETUP_SUCCESS); its
+    # failure fails the run only with on_failure_fail_run (rules.leaf_kinds).
+    setup: bool = False
+    teardown: bool = False
+    on_failure_fail_run: bool = False
+    # templates= as declared: rendered per attempt into ctx.templates (executor/templating.py)
+    templates: dict[str, Any] = field(default_factory=dict)
+    # The assets its SUCCESS updates: an asset event each, in the same transaction.
+    outlets: tuple[Asset, ...] = ()
 
     def method(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``fn`` as a resume point for ``ctx.defer(..., method=fn.__name__)``."""
@@ -183,6 +203,9 @@ class TaskSpec:
     def _mapped(self, spec: MapSpec) -> TaskSpec:
         if self.mapping is not None:
             raise DagError(f"task {self.task_id!r} is mapped already")
+        if self.setup or self.teardown:
+            role = "setup" if self.setup else "teardown"
+            raise DagError(f"task {self.task_id!r}: a {role} task cannot be mapped")
         _check_mappable(self.task_id, self.trigger_rule, self.branch, self.group)
         for task in spec.tasks:
             if task not in self.parents:
@@ -309,7 +332,7 @@ class DAG:
         dag_id: str,
         *,
         description: str = "",
-        schedule: str | timedelta | None = None,
+        schedule: str | timedelta | Condition | Sequence[Asset] | None = None,
         start_date: datetime | date | None = None,
         end_date: datetime | date | None = None,
         timezone: str = "UTC",
@@ -341,10 +364,17 @@ class DAG:
         except TypeError as exc:
             raise DagError(f"DAG {dag_id!r}: {exc}") from None
         self.params: Params = params
+        # Assets as a schedule (executor/assets.py): runs start when the condition holds,
+        # in the transaction of the event that completes it (executor/store/assets.py).
+        self.asset_schedule: Condition | None = check_declaration(f"DAG {dag_id!r}", schedule)
+        if self.asset_schedule is not None:
+            _check_watchers(dag_id, assets_of(self.asset_schedule))
+        timed = None if self.asset_schedule is not None else schedule
+        assert timed is None or isinstance(timed, str | timedelta), "as_condition took lists"
         # When runs are due, catchup included (executor/schedules.py, docs/scheduling.md);
         # the triggerer starts them (executor/store/starts.py).
         self.schedule: Schedule | None = _schedule(
-            dag_id, schedule, start_date, end_date, timezone, catchup, max_active_runs
+            dag_id, timed, start_date, end_date, timezone, catchup, max_active_runs
         )
         self.timezone = timezone
         self.max_active_runs = max_active_runs
@@ -409,8 +439,21 @@ class DAG:
         on_success: Callback | None = None,
         on_sensor_timeout: Callback | None = None,
         notify: NotifySpec = None,
+        setup: bool = False,
+        teardown: bool = False,
+        teardown_of: Iterable[ParentRef] = (),
+        on_failure_fail_run: bool = False,
+        templates: dict[str, Any] | None = None,
+        outlets: Iterable[Asset] = (),
     ) -> Any:
         """Declare a task; usable as ``@dag.task`` or ``@dag.task(parents=[...], retries=3)``.
+
+        ``setup=True`` makes a setup task, ``teardown_of=[setup_task]`` (or
+        ``teardown=True``) a teardown: it runs once its parents ended however they ended,
+        provided one of its setups succeeded, is skipped when they were skipped, and its
+        failure does not fail the run unless ``on_failure_fail_run=True``
+        (docs/dag-patterns.md, "Setup and teardown"). ``teardown_of`` makes those tasks
+        its parents and marks them setups.
 
         ``expand=upstream`` runs one instance per item of ``upstream``'s output (a list),
         ``expand=[...]`` one per item of a literal list (``ctx.item``); ``.partial(...)``,
@@ -423,7 +466,11 @@ class DAG:
         it only on workers serving that queue (``slotless worker --queues gpu``).
         ``on_failure=fn`` (and on_retry, on_success, on_sensor_timeout) runs ``fn(ctx)`` in a
         worker slot when that happens, and ``notify=`` sends to apprise URLs
-        (executor/notifications.py); unset, the DAG's apply.
+        (executor/notifications.py); unset, the DAG's apply. ``templates={"path":
+        "s3://b/{{ ds }}/x"}`` is rendered per attempt into ``ctx.templates`` (Airflow's
+        ``templates_dict``; docs/templates.md). ``outlets=[Asset(...)]``: its
+        SUCCESS records an event of each (executor/assets.py), which may start the DAGs
+        scheduled on them.
         """
 
         def register(f: TaskFn | None) -> TaskSpec:
@@ -469,7 +516,14 @@ class DAG:
                 mapping = MapSpec("items", (("", over),), group=group.mapped.group_id)
             if map_cap is not None and map_cap < 0:
                 raise DagError(f"task {tid!r}: map_cap must be >= 0")
+            setups = [self._setup_of(tid, s) for s in teardown_of]
+            is_teardown = teardown or bool(setups)
+            _check_role(tid, setup, is_teardown, on_failure_fail_run, mapping is not None)
+            if is_teardown:
+                rule = TriggerRule.ALL_DONE_SETUP_SUCCESS
+                parent_ids += [s.task_id for s in setups if s.task_id not in parent_ids]
             _check_pool(tid, pool, pool_slots, queue)
+            outs = _outlets(self.dag_id, tid, outlets)
             hooks = _hooks(
                 f"task {tid!r}",
                 {
@@ -480,10 +534,12 @@ class DAG:
                 },
                 notify,
             )
+            rendered_later = declared_templates(templates, f"DAG {self.dag_id!r}: task {tid!r}")
             spec = TaskSpec(
                 dag=self,
                 task_id=tid,
                 fn=f,
+                templates=rendered_later,
                 parents=parent_ids,
                 retries=retries,
                 retry_delay=seconds(retry_delay) or 0.0,
@@ -502,7 +558,13 @@ class DAG:
                 pool_slots=pool_slots,
                 queue=queue,
                 hooks=hooks,
+                setup=setup,
+                teardown=is_teardown,
+                on_failure_fail_run=on_failure_fail_run,
+                outlets=outs,
             )
+            for s in setups:
+                s.setup = True  # as Airflow's as_teardown(setups=...) marks them
             self.tasks[tid] = spec
             if group is not None:
                 group.members.append(tid)
@@ -524,8 +586,9 @@ class DAG:
     ) -> TaskSpec:
         """A task that waits until ``trigger``'s condition holds; its output is the event.
 
-        String fields of the trigger may use ``{{ ds }}``, ``{{ ds_nodash }}``,
-        ``{{ run_id }}``, ``{{ dag_id }}``, ``{{ task_id }}``; they are filled per run.
+        String fields of the trigger (at any depth) are Jinja2 templates with Airflow's
+        names and macros (``{{ macros.ds_add(ds, -1) }}``: docs/templates.md), rendered
+        per run; their syntax and names are checked here.
         After ``timeout`` the sensor fails with "sensor timeout", or ends SKIPPED if
         ``soft_fail``. With ``expected_by="05:30"`` (a time of day on the DAG's clock, from
         the run's logical date: executor/runpolicy.py), a "late" notice goes out once if
@@ -533,6 +596,7 @@ class DAG:
         """
         if mode not in ("poke", "reschedule", "deferrable"):
             raise DagError(f"sensor {task_id!r}: unknown mode {mode!r}")
+        check_fields(trigger.templates(), TASK_NAMES, f"DAG {self.dag_id!r}: sensor {task_id!r}")
         if isinstance(trigger, PersonWait):
             if mode != "deferrable":  # a person answers: there is nothing for a slot to check
                 raise DagError(
@@ -655,6 +719,18 @@ class DAG:
         instance)."""
         return _row_parents(self.tasks[task_id], self.map_spec(task_id))
 
+    def _setup_of(self, tid: str, ref: ParentRef) -> TaskSpec:
+        """A task ``teardown_of`` names: declared before, not a teardown, not mapped."""
+        named = ", ".join(_refs(ref))
+        found = self.tasks.get(named)
+        if found is None:
+            raise DagError(f"task {tid!r}: teardown_of names {named!r}, which is not "
+                           "a task of this DAG (declare the setup first)")  # fmt: skip
+        if found.teardown or found.mapping is not None:
+            what = "a teardown" if found.teardown else "a mapped task"
+            raise DagError(f"task {tid!r}: teardown_of names {found.task_id!r}, {what}")
+        return found
+
     def children(self, task_id: str) -> list[str]:
         return [t.task_id for t in self.tasks.values() if task_id in t.parents]
 
@@ -775,11 +851,31 @@ def _start_when(dag_id: str, trigger: BaseTrigger | None) -> BaseTrigger | None:
             f"DAG {dag_id!r}: start_when trigger class {classpath} is not allow-listed "
             "(register it: docs/writing-triggers.md)"
         )
-    try:
-        trigger.render({"ds": "2000-01-01", "ds_nodash": "20000101", "logical_date": "2000-01-01"})
+    check_fields(trigger.templates(), START_NAMES, f"DAG {dag_id!r}: start_when")
+    try:  # rendered for a date as the triggerer will: a value its class refuses is found now
+        render_trigger(trigger, Scope.for_date(dag_id, date(2000, 1, 1), ZoneInfo("UTC")))
     except (KeyError, ValueError, TriggerLoadError) as exc:
         raise DagError(f"DAG {dag_id!r}: start_when: {exc}") from None
     return trigger
+
+
+def _outlets(dag_id: str, tid: str, outlets: Iterable[Asset]) -> tuple[Asset, ...]:
+    outs = tuple(dict.fromkeys(outlets))
+    bad = [o for o in outs if not isinstance(o, Asset)]
+    if bad:
+        raise DagError(f"DAG {dag_id!r}: task {tid!r}: outlets are assets, not {bad[0]!r}")
+    _check_watchers(dag_id, outs)
+    return outs
+
+
+def _check_watchers(dag_id: str, assets: Iterable[Asset]) -> None:
+    """An asset's watchers are held like start conditions: checked the same way."""
+    for a in assets:
+        for w in a.watchers:
+            try:
+                _start_when(dag_id, w)
+            except DagError as exc:
+                raise DagError(f"{exc} (a watcher of asset {a.uri})") from None
 
 
 def _check_deferrable(task_id: str, trigger: BaseTrigger) -> None:
@@ -795,6 +891,17 @@ def _check_deferrable(task_id: str, trigger: BaseTrigger) -> None:
             "SLOTLESS_ALLOWED_TRIGGERS (docs/writing-triggers.md), or give the sensor "
             "mode='reschedule'"
         )
+
+
+def _check_role(tid: str, setup: bool, teardown: bool, fails_run: bool, mapped: bool) -> None:
+    """A task's part in a setup/teardown pair, checked at declaration."""
+    if setup and teardown:
+        raise DagError(f"task {tid!r}: a task is a setup or a teardown, not both")
+    if fails_run and not teardown:
+        raise DagError(f"task {tid!r}: on_failure_fail_run is for a teardown (teardown_of=...)")
+    if (setup or teardown) and mapped:
+        role = "setup" if setup else "teardown"
+        raise DagError(f"task {tid!r}: a {role} task cannot be mapped (expand=, a mapped group)")
 
 
 def _check_pool(tid: str, pool: object, pool_slots: object, queue: object) -> None:

@@ -69,6 +69,9 @@ class Succeeded(Outcome):
 
     output_json: str | None = None  # already serialized by the worker
     skip_children: list[str] = field(default_factory=list)  # a branch's children not chosen
+    values: dict[str, str] = field(default_factory=dict)  # ctx.push's: key -> JSON
+    # Its outlets' events, recorded with the SUCCESS: (task_id, uri, extra JSON or None).
+    asset_events: list[tuple[str, str, str | None]] = field(default_factory=list)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -26,6 +26,7 @@ class RunType(StrEnum):
     MANUAL = "manual"  # a person: slotless trigger | run | up, the page, the API, Python
     BACKFILL = "backfill"  # slotless backfill: a past interval, keyed as its schedule keys it
     EVENT = "event"  # a start condition (start_when) fired: an event, a file, a sensor
+    ASSET = "asset"  # its asset condition held (schedule=[Asset(...)]): executor/store/assets.py
 
 
 RUN_TYPES = tuple(t.value for t in RunType)

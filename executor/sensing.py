@@ -21,20 +21,17 @@ from triggers.limits import MAX_SERIALIZED_BYTES
 from triggers.people import PersonWait
 from triggers.registry import is_allowed, load_trigger
 
-from .context import TaskContext
 from .dag import SensorSpec
 from .outcomes import Deferral
+from .templating import Scope, render_trigger
 
 
-def template_values(ctx: TaskContext) -> dict[str, str]:
-    return {
-        "ds": ctx.ds,
-        "ds_nodash": ctx.ds.replace("-", ""),
-        "logical_date": ctx.ds,
-        "run_id": ctx.run_id,
-        "dag_id": ctx.dag_id,
-        "task_id": ctx.task_id,
-    }
+async def rendered(trigger: BaseTrigger, scope: Scope) -> BaseTrigger:
+    """``trigger`` with its templates rendered for ``scope``: in a thread (a template is
+    an author's code, and a first use compiles it), itself at once when it has none."""
+    if not trigger.templates():
+        return trigger
+    return await asyncio.to_thread(render_trigger, trigger, scope)
 
 
 # A wait's serialized trigger kwargs are copied into its trigger row, read by every full

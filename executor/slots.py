@@ -217,6 +217,12 @@ class ProcessSlots:
                 if kind == "log":
                     ctx._logs.append(body)
                     continue
+                if kind == "value":  # ctx.push in the child: key, JSON
+                    ctx._pushed[body[0]] = body[1]
+                    continue
+                if kind == "asset":  # ctx.asset_event in the child: (uri, extra JSON)
+                    ctx._asset_extras[body[0]] = body[1]
+                    continue
                 ok, payload, message, tb, deferred = body
                 break
         except EOFError:
@@ -254,10 +260,40 @@ class _Streamed(list[tuple[float, str]]):
             self._writer.send(("log", line))
 
 
+class _StreamedValues(dict[str, str]):
+    """A child's ``ctx.push`` values, each sent to the worker as it is pushed (the worker
+    records them with the attempt's SUCCESS)."""
+
+    def __init__(self, writer: Any, lock: threading.Lock) -> None:
+        super().__init__()
+        self._writer = writer
+        self._lock = lock
+
+    def __setitem__(self, key: str, value: str) -> None:
+        super().__setitem__(key, value)
+        with self._lock:
+            self._writer.send(("value", (key, value)))
+
+
+class _StreamedExtras(dict[str, str]):
+    """A child's ``ctx.asset_event`` extras, sent to the worker as they are set."""
+
+    def __init__(self, writer: Any, lock: threading.Lock) -> None:
+        super().__init__()
+        self._writer = writer
+        self._lock = lock
+
+    def __setitem__(self, uri: str, extra: str) -> None:
+        with self._lock:
+            self._writer.send(("asset", (uri, extra)))
+
+
 def _child_main(job: Job, ctx: TaskContext, writer: Any, fence: Any) -> None:
     _close_inherited(keep=writer.fileno())
     lock = threading.Lock()  # one message at a time on the pipe: the task's threads log too
     ctx._logs = _Streamed(writer, lock)
+    ctx._pushed = _StreamedValues(writer, lock)
+    ctx._asset_extras = _StreamedExtras(writer, lock)
     threading.Thread(target=_keep_fence, args=(fence,), daemon=True).start()
     result = call(job)
     payload: Any = None

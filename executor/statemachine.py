@@ -13,6 +13,7 @@ QUEUED run of its DAG that fits under that run's ``max_active`` (executor/store/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,16 @@ from .mapping import MapSpec, decode, items_of
 from .mapping import expansion_problem as expansion_problem  # the worker's checks use it
 from .notifications import after_run, after_transition
 from .rows import MovedTask, TaskRow
-from .rules import Counts, Decision, aggregate, decide
+from .rules import (
+    LEAF_QUIET,
+    Counts,
+    Decision,
+    TriggerRule,
+    aggregate,
+    decide,
+    decides_run,
+    has_children,
+)
 from .runpolicy import OnTaskFailure
 from .states import RUN_TERMINAL, TERMINAL, RunState, State, check_transition
 
@@ -212,12 +222,14 @@ async def _settle_batch(
     per_run: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     failed: dict[str, MovedTask] = {}  # run -> a task of it that FAILED (its policy acts)
     for row, state in ended:
-        if state is State.FAILED:
+        if state is State.FAILED and row.is_leaf != LEAF_QUIET:  # a quiet teardown: no
             failed.setdefault(row.run_id, row)
         if row.map_index < 0:
             acc = per_run[row.run_id]
             acc[0] += 1
-            if row.is_leaf and state in (State.FAILED, State.UPSTREAM_FAILED):
+            # A leaf's failure fails the run; a teardown's only if it says so, and the
+            # tasks before a quiet teardown count as leaves (rules.leaf_kinds).
+            if decides_run(row.is_leaf) and state in (State.FAILED, State.UPSTREAM_FAILED):
                 acc[1] += 1
     freed: set[str] = set()  # DAGs a run of which ended: a queued run may start
     runs: dict[str, Row] = {}
@@ -304,7 +316,7 @@ async def _settle_batch(
     # A PAUSED run starts nothing: its endings are counted when it resumes (resume_run).
     parents: dict[tuple[str, State], list[str]] = defaultdict(list)
     for row, state in ended:
-        if row.map_index < 0 and not row.is_leaf and row.run_id not in paused:
+        if row.map_index < 0 and has_children(row.is_leaf) and row.run_id not in paused:
             parents[(row.run_id, state)].append(row.task_id)
     for (run_id, state), task_ids in parents.items():
         children = await tx.fetch(
@@ -440,6 +452,8 @@ async def _decide(tx: Tx, rows: Sequence[TaskRow], now: float) -> list[tuple[Mov
         if row.state != State.PENDING or row.ready_at is not None:
             continue  # already decided: running, ended, or queued
         counts = _counts(row)
+        if row.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS and counts.all_done:
+            counts = await _with_setups(tx, row, counts)
         decision = decide(row.trigger_rule, counts)
         if decision is Decision.WAIT:
             continue
@@ -460,6 +474,19 @@ async def _decide(tx: Tx, rows: Sequence[TaskRow], now: float) -> list[tuple[Mov
     if ready:
         await tx.execute("mark_ready", now=now, ids=ready)
     return ended
+
+
+async def _with_setups(tx: Tx, row: TaskRow, counts: Counts) -> Counts:
+    """A teardown's counts with how its setups ended: read once, when all its parents
+    have ended (the counters do not tell a setup parent from another)."""
+    states = [r["state"] for r in await tx.fetch("setup_parents", run_id=row.run_id,
+                                                    task_id=row.task_id)]  # fmt: skip
+    return dataclasses.replace(
+        counts,
+        setups=len(states),
+        setups_succeeded=sum(s == State.SUCCESS for s in states),
+        setups_skipped=sum(s == State.SKIPPED for s in states),
+    )
 
 
 async def _expand(tx: Tx, tpl: TaskRow, now: float) -> list[tuple[MovedTask, State]]:

@@ -38,6 +38,8 @@ BENCHES = (
     "postgres",
     "chaos",
     "vs_airflow",
+    "assets",
+    "web",
 )
 
 

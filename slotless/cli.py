@@ -18,6 +18,7 @@ import threading
 from typing import Any, Protocol
 
 from . import (
+    assets_cli,
     backfill,
     bench,
     control,
@@ -49,6 +50,7 @@ class CommandGroup(Protocol):
 # The order ``slotless --help`` lists the commands in.
 GROUPS: tuple[CommandGroup, ...] = (
     run, serve, status, logs, dags, trigger, backfill, control, events, respond, pools, bench,
+    assets_cli,
 )  # fmt: skip
 
 

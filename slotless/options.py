@@ -8,9 +8,12 @@ declared here once, so ``--db`` or ``--parse-timeout`` reads the same everywhere
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import date
 
 from executor.catalogue import DEFAULT_PARSE_TIMEOUT, DEFAULT_RESCAN
+
+from .roles import parse_tokens
 
 
 def db_opt(sp: argparse.ArgumentParser) -> None:
@@ -68,12 +71,24 @@ def token_opt(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--token",
         default=None,
-        help="let an operator who signs in with this token pause and trigger DAGs from the web "
-        "page, and allow writes through the JSON API (Authorization: Bearer TOKEN); a "
-        "comma-separated list of NAME:TOKEN pairs names who wrote (default: "
-        "$SLOTLESS_UI_TOKEN; without one the page and the API are read-only). The "
-        "environment variable keeps it out of the process list",
+        help="let whoever signs in on the web page with a token, or sends it to the JSON API "
+        "(Authorization: Bearer TOKEN), do what its role allows: a comma-separated list of "
+        "NAME:ROLE:SECRET entries, ROLE viewer (reads the audit list), operator (triggers, "
+        "clears, marks, retries, cancels, resumes, answers) or admin (also pauses DAGs and "
+        "manages pools); NAME:SECRET is an operator, a bare SECRET an operator named "
+        "operator. Writes are recorded under NAME (default: $SLOTLESS_UI_TOKEN; without "
+        "one the page and the API are read-only). The environment variable keeps it out "
+        "of the process list",
     )
+
+
+def ui_tokens(args: argparse.Namespace) -> str | None:
+    """The page's token list (``--token``, else $SLOTLESS_UI_TOKEN), checked: a malformed
+    one is refused before anything starts (a :class:`~slotless.roles.TokenError`, one line
+    naming the entry, exit 2)."""
+    text = getattr(args, "token", None) or os.environ.get("SLOTLESS_UI_TOKEN") or None
+    parse_tokens(text)
+    return text
 
 
 def slots(text: str) -> int:

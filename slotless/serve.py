@@ -32,6 +32,7 @@ from .options import (
     metrics_opts,
     slots,
     token_opt,
+    ui_tokens,
 )
 
 if TYPE_CHECKING:
@@ -240,6 +241,7 @@ def _on_signals(stop: Callable[[], None]) -> None:
 async def cmd_ui(args: argparse.Namespace) -> int:
     from .web import serve_ui
 
+    ui_tokens(args)  # a malformed token list is refused before the page starts
     if dags_folder(args.dags) is None:
         return await serve_ui(args)
     store = await open_store(args.db)
@@ -253,4 +255,5 @@ async def cmd_ui(args: argparse.Namespace) -> int:
 async def cmd_up(args: argparse.Namespace) -> int:
     from .up import up
 
+    ui_tokens(args)  # refused here, not by the page after the worker and triggerer started
     return await up(args)

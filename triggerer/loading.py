@@ -117,6 +117,9 @@ class Loader:
         if not ordered:
             await self._forget_unowned()
             return
+        # The leases' takings as they were when ``ordered`` was: a shard taken during the
+        # awaits below is not in it, and must still count as new at the next load.
+        takings = shards.takings if isinstance(shards, LeasedShards) else 0
         self._taken = 0  # rows of this load so far
         self._unfrozen = 0
         self._spreading = False
@@ -124,15 +127,20 @@ class Loader:
         # big): the checker never sees half of a small load, so batches are not split.
         self._table.hold()
         self._classes = {}  # the allow-list may have changed since the last load
+        if full and not self._table.subscriptions:
+            # A first load: what the process made so far (its imports, a few hundred
+            # thousand objects) is frozen as the held records are, before the rows come:
+            # the first full collection of a big load walked it all in one step (30 ms).
+            freeze_held()
         try:
-            await self._load(ordered, full=full)
+            await self._load(ordered, full=full, takings=takings)
         finally:
             self._table.publish()
         if self._unfrozen:
             self._unfrozen = 0
             freeze_held()
 
-    async def _load(self, ordered: list[int], *, full: bool) -> None:
+    async def _load(self, ordered: list[int], *, full: bool, takings: int) -> None:
         newest = await self._ops.max_trigger_id() if full else 0
         if full:
             self._loaded_beyond.clear()
@@ -140,7 +148,7 @@ class Loader:
             self._max_release_id = max(self._max_release_id, await self._ops.max_release_id())
         else:
             await self._drop_released()
-        look, takings = await self._to_look_at(ordered) if full else (ordered, 0)
+        look = await self._to_look_at(ordered) if full else ordered
         # A first load has nothing to reconcile: no set of a million rows seen.
         # Split as the table's indexes are: a set of a million grows in one long step too.
         seen: SplitDict[int, None] | None = SplitDict() if self._table.by_row else None
@@ -220,27 +228,33 @@ class Loader:
                         self._table.unsubscribe(task_row)
                 await asyncio.sleep(0)
 
-    async def _to_look_at(self, ordered: list[int]) -> tuple[list[int], int]:
-        """The shards a full load must look at, of ``ordered``, and the leases' takings
-        count they reflect: those taken since the last full load (read in full, or
-        compared by checksum) and those the change log names (compared). An idle
+    async def _to_look_at(self, ordered: list[int]) -> list[int]:
+        """The shards a full load must look at, of ``ordered``: those taken since the last
+        full load (read in full, or compared by checksum) and those the change log names
+        (compared). An idle
         reconcile looks at none: one statement, no row read. Shards given as a plain
         collection (not the leases' set) are all looked at."""
         owned = self._owned
         if not isinstance(owned, LeasedShards):
-            return ordered, 0
-        if owned.taken_since(self._takings) >= set(ordered):
-            # Every shard is looked at anyway (a first load, a takeover of all): the log's
-            # rows are left to the repair after the load (a bulk write's million would
-            # delay the first checks by seconds).
-            return ordered, owned.takings
+            return ordered
+        taken = {s for s in ordered if owned.taken_at.get(s, 0) > self._takings}
+        # Those are looked at whole (read, or compared by checksum): their change log tells
+        # this load nothing, and read back a bulk write's million rows cost seconds before
+        # the first checks. Dropped unread before the looking (a change committed later has
+        # its own row), and named for the repair after the load, which searches them whole
+        # for what the rows would have told it. Those still leased only: one given away
+        # is its new owner's, and its log too.
+        if dropped := [s for s in ordered if s in taken and s in owned]:
+            await self._ops.drop_wait_changes(dropped)
+            self._ops.changes.unread.update(dropped)
+        if len(taken) == len(ordered):
+            return ordered  # a first load, a takeover of all: no checksum to compare
         # Taken before anything is read: a change committed later has its own row.
-        changes = await self._ops.take_wait_changes(ordered)
+        changes = await self._ops.take_wait_changes([s for s in ordered if s not in taken])
         self._dirty |= changes.shards
         changes.shards.clear()
         self._dirty.intersection_update(ordered)  # a shard given away is read whole if retaken
-        wanted = owned.taken_since(self._takings) | self._dirty
-        return [s for s in ordered if s in wanted], owned.takings
+        return [s for s in ordered if s in taken or s in self._dirty]
 
     def _unowned(self) -> list[int]:
         """Shards not leased of which the table holds waits (their sums say so in O(64))."""

@@ -80,10 +80,28 @@ class Repair:
         began or stopped (the loader's reconcile took those rows just before): idle, a pass
         reads no wait at all."""
         done: Counter[str] = Counter()
+        # This pass's shards: the live set may grow while it awaits (at start, the leases
+        # fill it while the first pass over none runs), and a shard taken meanwhile is the
+        # next pass's, searched whole then.
         if isinstance(shards, LeasedShards):
             takings, fresh = shards.takings, shards.taken_since(self._takings)
         else:
             takings, fresh = 0, set(shards)
+        held_now = set(shards)
+        changes = self._ops.changes
+        # Searched whole: the shards taken since the last pass, and those whose change log
+        # the load before this pass dropped unread (it named them: they are usually the
+        # same). The log of those the load did not drop is dropped now, unread, before the
+        # searches: they find what it says (a bulk write's million rows read back cost
+        # seconds), and what changes after a drop is logged anew, taken below. The
+        # loader compares their checksums next (a change dropped may have come after it
+        # read them); the log the load dropped came before it read them.
+        unread = set(changes.unread)
+        drop = [s for s in fresh - unread if s in shards]  # still leased
+        if await self._ops.drop_wait_changes(drop):
+            changes.shards.update(drop)
+        fresh |= unread & held_now
+        settled = held_now - set(drop)
         groups = _groups(fresh, held)
         for group in groups:
             began = time.perf_counter()
@@ -96,9 +114,10 @@ class Repair:
         got = await self._running(shards)
         self.counts.update(got)
         done += got
-        done += await self._changed(shards)
+        done += await self._changed(settled)
         if fresh:
             done[UNWAITED_TRIGGER] += await self.delete_unwaited(fresh, held)
+        changes.unread -= unread  # searched whole (or no longer ours: a new owner's)
         self._takings = takings
         return +done
 
@@ -125,7 +144,9 @@ class Repair:
         names (a wait left them); returns how many. The timeout loop's cleanup, and each
         repair pass: idle, one statement that reads no row (``take``: the log's new rows
         are taken first)."""
-        todo = await self._ops.take_wait_changes(shards) if take else self._ops.changes
+        todo = (
+            await self._ops.take_wait_changes(self.settled(shards)) if take else self._ops.changes
+        )
         ids = list(todo.trigger_ids)
         n = 0
         for first in range(0, len(ids), _IDS_PER_PASS):
@@ -136,6 +157,13 @@ class Repair:
             log.debug("deleted %d trigger rows nobody waits on", n)
         self.count(UNWAITED_TRIGGER, n)
         return n
+
+    def settled(self, shards: Collection[int]) -> set[int]:
+        """Those of ``shards`` (the leases' live set) the last pass searched: the others were
+        taken since, and the next pass searches them whole, their change log unread."""
+        if isinstance(shards, LeasedShards):
+            return set(shards) - shards.taken_since(self._takings)
+        return set(shards)
 
     async def delete_unwaited(self, shards: Collection[int], held: int = 0) -> int:
         """Delete the trigger rows of ``shards`` nobody waits on; returns how many."""

@@ -28,11 +28,11 @@ import json
 import os
 from collections.abc import AsyncIterator, Mapping
 from datetime import date, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import _TEMPLATE, BaseTrigger, TriggerEvent, _lookup
+from .base import BaseTrigger, Fill, TriggerEvent, fill_strings
 from .context import TriggerContext
 from .loopmeter import timed
 from .registry import in_import_thread
@@ -123,16 +123,13 @@ class AirflowTrigger(BaseTrigger):
     def blame(self) -> str:
         return self.trigger_classpath
 
-    def render(self, values: Mapping[str, str]) -> BaseTrigger:
-        """``{{ ds }}``-style placeholders in the Airflow kwargs' strings are filled too."""
-        changed = {
-            k: _TEMPLATE.sub(lambda m: _lookup(values, m.group(1)), v)
-            for k, v in self.trigger_kwargs.items()
-            if isinstance(v, str) and "{{" in v
-        }
-        if not changed:
+    def render(self, fill: Fill) -> Self:
+        """Template strings anywhere in the Airflow kwargs are filled too (a copy, not
+        validated again: validating would need Airflow's class, imported off the loop)."""
+        kwargs = fill_strings(self.trigger_kwargs, fill, "trigger_kwargs")
+        if kwargs is self.trigger_kwargs:
             return self
-        return self.model_copy(update={"trigger_kwargs": {**self.trigger_kwargs, **changed}})
+        return self.model_copy(update={"trigger_kwargs": kwargs})
 
     def airflow_trigger(self) -> Any:
         """A new instance of the hosted Airflow trigger, from the stored kwargs."""

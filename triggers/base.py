@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,7 +31,40 @@ if TYPE_CHECKING:
 # every triggerer must agree on it; triggerers lease shards, never single triggers.
 SHARDS = 64
 
-_TEMPLATE = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+# What opens a Jinja2 expression, statement or comment: a string holding one is a template
+# (executor/templating.py renders it); any other string is kept as it is, unparsed.
+_TEMPLATE_MARKS = ("{{", "{%", "{#")
+
+# Fill: (where, template) -> the rendered text; ``where`` names the field ("path",
+# "match.date", "items.0") for the error that names it.
+Fill = Callable[[str, str], str]
+
+
+def is_template(value: object) -> bool:
+    """Whether ``value`` is a string that Jinja2 would read as a template."""
+    return isinstance(value, str) and any(mark in value for mark in _TEMPLATE_MARKS)
+
+
+def fill_strings(value: Any, fill: Fill, where: str = "") -> Any:
+    """``value`` with every template string in it, however deep in dicts and lists,
+    replaced by ``fill(where, text)``; dict keys are not templates. The same object when
+    nothing in it is a template (no copy)."""
+    if is_template(value):
+        return fill(where, value)
+    if isinstance(value, dict):
+        out = {
+            k: fill_strings(v, fill, f"{where}.{k}" if where else str(k)) for k, v in value.items()
+        }
+        return value if all(out[k] is value[k] for k in value) else out
+    if isinstance(value, list | tuple):
+        items = [
+            fill_strings(v, fill, f"{where}.{i}" if where else str(i)) for i, v in enumerate(value)
+        ]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return type(value)(items)
+    return value
+
 
 # describe() is copied into task logs, `slotless status` and the web page: a 10 MB value in
 # a valid field (a path) must not be copied with it. Longer descriptions are clipped here.
@@ -202,13 +234,25 @@ class BaseTrigger(BaseModel):
         it a cheap function of the payload."""
         return [(None, payload)]
 
-    def render(self, values: Mapping[str, str]) -> BaseTrigger:
-        """Fill ``{{ ds }}``-style placeholders in string fields (for sensors' templates)."""
-        changed = {}
-        for name, value in self.model_dump().items():
-            if isinstance(value, str) and "{{" in value:
-                changed[name] = _TEMPLATE.sub(lambda m: _lookup(values, m.group(1)), value)
-        return type(self).model_validate({**self.model_dump(), **changed}) if changed else self
+    def templates(self) -> dict[str, str]:
+        """Every template string among its fields, by where it is (``"path"``,
+        ``"match.date"``): what a DAG's parse checks (executor/templating.py)."""
+        found: dict[str, str] = {}
+
+        def note(where: str, text: str) -> str:
+            found[where] = text
+            return text
+
+        fill_strings(self.model_dump(), note)
+        return found
+
+    def render(self, fill: Fill) -> Self:
+        """A copy whose template strings, anywhere in its fields, are ``fill(where, text)``
+        (executor/templating.py fills them per run); itself when it has none. Validated
+        again, so that a value rendered into a bad one is refused as a declared one is."""
+        data = self.model_dump()
+        rendered = fill_strings(data, fill)
+        return self if rendered is data else type(self).model_validate(rendered)
 
 
 def unbatched(result: TriggerEvent | BaseException | None) -> TriggerEvent | None:
@@ -219,12 +263,6 @@ def unbatched(result: TriggerEvent | BaseException | None) -> TriggerEvent | Non
     if isinstance(result, BaseException):
         raise result
     return result
-
-
-def _lookup(values: Mapping[str, str], name: str) -> str:
-    if name not in values:
-        raise KeyError(f"unknown template variable {{{{ {name} }}}}; known: {', '.join(values)}")
-    return values[name]
 
 
 class TransientError(Exception):

@@ -8,8 +8,8 @@ stored within its lookback window in the transaction that registers it (see
 triggerer: only its timeout is held there, like every wait's.
 
 >>> t = EventTrigger(name="export.ready", match={"partner": "acme", "date": "{{ ds }}"})
->>> t.render({"ds": "2026-11-24"}).match["date"]
-'2026-11-24'
+>>> t.templates()  # rendered per run by the sensor (executor/templating.py)
+{'match.date': '{{ ds }}'}
 
 Matching is equality, on named top-level fields of the payload, of canonical JSON values:
 ``{"n": 1}`` matches ``1`` and not ``"1"`` nor ``true``. Each wait is keyed by a hash of its
@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from .base import _TEMPLATE, BaseTrigger, TriggerEvent, _lookup
+from .base import BaseTrigger, TriggerEvent, is_template
 from .context import TriggerContext
 from .limits import MAX_SERIALIZED_BYTES
 
@@ -151,7 +151,7 @@ class EventTrigger(BaseTrigger):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if "{{" in value:  # a template: checked once rendered
+        if is_template(value):  # checked once rendered
             return value
         return check_name(value)
 
@@ -178,11 +178,3 @@ class EventTrigger(BaseTrigger):
             f"{self.describe()} is settled by the event's sender and never checked: "
             "use it in mode='deferrable' (or ctx.defer), not in poke or reschedule mode"
         )
-
-    def render(self, values: Any) -> EventTrigger:
-        def fill(text: str) -> str:
-            return _TEMPLATE.sub(lambda m: _lookup(values, m.group(1)), text)
-
-        match = {k: fill(v) if isinstance(v, str) else v for k, v in self.match.items()}
-        return type(self).model_validate({**self.model_dump(), "name": fill(self.name),
-                                          "match": match})  # fmt: skip

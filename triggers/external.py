@@ -13,21 +13,18 @@ wait on SQLite are polled.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable, Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from .base import BaseTrigger, TriggerEvent
+from .base import BaseTrigger, TriggerEvent, is_template
 from .context import TriggerContext
 from .listing import on_grid
 from .push import PushInterest, PushSource, PushUnavailable, Wake
 
 RUNS_CHANNEL = "slotless_runs"  # the schema's run-state trigger notifies it
-
-_TEMPLATE = re.compile(r"\{\{.*\}\}")
 
 
 class ExternalDagRunTrigger(BaseTrigger):
@@ -55,7 +52,7 @@ class ExternalDagRunTrigger(BaseTrigger):
             return value.date().isoformat()
         if isinstance(value, date):
             return value.isoformat()
-        if isinstance(value, str) and not _TEMPLATE.search(value):
+        if isinstance(value, str) and not is_template(value):
             try:
                 return date.fromisoformat(value).isoformat()
             except ValueError:
@@ -82,7 +79,7 @@ class ExternalDagRunTrigger(BaseTrigger):
     @property
     def target_date(self) -> str:
         """The other run's logical date (raises if the template was never filled)."""
-        if _TEMPLATE.search(self.logical_date):
+        if is_template(self.logical_date):
             raise ValueError(
                 f"logical_date {self.logical_date!r} was not rendered: use this trigger "
                 "in a sensor (which fills '{{ ds }}') or pass a date"

@@ -8,8 +8,8 @@ the triggerer never checks it and only holds its timeout (taking the ``default``
 if there is one, when the timeout passes). It holds no worker slot while it waits.
 
 >>> a = Approval(subject="Publish {{ ds }}?", respondents=["alice"])
->>> a.render({"ds": "2026-11-24"}).subject
-'Publish 2026-11-24?'
+>>> a.templates()  # rendered per run by the sensor (executor/templating.py)
+{'subject': 'Publish {{ ds }}?'}
 >>> a.check_answer({"approve": True}).output()["approved"]
 True
 
@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from .base import _TEMPLATE, BaseTrigger, TriggerEvent, _lookup
+from .base import BaseTrigger, TriggerEvent, is_template
 from .context import TriggerContext
 from .events import payload_json
 
@@ -95,7 +95,7 @@ class PersonWait(BaseTrigger):
 
     @model_validator(mode="after")
     def _default_fits(self) -> PersonWait:
-        if self.default is not None and "{{" not in str(self.default):
+        if self.default is not None and not is_template(str(self.default)):
             try:
                 self.check_answer(self.default)
             except AnswerError as exc:
@@ -114,15 +114,6 @@ class PersonWait(BaseTrigger):
             f"{self.describe()} is answered by a person and never checked: use it in "
             "mode='deferrable' (the default), not in poke or reschedule mode"
         )
-
-    def render(self, values: Any) -> PersonWait:
-        def fill(text: str) -> str:
-            return _TEMPLATE.sub(lambda m: _lookup(values, m.group(1)), text)
-
-        data = self.model_dump()
-        data["subject"] = fill(self.subject)
-        data["body"] = fill(self.body)
-        return type(self).model_validate(data)
 
     def may_answer(self, who: str) -> bool:
         return not self.respondents or who in self.respondents

@@ -12,6 +12,8 @@ import time
 from urllib.parse import urlparse
 
 from ..driver.db import Database, Row, SchemaTooNew, Tx
+from .assets import Assets
+from .audit import Audit
 from .callbacks import Callbacks
 from .catalogue import Catalogue
 from .control import Runs
@@ -23,6 +25,7 @@ from .loglines import LogLines
 from .part import Clock
 from .people import Answers
 from .pools import Pools
+from .runlist import RunList
 from .waitlist import Waitlist
 
 DEFAULT_DB = "sqlite:///slotless.db"
@@ -30,6 +33,7 @@ DEFAULT_DB = "sqlite:///slotless.db"
 __all__ = [
     "DEFAULT_DB",
     "Answers",
+    "Audit",
     "Callbacks",
     "Catalogue",
     "Database",
@@ -66,6 +70,9 @@ class Store:
         self.grids = Grids(db, clock)  # a DAG's page: its grid and calendar
         self.waitlist = Waitlist(db, clock)  # the waits page: conditions grouped by poke hash
         self.loglines = LogLines(db, clock)  # a task's log after a cursor; running lines
+        self.assets = Assets(db, clock)  # asset events from outside, the assets listed
+        self.audit = Audit(db, clock)
+        self.runlist = RunList(db, clock)  # the runs list and a run's Gantt chart
 
     @property
     def url(self) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..driver.db import Row, Tx
 from ..errors import DagError
 from ..schedules import Schedule
+from .assets import catalogue_assets, forget_asset_dags
 from .part import Part
 from .pools import check_known
 from .runs import RunShape
@@ -34,6 +35,7 @@ class DeclaredDag:
     max_active_runs: int = 16
     start_when: str | None = None  # JSON [classpath, kwargs]: a start condition
     shape: str | None = None  # JSON: executor.store.runs.RunShape
+    assets: str | None = None  # JSON: executor.assets.declared (condition, outlets, watchers)
 
     def starts(self) -> tuple[object, ...]:
         """What decides when it starts: a change re-arms its start waits."""
@@ -121,10 +123,17 @@ class Catalogue(Part):
                     start_when=dag.start_when,
                     shape=dag.shape,
                 )
-                if before is None or before["parse_error"] or _row_starts(before) != dag.starts():
+                rewatch = await catalogue_assets(tx, dag.dag_id, dag.assets, now)
+                if (
+                    before is None
+                    or before["parse_error"]
+                    or _row_starts(before) != dag.starts()
+                    or rewatch  # its assets' watchers are start waits too
+                ):
                     await arm(tx, dag.dag_id, now)
             gone = await tx.fetch("undeclared_dags", file=path, keep=[d.dag_id for d in kept])
             await disarm(tx, [r["dag_id"] for r in gone])
+            await forget_asset_dags(tx, [r["dag_id"] for r in gone])
             await tx.execute("delete_undeclared_dags", file=path, keep=[d.dag_id for d in kept])
         return error
 
@@ -135,6 +144,7 @@ class Catalogue(Part):
         async with self.db.write() as tx:
             gone = await tx.fetch("dags_of_files", paths=list(paths))
             await disarm(tx, [r["dag_id"] for r in gone])
+            await forget_asset_dags(tx, [r["dag_id"] for r in gone])
             await tx.execute("delete_dags_of_files", paths=list(paths))
             await tx.execute("delete_dag_files", paths=list(paths))
 

@@ -58,6 +58,7 @@ from .part import Part
 from .pools import check_known
 from .runs import NewRun, RunShape, StartedRun, insert_run, manual_run_key, new_run_id
 from .starts import StartSpec
+from .values import forget_instance_values, forget_values, with_setups
 
 if TYPE_CHECKING:
     from ..dag import DAG
@@ -195,6 +196,10 @@ class Runs(Part):
             picked = graph.select(task_ids, downstream=downstream, upstream=upstream)
             if failed_only:
                 picked = [t for t in picked if graph.tasks[t].state in _FAILED]
+            # Their setups and those setups' teardowns come back with them (Airflow 3's).
+            picked = graph.order(
+                await with_setups(tx, run_id, picked, graph.parents, graph.children)
+            )
             why = _why("cleared", who, reason)
             cleared = await _clear(tx, graph, picked, force=force, why=why, now=now)
             return Done(run_id, await _run_state(tx, run_id), cleared)
@@ -397,6 +402,7 @@ async def _clear(
             await _release(tx, [m.id for m in moved], held, now)
     ids = [graph.tasks[t].id for t in picked]
     await tx.execute("reset_cleared", ids=ids, now=now)
+    await forget_values(tx, ids)  # ctx.push's, with the outputs
     # Counted again from the parents' states: the cleared tasks and their children.
     affected = set(picked) | {c for t in picked for c in graph.children[t]}
     recount = [graph.tasks[t].id for t in affected]
@@ -439,7 +445,9 @@ async def _release(tx: Tx, ids: Sequence[int], rows: Sequence[Row], now: float) 
 
 
 async def _drop_instances(tx: Tx, run_id: str, task_ids: Sequence[str]) -> None:
-    """Forget a mapped task's instances (and their logs): it expands again when it runs."""
+    """Forget a mapped task's instances (their logs, their values): it expands again
+    when it runs."""
+    await forget_instance_values(tx, run_id, task_ids)
     await tx.execute("delete_instance_events", run_id=run_id, task_ids=list(task_ids))
     await tx.execute("delete_instances", run_id=run_id, task_ids=list(task_ids))
 

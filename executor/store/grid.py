@@ -211,8 +211,39 @@ class DagPageView:
     calendar: Calendar | None
 
 
+@_typed
+@dataclass(frozen=True, slots=True)
+class TaskRunTime(_FromRow):
+    """One task in one of its DAG's runs: a bar of the task page's durations chart."""
+
+    run_id: str
+    logical_date: str
+    logical_time: str | None
+    timezone: str | None
+    data_interval_end: str | None
+    state: str
+    started_at: float | None
+    ended_at: float | None
+
+    def seconds(self, now: float) -> float | None:
+        """How long it ran (so far, if it runs); None if it never started."""
+        if self.started_at is None:
+            return None
+        return (self.ended_at if self.ended_at is not None else now) - self.started_at
+
+
 class Grids(Part):
     """A DAG's runs as a grid and a calendar: nothing here writes."""
+
+    async def task_durations(
+        self, run_id: str, task_id: str, map_index: int = -1, n: int = RUNS_SHOWN
+    ) -> list[TaskRunTime]:
+        """``task_id`` in the ``n`` newest runs of ``run_id``'s DAG, oldest first."""
+        async with self.db.read() as tx:
+            rows = await tx.fetch(
+                "task_durations", run_id=run_id, task_id=task_id, map_index=map_index, n=n
+            )
+        return TaskRunTime.all(rows)[::-1]
 
     async def grid(
         self,
@@ -224,12 +255,12 @@ class Grids(Part):
         """``n`` runs of ``dag_id`` (at most :data:`MAX_RUNS`), the newest or those created
         just before ``before``, and their tasks; None if the DAG is neither catalogued nor
         ever ran. ``expand``: mapped tasks to show one row per map index."""
-        async with self.db.read() as tx:
+        async with self.db.snapshot() as tx:
             return await self._grid(tx, dag_id, n, before, expand)
 
     async def calendar(self, dag_id: str) -> Calendar | None:
         """A year of ``dag_id``'s runs by logical date; None for an unknown DAG."""
-        async with self.db.read() as tx:
+        async with self.db.snapshot() as tx:
             dag = await tx.fetchone("grid_dag", dag_id=dag_id)
             if dag is None and await tx.fetchone("grid_dag_has_runs", dag_id=dag_id) is None:
                 return None
@@ -245,7 +276,7 @@ class Grids(Part):
         calendar: bool = True,
     ) -> DagPageView | None:
         """The grid and (``calendar``) the calendar of a DAG's page, in one read."""
-        async with self.db.read() as tx:
+        async with self.db.snapshot() as tx:
             grid = await self._grid(tx, dag_id, n, before, expand)
             if grid is None:
                 return None

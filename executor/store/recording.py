@@ -23,8 +23,10 @@ from ..outcomes import (
 )
 from ..statemachine import retry_or_fail, transition
 from ..states import State
+from .assets import NewAssetEvent, record_asset_events
 from .events import look_back, register_waits
 from .people import PERSON_KEY, request_made
+from .values import write_values
 
 
 async def record_outcomes(tx: Tx, outcomes: list[Outcome], now: float) -> None:
@@ -54,9 +56,23 @@ async def record_outcomes(tx: Tx, outcomes: list[Outcome], now: float) -> None:
             carry=Outputs({o.row_id: o.output_json for o in group}),
         )
         recorded = {row.id for row in moved}
+        # ctx.push's values with the SUCCESS that keeps them: a stale report moved nothing.
+        await write_values(
+            tx, {o.row_id: o.values for o in group if o.values and o.row_id in recorded}
+        )
         for o in group:
             if o.skip_children and o.row_id in recorded:
                 await _skip_branches(tx, o, now)
+        # Its outlets' events, with the SUCCESS that records them (a stale report moved
+        # nothing, so it records none): they may start the DAGs scheduled on them.
+        produced = [
+            NewAssetEvent(uri, "task", extra, run_id=o.run_id, task_id=task_id)
+            for o in group
+            if o.row_id in recorded
+            for task_id, uri, extra in o.asset_events
+        ]
+        if produced:
+            await record_asset_events(tx, produced, now)
     for o in outcomes:
         if isinstance(o, Failed):
             await retry_or_fail(

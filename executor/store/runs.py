@@ -26,7 +26,7 @@ from ..driver.db import Tx
 from ..mapping import decode
 from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
-from ..rules import Counts, Decision, decide
+from ..rules import Counts, Decision, Node, decide, leaf_kinds
 from ..runnames import RunType, logical_time_text, midnight, offset_text, wall_text
 from ..runpolicy import RunPolicy, anchor, late_json, moment
 from ..runwaits import Wait, arm, waits_of
@@ -63,6 +63,14 @@ class TaskShape:
     queue: str = "default"
     hooks: int = 0  # which events write a callback row (executor.notifications.task_mask)
     expected_by: str | None = None  # a sensor's expected_by, HH:MM:SS (executor/runpolicy.py)
+    # 'setup', 'teardown' or None, and whether a teardown's failure fails the run
+    # (executor/rules.py: leaf_kinds); shapes stored before read as plain tasks.
+    role: str | None = None
+    fails_run: bool = False
+
+    @property
+    def node(self) -> Node:
+        return Node(self.task_id, self.parents, self.role == "teardown" and not self.fails_run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +117,8 @@ class RunShape:
                     s.queue,
                     task_mask(s.hooks, dag.hooks),
                     s.sensor.expected_by if s.sensor is not None else None,
+                    "setup" if s.setup else "teardown" if s.teardown else None,
+                    s.on_failure_fail_run,
                 )
                 for s in dag.tasks.values()
             ),
@@ -181,6 +191,8 @@ def shape_parts(text: str) -> tuple[tuple[TaskShape, ...], int, RunPolicy]:
 def _fields(t: TaskShape) -> tuple[Any, ...]:
     out = (t.task_id, t.parents, t.trigger_rule, t.priority, t.expand_from, t.map_cap,
            t.max_attempts, t.pool, t.pool_slots, t.queue, t.hooks)  # fmt: skip
+    if t.role is not None:  # the fields after hooks are written only when set
+        return (*out, t.expected_by, t.role, t.fails_run)
     return out if t.expected_by is None else (*out, t.expected_by)
 
 
@@ -336,14 +348,14 @@ async def insert_runs(
             new_run = {**row, "deadline_missed_at": None}
             waits += waits_of(new_run, now, times=True, timeout=going)
         waits_for = {t.task_id: row_parents(t) for t in shape.tasks}
-        has_children = {p for ps in waits_for.values() for p in ps}
+        kinds = _leaf_kinds(shape.tasks)
         going = state == RunState.RUNNING.value
         for t in shape.tasks:
             ready = going and _runs_at_once(t, len(waits_for[t.task_id]))
             if ready and t.expand_from:
                 to_expand.append(run_id)  # expanding reads its upstream: the state machine's
                 ready = False
-            row = _task_row(run_id, t, t.task_id not in has_children, ready, now)
+            row = _task_row(run_id, t, kinds[t.task_id], ready, now)
             tasks.append({**row, "n_parents": len(waits_for[t.task_id])})
         edges += [
             {"run_id": run_id, "parent": parent, "child": t.task_id}
@@ -413,13 +425,21 @@ async def _states(tx: Tx, requests: Sequence[tuple[RunShape, NewRun]]) -> list[R
     return states
 
 
-def _task_row(run_id: str, t: TaskShape, is_leaf: bool, ready: bool, now: float) -> dict[str, Any]:
+@functools.lru_cache(maxsize=1024)
+def _leaf_kinds(tasks: tuple[TaskShape, ...]) -> Mapping[str, int]:
+    """Each task's is_leaf (executor/rules.py): the runs of one shape share it. Leaves
+    as the rows see them: a mapped group's task is a parent of its children in the group
+    per index, not as a row (:func:`row_parents`)."""
+    return leaf_kinds(Node(t.task_id, row_parents(t), t.node.quiet) for t in tasks)
+
+
+def _task_row(run_id: str, t: TaskShape, is_leaf: int, ready: bool, now: float) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "task_id": t.task_id,
         "trigger_rule": t.trigger_rule,
         "priority": t.priority,
-        "is_leaf": int(is_leaf),
+        "is_leaf": is_leaf,
         "expand_from": t.expand_from,
         "map_cap": t.map_cap,
         "max_attempts": t.max_attempts,
@@ -430,4 +450,5 @@ def _task_row(run_id: str, t: TaskShape, is_leaf: bool, ready: bool, now: float)
         "pool_slots": t.pool_slots,
         "queue": t.queue,
         "hooks": t.hooks,
+        "role": t.role,
     }

@@ -119,17 +119,17 @@ class TriggererHistory:
 class Waitlist(Part):
     async def conditions(self, f: WaitFilter) -> WaitList:
         """A page of the conditions waited on now (see the module's docstring)."""
-        async with self.db.read() as tx:
+        async with self.db.snapshot() as tx:
             return await self._conditions(tx, f)
 
     async def triggerers(self) -> list[TriggererHistory]:
         """Every triggerer listed or sampled in the last hour, with its samples in time order."""
-        async with self.db.read() as tx:
+        async with self.db.snapshot() as tx:
             return await self._triggerers(tx)
 
     async def page(self, f: WaitFilter) -> tuple[WaitList, list[TriggererHistory]]:
         """Both, read in one transaction (the page shows one moment)."""
-        async with self.db.read() as tx:
+        async with self.db.snapshot() as tx:
             return await self._conditions(tx, f), await self._triggerers(tx)
 
     async def _conditions(self, tx: Tx, f: WaitFilter) -> WaitList:

@@ -78,3 +78,15 @@ SELECT 1 AS found FROM dag_run WHERE dag_id = :dag_id LIMIT 1;
 SELECT logical_date AS day, state, count(*) AS n FROM dag_run
 WHERE dag_id = :dag_id AND logical_date >= :since AND logical_date <= :until
 GROUP BY logical_date, state;
+
+-- name: task_durations
+-- One task of a DAG over its :n newest runs (newest first), found from one of its runs:
+-- the task page's durations chart. By dag_run (dag_id, created_at, run_id) (022), then
+-- each run's task row by its unique (run_id, task_id, map_index).
+SELECT r.run_id, r.logical_date, r.logical_time, r.timezone, r.data_interval_end,
+       t.state, t.started_at, t.ended_at
+FROM dag_run r
+JOIN task t ON t.run_id = r.run_id AND t.task_id = :task_id AND t.map_index = :map_index
+WHERE r.dag_id = (SELECT dag_id FROM dag_run WHERE run_id = :run_id)
+ORDER BY r.created_at DESC, r.run_id DESC
+LIMIT :n;

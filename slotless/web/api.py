@@ -9,10 +9,14 @@ from (:func:`openapi`), so the document cannot drift from what is enforced. A fr
 for the same five routes.
 
 Writes need ``Authorization: Bearer TOKEN``, one of the tokens ``slotless ui --token``
-(or $SLOTLESS_UI_TOKEN) was given, as ``NAME:TOKEN`` pairs (:mod:`.auth`); every token is
-compared in constant time, and the token's name is who the write is recorded as. Without
-a token configured the API is read-only. A bearer token is never sent by a browser on its
-own, so the API needs no CSRF token (the page's forms, which use a cookie, do).
+(or $SLOTLESS_UI_TOKEN) was given, as ``NAME:ROLE:SECRET`` entries (:mod:`.auth`); every
+token is compared in constant time, its role must be at least the one its route's action
+needs (:data:`slotless.roles.NEEDS`; 403 otherwise, naming both), and the token's name is
+who the write is recorded as, in the task and run log and in the audit list (one row per
+write, refused ones too, written right after it: :mod:`executor.store.audit`). Reads are
+open, but the audit list's, which needs a viewer's token. Without a token configured the
+API is read-only. A bearer token is never sent by a browser on its own, so the API needs
+no CSRF token (the page's forms, which use a cookie, do).
 
 Every error is JSON: ``{"error": "...", "field": "payload", "errors": [...]}``, ``field``
 naming what was wrong (a body field as ``events[3].payload``, a path or query parameter
@@ -29,7 +33,8 @@ same check every way in meets (:func:`triggers.limits.check_json_value`): nested
         comment: str = ""
 
     @route("POST", "/runs/{run_id}/tasks/{task_id}/response", body=ResponseIn,
-           response=ResponseOut, write=True, status=201, summary="Answer a person's wait")
+           response=ResponseOut, write=True, action="respond", status=201,
+           summary="Answer a person's wait")       # action: its line in roles.NEEDS
     async def respond(call: Call) -> ResponseOut:
         answer = call.body(ResponseIn)           # validated; a bad field is a 400 naming it
         ...                                       # call.who: the token's name
@@ -71,6 +76,7 @@ from triggers.limits import (
 )
 from triggers.people import MAX_COMMENT, AnswerError
 
+from ..roles import Role, Token, needs, refusal
 from ..trigger import DagPaused, trigger_run
 from .auth import Auth
 
@@ -163,7 +169,7 @@ class RunIn(_Model):
     run_key: str | None = Field(default=None, min_length=1, max_length=2048)
 
 
-RunTypeName = Literal["scheduled", "manual", "backfill", "event"]  # executor.runnames.RunType
+RunTypeName = Literal["scheduled", "manual", "backfill", "event", "asset"]  # runnames.RunType
 _LOGICAL_TIME = Field(
     description="the run's logical instant, ISO 8601 in UTC: a schedule's run, its "
     "interval's start; else midnight of its logical date on the DAG's clock (null: a run "
@@ -238,12 +244,14 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Call:
-    """One request to a route: the store, the raw request, who made it (writes only)."""
+    """One request to a route: the store, the raw request, who made it (the token's name,
+    on a route with an action), the token's role."""
 
     request: web.Request
     store: Store
     who: str | None
     raw: Any = None  # the parsed JSON body
+    role: Role | None = None
 
     def param(self, name: str) -> str:
         return self.request.match_info[name]
@@ -271,9 +279,21 @@ class Route:
     status: int = 200
     query: dict[str, str] = field(default_factory=dict)  # name -> description
     errors: tuple[int, ...] = ()
+    # The action's name in slotless.roles.NEEDS: the route needs a token whose role is at
+    # least the table's. Every write has one (its handler's name unless given); a read
+    # with one needs a token too (the audit list).
+    action: str | None = None
+
+    @property
+    def needs(self) -> Role | None:
+        """The role the route needs, or None: a read open to anyone."""
+        return needs(self.action) if self.action is not None else None
 
 
 ROUTES: list[Route] = []
+# A write's action is its handler's name, but where the page's name for the same write
+# differs: both are one line of slotless.roles.NEEDS and one name in the audit list.
+_SAME_AS_THE_PAGE = {"start_run": "trigger"}
 
 
 def route(
@@ -287,15 +307,20 @@ def route(
     status: int = 200,
     query: dict[str, str] | None = None,
     errors: tuple[int, ...] = (),
+    action: str | None = None,
 ) -> Callable[[Handler], Handler]:
-    """Register ``method PREFIX+path``; its models go into the OpenAPI document."""
+    """Register ``method PREFIX+path``; its models go into the OpenAPI document. A write's
+    ``action`` (default: the handler's name) is its line in :data:`slotless.roles.NEEDS`."""
 
     def register(handler: Handler) -> Handler:
+        default = _SAME_AS_THE_PAGE.get(handler.__name__, handler.__name__)
+        named = action or (default if write else None)
         ROUTES.append(
             Route(
-                method, path, handler, summary, response, body, write, status, query or {}, errors
+                method, path, handler, summary, response, body, write, status, query or {},
+                errors, named,
             )
-        )
+        )  # fmt: skip
         return handler
 
     return register
@@ -519,6 +544,51 @@ async def needs_you(call: Call) -> tuple[int, BaseModel]:
     )  # fmt: skip
 
 
+# ------------------------------------------------------------------------- the audit list
+
+
+class AuditOut(_Model):
+    """One write through the page (``via: web``) or the API (``api``), under its token's
+    name and role then; ``outcome`` ``refused``: nothing was changed."""
+
+    id: int
+    ts: float
+    who: str
+    role: str
+    via: str
+    action: str
+    target: str
+    detail: JsonValue
+    outcome: str
+
+
+class AuditListOut(_Model):
+    entries: list[AuditOut]
+
+
+@route(
+    "GET", "/audit", summary="Who did what: the audit list, newest first",
+    response=AuditListOut, action="audit", errors=(400, 401, 403),
+    query={"since": "only rows at or after this time (epoch seconds, default 0)",
+           "limit": "how many (1-1000, default 100)"},
+)  # fmt: skip
+async def list_audit(call: Call) -> tuple[int, BaseModel]:
+    text = call.request.query.get("since", "0")
+    try:
+        since = float(text)
+    except ValueError:
+        since = float("nan")
+    if since != since or since in (float("inf"), float("-inf")):  # NaN or infinite
+        raise ApiError(400, "since must be a time in epoch seconds", "since")
+    limit = _int_query(call, "limit", 100, 1, 1000)
+    rows = await call.store.audit.since(since, limit)
+    return 200, AuditListOut(entries=[
+        AuditOut(id=r.id, ts=r.ts, who=r.who, role=r.role, via=r.via, action=r.action,
+                 target=r.target, detail=r.detail, outcome=r.outcome)
+        for r in rows
+    ])  # fmt: skip
+
+
 def add_api(app: web.Application, store: Store, auth: Auth, parse_timeout: float) -> None:
     """Mount ``/api/v1`` (every route in :data:`ROUTES` and the OpenAPI document) on ``app``."""
     api = web.Application(middlewares=[_json_errors])
@@ -531,39 +601,115 @@ def add_api(app: web.Application, store: Store, auth: Auth, parse_timeout: float
 
 def _serve(r: Route, store: Store, auth: Auth) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
-        who = _authorize(request, auth) if r.write else None
-        raw = None
-        if r.body is not None:
-            if request.content_type != "application/json":
-                raise ApiError(
-                    415,
-                    f"the body must be JSON sent as Content-Type: application/json, not "
-                    f"{request.content_type[:60]!r}",
-                    "Content-Type",
-                )
-            raw = await _read_json(request)
-        status, out = await r.handler(Call(request, store, who, raw))
-        return _respond(status, out.model_dump(mode="json"))
+        token = await _authorize(request, auth, r, store) if r.action is not None else None
+        call = Call(request, store, token.name if token else None,
+                    role=token.role if token else None)  # fmt: skip
+        if token is None or not r.write:
+            return await _run(r, call)
+        try:
+            response = await _run(r, call)
+        except ApiError as exc:  # refused: nothing was changed
+            await _audit(call, token, r, "refused", {"status": exc.status, "error": str(exc)})
+            raise
+        except Exception as exc:  # a 500; the store's transaction rolled back
+            await _audit(call, token, r, "refused", {"error": f"{type(exc).__name__}: {exc}"})
+            raise
+        await _audit(call, token, r, "ok", {"status": response.status, **_outline(response)})
+        return response
 
     return handle
 
 
-def _authorize(request: web.Request, auth: Auth) -> str:
+async def _run(r: Route, call: Call) -> web.Response:
+    raw = None
+    if r.body is not None:
+        request = call.request
+        if request.content_type != "application/json":
+            raise ApiError(
+                415,
+                f"the body must be JSON sent as Content-Type: application/json, not "
+                f"{request.content_type[:60]!r}",
+                "Content-Type",
+            )
+        raw = await _read_json(request)
+    call = Call(call.request, call.store, call.who, raw, call.role)
+    status, out = await r.handler(call)
+    return _respond(status, out.model_dump(mode="json"))
+
+
+async def _authorize(request: web.Request, auth: Auth, r: Route, store: Store) -> Token:
+    """The request's token, if its role may use route ``r``; otherwise the ApiError to
+    answer (401 no or a wrong token, 403 read-only or a role below the route's), one log
+    line, and for a known token's refusal its audit row."""
     if not auth.enabled:
         raise ApiError(
             403,
-            "the API is read-only: start `slotless ui` with --token NAME:TOKEN to allow writes",
+            "the API is read-only: start `slotless ui` with --token NAME:ROLE:SECRET to allow "
+            "writes and the audit list",
             "Authorization",
         )
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
     if not header:
         raise ApiError(401, "missing Authorization: Bearer TOKEN", "Authorization")
-    who = auth.who(given.strip()) if scheme.lower() == "bearer" else None
-    if who is None:
-        log.warning("API: refused a write to %s from %s: wrong token", request.path, request.remote)
+    token = auth.token(given.strip()) if scheme.lower() == "bearer" else None
+    if token is None:
+        log.warning("API: refused %s %s from %s: wrong token", request.method, request.path,
+                    request.remote)  # fmt: skip
         raise ApiError(401, "wrong token (expected Authorization: Bearer TOKEN)", "Authorization")
-    return who
+    assert r.action is not None and r.needs is not None
+    if token.role < r.needs:
+        why = refusal(r.action, token.name, token.role)
+        log.warning("API: refused %s %s from %s: %s", request.method, request.path,
+                    request.remote, why)  # fmt: skip
+        if r.write:
+            await _audit(Call(request, store, token.name), token, r, "refused",
+                         {"status": 403, "error": why})  # fmt: skip
+        raise ApiError(403, why, "Authorization")
+    return token
+
+
+def _target(request: web.Request) -> str:
+    """What a route is done to, as the audit list names it (as the page's forms do)."""
+    m = request.match_info
+    if "run_id" in m and "task_id" in m:
+        return f"task:{m['run_id']}/{m['task_id']}"
+    for key, kind in (("run_id", "run"), ("dag_id", "dag")):
+        if key in m:
+            return f"{kind}:{m[key]}"
+    return ""
+
+
+def _outline(response: web.Response) -> dict[str, Any]:
+    """What an audit row keeps of a write's answer: the ids it names, not its payloads."""
+    try:
+        data = json.loads(response.text or "null")
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    kept: dict[str, Any] = {
+        k: data[k] for k in ("run_id", "run_key", "state", "created") if k in data
+    }
+    if isinstance(data.get("events"), list):
+        kept["events"] = [{"id": e.get("id"), "name": e.get("name")}
+                          for e in data["events"][:50] if isinstance(e, dict)]  # fmt: skip
+    return kept
+
+
+async def _audit(
+    call: Call, token: Token, r: Route, outcome: Literal["ok", "refused"], detail: dict[str, Any]
+) -> None:
+    """One audit row; a row that cannot be written is one log line (the write it records
+    has happened, or was refused, already)."""
+    assert r.action is not None
+    try:
+        await call.store.audit.record(
+            who=token.name, role=str(token.role), via="api", action=r.action,
+            target=_target(call.request), detail=detail, outcome=outcome,
+        )  # fmt: skip
+    except Exception:
+        log.exception("could not record %s by %s in the audit list", r.action, token.name)
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -681,8 +827,9 @@ def openapi() -> dict[str, Any]:
                 "required": True,
                 "content": {"application/json": {"schema": schema}},
             }
-        if r.write:
+        if r.needs is not None:
             op["security"] = [{"bearer": []}]
+            op["description"] = f"Needs a token whose role is {r.needs} or above."
         for status in r.errors:
             op["responses"][str(status)] = {"description": _REASONS.get(status, "error"),
                 "content": {"application/json": {"schema": ref(ErrorOut)}}}  # fmt: skip
@@ -702,7 +849,8 @@ def openapi() -> dict[str, Any]:
 _REASONS = {
     400: "bad input: the error names the field",
     401: "no token, or a wrong one",
-    403: "the API is read-only (no token configured)",
+    403: "the API is read-only (no token configured), or the token's role is below the "
+    "route's (the error names both)",
     404: "no such DAG, run or event",
     409: "a conflict: the DAG is paused or its file is broken",
     413: "a payload over 64 KiB, or a body over the batch limit",

@@ -26,11 +26,12 @@ from aiohttp import web
 
 from executor.store import Store
 
+from ..roles import needs, refusal
 from ..status import collect
 from ..views import task_name
 from . import logs_page, pages
 from . import people as people_page
-from .actions import ACTIONS, Act, Refused
+from .actions import ACTIONS, PENDING, Act, Refused, audit, page_action
 from .api import MAX_BODY, add_api
 from .auth import Auth, Session, clear_cookie, csrf_ok, set_cookie
 from .keys import AUTH, LIVE, NEEDS, SETTINGS, STORE
@@ -85,7 +86,14 @@ def make_app(
     return app
 
 
+# A filter given to the run list (the DAG page's calendar links /?dag=X&from=D&to=D) is
+# the runs page's: the URL keeps its query there, so a shared link still filters.
+RUN_FILTERS = ("dag", "state", "type", "from", "to", "q")
+
+
 async def index(request: web.Request) -> web.Response:
+    if not polled(request) and any(k in request.query for k in RUN_FILTERS):
+        raise web.HTTPSeeOther(f"/runs?{request.query_string}")
     try:
         limit = max(1, min(1000, int(request.query.get("limit", request.app[SETTINGS]["runs"]))))
     except ValueError:
@@ -121,8 +129,10 @@ async def task(request: web.Request) -> web.Response:
         name = task_name(task_id, index)
         return _not_found(request, f"Run {run_id!r} has no task {name!r}.")
     view = pages.task_view(d)
-    if not polled(request):  # the log viewer is outside the live block: drawn once, then fed
+    if not polled(request):  # outside the live block: the log viewer is drawn once, then fed
         view.ctx["log"] = await logs_page.read_log_stream(store, run_id, task_id, index)
+        times = await store.grids.task_durations(run_id, task_id, index)
+        view.ctx["durations"] = pages.durations(times, task_id, index, store.clock())
     return respond(request, view)
 
 
@@ -156,7 +166,7 @@ async def login(request: web.Request) -> web.Response:
     if session is None:
         why = "writes are off (no token)" if not auth.enabled else "wrong token"
         return _refused(request, why, pages.login_view(auth.enabled, "/", wrong=auth.enabled))
-    session.flash = ("ok", "signed in: this page can now pause and trigger")
+    session.flash = ("ok", f"signed in as {session.who}, {session.role.article}")
     response = web.HTTPSeeOther(_back(form.get("back")))
     set_cookie(response, request, session)
     return response
@@ -173,8 +183,9 @@ async def logout(request: web.Request) -> web.Response:
 
 
 async def act(request: web.Request) -> web.Response:
-    """``POST /actions/<name>``: checked (:func:`_checked`), the action's handler run, then a
-    303 back to the page the form was on, its message flashed there."""
+    """``POST /actions/<name>``: checked (:func:`_checked`: signed in, the CSRF token, the
+    session's role against the action's), the action's handler run, its audit row written,
+    then a 303 back to the page the form was on, its message flashed there."""
     session = await _checked(request)
     if isinstance(session, web.Response):
         return session
@@ -183,7 +194,10 @@ async def act(request: web.Request) -> web.Response:
     if handler is None:
         raise web.HTTPNotFound()
     form = await request.post()
-    a = Act(request, request.app[STORE], form, request.app[SETTINGS]["parse_timeout"], session.who)
+    store = request.app[STORE]
+    request.pop(PENDING, None)  # recorded here, with the handler's message
+    a = Act(request, store, form, request.app[SETTINGS]["parse_timeout"], session.who,
+            session.role)  # fmt: skip
     try:
         session.flash, session.form = ("ok", await handler(a)), {}
     except Refused as exc:
@@ -195,21 +209,36 @@ async def act(request: web.Request) -> web.Response:
     except Exception as exc:
         log.exception("action %s failed", name)
         session.flash = ("error", f"{name} failed: {type(exc).__name__}: {exc}")
+    kind, said = session.flash
+    await audit(store, session.who, session.role, name, form, kind, said)
     raise web.HTTPSeeOther(_back(form.get("back")))
 
 
 async def _checked(request: web.Request) -> Session | web.Response:
-    """The signed-in session of a POST whose CSRF token is good for its path; otherwise the
-    403 to answer (and one log line), before anything is done."""
+    """The signed-in session of a POST whose CSRF token is good for its path and whose role
+    may do its action (:func:`.actions.page_action`: every page write passes here, the
+    actions and the trigger form alike); otherwise the 403 to answer (one log line, and for
+    a role too low an audit row), before anything is done. A write let through is recorded
+    in the audit list once its answer is known (:func:`.actions.record_pending`), unless
+    its handler recorded it (``act`` does, with its message)."""
     auth = request.app[AUTH]
     if not auth.enabled:
         return _refused(request, "writes are off (no token)")
     session = auth.session(request)
     if session is None:
         return _refused(request, "not signed in")
-    given = (await request.post()).get("csrf")
+    form = await request.post()
+    given = form.get("csrf")
     if not isinstance(given, str) or not csrf_ok(session, request.path, given):
         return _refused(request, "missing or wrong CSRF token")
+    action = page_action(request)
+    if session.role < needs(action):
+        why = refusal(action, session.who, session.role)
+        await audit(request.app[STORE], session.who, session.role, action, form, "refused",
+                    why, request.match_info)  # fmt: skip
+        return _refused(request, why)
+    if action != "logout":
+        request[PENDING] = (session, action)
     return session
 
 

@@ -1,4 +1,4 @@
-"""Who may write through the web page: one operator token, sessions, per-form CSRF tokens.
+"""Who may write through the web page: named tokens with roles, sessions, CSRF tokens.
 
 Writes are off unless the page was started with a token (``--token`` or
 $SLOTLESS_UI_TOKEN). The operator signs in once with it (compared in constant time); the
@@ -13,11 +13,14 @@ Every write is a POST carrying a CSRF token: an HMAC, keyed by a random per-sess
 of the form's action (its path), compared in constant time. A form's token is good for
 that action only, in that session only.
 
-**Named tokens.** The token may be a comma-separated list of ``NAME:TOKEN`` pairs (a bare
-token is named ``operator``), so that what an operator does records who did it: the web
-session keeps the name, and the JSON API (``Authorization: Bearer TOKEN``, :mod:`.api`)
-hands it to its handlers. Every token is compared, in constant time, on every check, so
-the time taken says nothing about which token nearly matched.
+**Named tokens, with roles.** The token may be a comma-separated list of
+``NAME:ROLE:SECRET`` (or ``NAME:SECRET``, an operator; a bare secret is an operator named
+``operator``): :mod:`slotless.roles` parses it and holds the one table of the role each
+write needs. The web session keeps the token's name and role, and the JSON API
+(``Authorization: Bearer TOKEN``, :mod:`.api`) hands both to its handlers: what is done is
+recorded under the name, and refused (403) to a role below the action's. Every token is
+compared, in constant time, on every check, so the time taken says nothing about which
+token nearly matched.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+from ..roles import Role, Token, needs, parse_tokens
+
+__all__ = ["Auth", "Role", "Session", "Token", "Writes", "parse_tokens"]
 
 COOKIE = "slotless_session"
 SESSION_TTL = 12 * 3600.0  # seconds a session lasts without being used
@@ -44,6 +51,7 @@ class Session:
     flash: tuple[str, str] | None = None  # (kind: "ok" | "error", message), shown once
     form: dict[str, str] = field(default_factory=dict)  # what a refused form held
     who: str = "operator"  # the name of the token it signed in with
+    role: Role = Role.OPERATOR  # that token's role
 
 
 @dataclass(frozen=True)
@@ -58,29 +66,15 @@ class Writes:
         assert self.session is not None
         return csrf_token(self.session, action)
 
-
-def parse_tokens(text: str | None) -> dict[str, str]:
-    """``"alice:s3cret,bob:0ther"`` -> {name: token}; a bare token is named ``operator``.
-    A malformed list is a :class:`ValueError` naming the entry (never the token)."""
-    tokens: dict[str, str] = {}
-    for i, entry in enumerate(e.strip() for e in (text or "").split(",")):
-        if not entry:
-            continue
-        name, sep, token = entry.partition(":")
-        if not sep:
-            name, token = "operator", entry
-        if not name.strip() or not token or name.strip() in tokens:
-            raise ValueError(
-                f"token entry {i + 1}: expected NAME:TOKEN with a unique, non-empty name "
-                "and a non-empty token"
-            )
-        tokens[name.strip()] = token
-    return tokens
+    def can(self, action: str) -> bool:
+        """Whether the signed-in session's role may do ``action`` (a name of
+        :data:`slotless.roles.NEEDS`): a page draws the forms of those it may, only."""
+        return self.enabled and self.session is not None and self.session.role >= needs(action)
 
 
 class Auth:
     def __init__(self, token: str | None, clock: Callable[[], float] = time.monotonic) -> None:
-        self._tokens = {name: t.encode() for name, t in parse_tokens(token).items()}
+        self._tokens = {t.secret.encode(): t for t in parse_tokens(token).values()}
         self._token = b"" if self._tokens else None  # writes are on when any token is set
         self._clock = clock
         self._sessions: dict[str, Session] = {}
@@ -89,18 +83,24 @@ class Auth:
     def enabled(self) -> bool:
         return self._token is not None
 
-    def who(self, given: str) -> str | None:
-        """The name of the token ``given`` is, or None; every token compared in constant time."""
+    def token(self, given: str) -> Token | None:
+        """The token ``given`` is (its name and role), or None; every token compared in
+        constant time."""
         found = None
-        for name, token in self._tokens.items():
-            if hmac.compare_digest(given.encode(), token):
-                found = name
+        for secret, token in self._tokens.items():
+            if hmac.compare_digest(given.encode(), secret):
+                found = token
         return found
+
+    def who(self, given: str) -> str | None:
+        """The name of the token ``given`` is, or None."""
+        token = self.token(given)
+        return token.name if token is not None else None
 
     def login(self, given: str) -> Session | None:
         """A new session when ``given`` is a token; None otherwise (or writes are off)."""
-        who = self.who(given) if self._token is not None else None
-        if who is None:
+        token = self.token(given) if self._token is not None else None
+        if token is None:
             return None
         now = self._clock()
         for sid in [s.id for s in self._sessions.values() if s.expires < now]:
@@ -108,7 +108,11 @@ class Auth:
         while len(self._sessions) >= MAX_SESSIONS:
             del self._sessions[next(iter(self._sessions))]
         session = Session(
-            secrets.token_urlsafe(32), secrets.token_bytes(32), now + SESSION_TTL, who=who
+            secrets.token_urlsafe(32),
+            secrets.token_bytes(32),
+            now + SESSION_TTL,
+            who=token.name,
+            role=token.role,
         )
         self._sessions[session.id] = session
         return session

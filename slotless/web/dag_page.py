@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
 from aiohttp import web
+from markupsafe import Markup, escape
 from pydantic import BaseModel
 
 from executor.loader import DagImportError
@@ -50,9 +51,10 @@ from triggers.limits import storable_text
 from ..schedule_shown import ScheduleShown, schedule_shown
 from ..status import human_seconds
 from ..trigger import import_dag
+from .charts import Bar, Chart, bar_chart
 from .graph import STATE_ORDER
 from .keys import AUTH, LIVE, SETTINGS, STORE
-from .render import View, dag_href, run_href, task_href, with_query
+from .render import MARKS, View, dag_href, run_href, task_href, with_query
 from .respond import polled, respond
 
 log = logging.getLogger("slotless.web")
@@ -194,6 +196,15 @@ class CellShown:
     title: str
     style: str = ""  # a mapped cell's mix of its instances' states
     mixed: bool = False
+    # The class and the mark, made once here: a state is one of a fixed set of names (no
+    # markup), so the template writes them as they are instead of escaping 5,000 of each.
+    cls: Markup = field(init=False)
+    mark: Markup = field(init=False)
+
+    def __post_init__(self) -> None:
+        mixed = " mixed" if self.mixed else ""
+        object.__setattr__(self, "cls", Markup(f"cell st-{escape(self.state)}{mixed}"))
+        object.__setattr__(self, "mark", Markup(escape(MARKS.get(self.state, ""))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,11 +259,11 @@ def mix_style(counts: dict[str, int]) -> str:
     return f"background: linear-gradient(to top, {', '.join(stops)})"
 
 
-def _cell(c: GridCell, run: GridRun, now: float) -> CellShown:
+def _cell(c: GridCell, run: GridRun, shown: str, now: float) -> CellShown:
     seconds = c.seconds(now)
     took = "" if seconds is None else f" \u00b7 {human_seconds(seconds)}"
     name = c.task_id if c.map_index < 0 else f"{c.task_id}[{c.map_index}]"
-    head = f"{name} \u00b7 {logical_shown(run)} \u00b7 "
+    head = f"{name} \u00b7 {shown} \u00b7 "
     tries = f" \u00b7 attempt {c.attempt} of {c.max_attempts}" if c.max_attempts > 1 else ""
     href = task_href(run.run_id, c.task_id, c.map_index)
     if c.counts is not None:
@@ -264,10 +275,11 @@ def _cell(c: GridCell, run: GridRun, now: float) -> CellShown:
 def grid_shown(grid: Grid, q: Query) -> GridShown:
     """The grid as the template draws it: a column per run, a row per task (and per map
     index of an expanded task), each cell with its colour, link and hover text."""
+    shown = names(grid)
     columns = [
         ColumnShown(
-            r.run_id, run_href(r.run_id), r.state, logical_shown(r),
-            f"{r.run_id} \u00b7 {logical_shown(r)} \u00b7 {r.state}"
+            r.run_id, run_href(r.run_id), r.state, shown[r.run_id],
+            f"{r.run_id} \u00b7 {shown[r.run_id]} \u00b7 {r.state}"
             + (f" \u00b7 {human_seconds(r.ended_at - r.created_at)}" if r.ended_at else ""),
         )
         for r in grid.runs
@@ -277,7 +289,7 @@ def grid_shown(grid: Grid, q: Query) -> GridShown:
         cells: list[CellShown | None] = []
         for r in grid.runs:
             c = grid.cells.get((r.run_id, task_id))
-            cells.append(None if c is None else _cell(c, r, grid.now))
+            cells.append(None if c is None else _cell(c, r, shown[r.run_id], grid.now))
         mapped = grid.mapped(task_id)
         expanded = task_id in grid.instances
         toggle = ""
@@ -291,7 +303,7 @@ def grid_shown(grid: Grid, q: Query) -> GridShown:
                 row: list[CellShown | None] = []
                 for r in grid.runs:
                     ic = got.get((r.run_id, i))
-                    row.append(None if ic is None else _cell(ic, r, grid.now))
+                    row.append(None if ic is None else _cell(ic, r, shown[r.run_id], grid.now))
                 rows.append(RowShown(task_id, f"[{i}]", row, instance=True))
     return GridShown(columns, rows, INSTANCES_SHOWN)
 
@@ -311,20 +323,26 @@ def paging(grid: Grid, q: Query) -> dict[str, str]:
 # -- durations ---------------------------------------------------------------------------
 
 
-def durations_shown(grid: Grid) -> list[tuple[str, list[tuple[str, float | None, str, str]]]]:
-    """Per task, its durations over the runs shown: the input of ``_durations.html``, one
-    (label, seconds, state, href) per run (seconds None: it did not run)."""
+def names(grid: Grid) -> dict[str, str]:
+    """Each run's logical time as people read it, worked out once per run, not per cell."""
+    return {r.run_id: logical_shown(r) for r in grid.runs}
+
+
+def durations_shown(grid: Grid) -> list[tuple[str, Chart]]:
+    """Per task, a chart of its durations over the runs shown, oldest on the left (a run it
+    is not in, or did not run in, a grey tick)."""
+    shown = names(grid)
     out = []
     for task_id in grid.tasks:
-        bars: list[tuple[str, float | None, str, str]] = []
+        bars: list[Bar] = []
         for r in grid.runs:
             c = grid.cells.get((r.run_id, task_id))
-            label = f"{task_id} \u00b7 {logical_shown(r)} \u00b7 {r.run_id}"
+            label = f"{task_id} \u00b7 {shown[r.run_id]} \u00b7 {r.run_id}"
             if c is None:
                 bars.append((label, None, "NONE", run_href(r.run_id)))
             else:
                 bars.append((label, c.seconds(grid.now), c.state, task_href(r.run_id, task_id)))
-        out.append((task_id, bars))
+        out.append((task_id, bar_chart(bars, links=False)))  # the grid's cells link each run
     return out
 
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from executor.rows import TaskRow
+from executor.runnames import logical_shown
 from executor.states import RUN_TERMINAL
+from executor.store.grid import TaskRunTime
 from executor.store.inspecting import INSTANCES_SHOWN, RUNS_PER_DAG, DagsPage, RunGraph, TaskDetail
 from executor.store.viewrows import HeldRow
 from triggers.base import clip
@@ -24,6 +27,7 @@ from ..schedule_shown import schedule_shown
 from ..status import failure_cause, human_seconds, shard_ranges
 from ..views import WAITING, StatusView, task_name, turns
 from . import graph
+from .charts import Chart, bar_chart
 from .render import View, task_href, when
 from .trigger_form import conf_text
 
@@ -265,3 +269,18 @@ def _deferred(d: TaskDetail) -> list[Item]:
     )
     items.append(("when it fires", fires, ""))
     return items
+
+
+def durations(times: Sequence[TaskRunTime], task_id: str, map_index: int, now: float) -> Chart:
+    """The task's durations over its DAG's newest runs, oldest first, as a chart."""
+    return bar_chart(
+        [
+            (
+                f"{logical_shown(t)} \u00b7 {t.run_id}",
+                t.seconds(now),
+                t.state,
+                task_href(t.run_id, task_id, map_index),
+            )
+            for t in times
+        ]
+    )

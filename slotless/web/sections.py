@@ -9,11 +9,16 @@ from aiohttp import web
 
 # The api_* modules' /api/v1 routes are registered when they are imported.
 from . import (  # noqa: F401
+    api_assets,
     api_dags,
     api_logs,
+    api_runs,
     api_waits,
+    assets_page,
+    audit_page,
     dag_page,
     logs_page,
+    runs_page,
     trigger_form,
     waits_page,
 )
@@ -21,6 +26,9 @@ from . import (  # noqa: F401
 SECTIONS: tuple[Callable[[web.Application], None], ...] = (
     dag_page.add_routes,
     waits_page.add_routes,
+    audit_page.add_routes,
     logs_page.add_routes,
     trigger_form.add_routes,
+    assets_page.add_routes,
+    runs_page.add_routes,
 )

@@ -213,6 +213,31 @@ def test_the_grid_shows_the_newest_runs_as_the_store_has_them(dag_ui):
     assert sum(1 for d in days if d[0] == "running") == 1
 
 
+def test_a_tasks_page_charts_its_durations_over_the_dags_newest_runs(dag_ui):
+    run_id = dag_ui["runs"][-2]
+    status, html = http_get(f"{dag_ui['base']}/runs/{quote(run_id, safe='')}/tasks/merge")
+    assert status == 200
+    chart = html[html.index('id="durations"') :]
+    bars = re.findall(r'<a href="([^"]+)"><rect class="dur-bar" data-state="([A-Z_]+)"', chart)
+    # One mark per run of the 25 newest: a bar where merge ran, a grey tick where it did not
+    # (upstream failed, or not started yet), oldest first.
+    assert chart.count('class="dur-bar') == 25
+    ran = [f"/runs/{quote(r, safe='')}/tasks/merge" for r in dag_ui["runs"][-25:]]
+    assert [href for href, _ in bars] == [h for h in ran if h in {b for b, _ in bars}]
+    assert len(bars) >= 20 and {state for _, state in bars} == {"SUCCESS"}
+
+
+def test_a_calendar_day_leads_to_the_runs_of_that_day(dag_ui):
+    # The calendar links /?dag=...: the run list hands a filter to the runs page, query kept.
+    status, html = http_get(f"{dag_ui['base']}/?dag=griddy&from=2026-10-01&to=2026-10-01")
+    assert status == 200 and "<h1>Runs" in html, html[:300]
+    shown = re.findall(
+        r'<tr data-run="([^"]+)" data-state="[A-Z]+" data-logical-date="([^"]+)"', html
+    )
+    assert [day for _, day in shown] == ["2026-10-01"]
+    assert all(run_id.startswith("griddy:2026-10-01") for run_id, _ in shown)
+
+
 def test_paging_back_shows_the_older_runs_and_a_mapped_task_expands(dag_ui):
     runs = dag_ui["runs"]
     _, html = http_get(page_url(dag_ui))

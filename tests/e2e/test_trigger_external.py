@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import date
+from zoneinfo import ZoneInfo
 
 import pytest
 from pydantic import ValidationError
@@ -11,6 +12,7 @@ from support.helpers import async_wait_until, run_to_end
 from support.servers import all_events_text, run_dag, task_log
 
 from executor import DAG
+from executor.templating import Scope, render_trigger
 from triggerer.settling import TRANSIENT
 from triggers.base import TriggerEvent
 from triggers.checking import CheckContext
@@ -91,7 +93,8 @@ async def test_all_questions_answered_by_one_query(store):
 
 async def test_templates_dates_and_bad_input(store):
     t = ExternalDagRunTrigger(dag_id="up", logical_date="{{ ds }}", offset_days=-1)
-    assert t.render({"ds": "2024-03-01"}).target_date == "2024-02-29"
+    on = Scope.for_date("d", date(2024, 3, 1), ZoneInfo("UTC"))
+    assert render_trigger(t, on).target_date == "2024-02-29"
     assert ExternalDagRunTrigger(dag_id="up", logical_date=date(2024, 1, 5)).logical_date == (
         "2024-01-05"
     )

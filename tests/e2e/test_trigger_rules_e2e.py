@@ -49,6 +49,8 @@ EXPECTED = {
     "none_failed_min_one_success": "R U K U U  R  U  U  U  U  U   U   U   U   U",
     "none_skipped":               "R R K R R  K  R  K  R  K  K   R   K   K   K",
     "always":                     "R R R R R  R  R  R  R  R  R   R   R   R   R",
+    # a teardown's, with no setup among these parents (test_task_values.py: with setups)
+    "all_done_setup_success":     "R R R R R  R  R  R  R  R  R   R   R   R   R",
 }
 # fmt: on
 STATE = {"R": "SUCCESS", "K": "SKIPPED", "U": "UPSTREAM_FAILED"}

@@ -6,6 +6,8 @@ import asyncio
 import secrets
 import time
 from collections.abc import Iterator
+from datetime import date
+from zoneinfo import ZoneInfo
 
 import pytest
 from pydantic import ValidationError
@@ -14,6 +16,7 @@ from support.helpers import async_wait_until
 from support.servers import MotoS3Server, all_events_text, run_dag, s3_conn_uri, task_log
 
 from executor import DAG
+from executor.templating import Scope, render_trigger
 from triggerer.settling import TRANSIENT
 from triggers.base import TransientError, TriggerEvent
 from triggers.checking import CheckContext
@@ -173,7 +176,8 @@ def test_a_literal_key_is_validated_without_compiling_a_pattern():
 def test_describe_and_serialize_carry_no_secret(s3):
     t = S3KeyTrigger(bucket="bkt", key="in/{{ ds }}.csv", conn_id="s3t")
     assert t.describe() == "s3://bkt/in/{{ ds }}.csv"
-    assert t.render({"ds": "2024-01-02"}).describe() == "s3://bkt/in/2024-01-02.csv"
+    on = Scope.for_date("d", date(2024, 1, 2), ZoneInfo("UTC"))
+    assert render_trigger(t, on).describe() == "s3://bkt/in/2024-01-02.csv"
     classpath, kwargs = t.serialize()
     assert classpath == "triggers.s3.S3KeyTrigger"
     assert SECRET not in repr(kwargs)

@@ -239,7 +239,10 @@ async def test_a_restarted_triggerer_fails_no_deferred_task(
         await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == 50, what="first 50")
 
         first.send_signal(signal.SIGTERM)
-        assert first.wait(20) == 0
+        # Waited for off the loop: the worker serving here must go on meanwhile. Blocking the
+        # loop could leave its write transaction open, and the stopping triggerer's last
+        # write (its shards handed back) would wait on that lock past the 20 s.
+        assert await asyncio.to_thread(first.wait, 20) == 0
         # A clean stop hands its shards back at once and leaves the live list.
         assert shard_owners(db_path) == {}
         assert sql(db_path, "SELECT id FROM triggerer") == []
@@ -286,7 +289,7 @@ async def test_two_triggerers_split_the_shards_and_rebalance(
         await async_wait_until(lambda: states(db_path, run_id)["SUCCESS"] == n, timeout=30)
 
         b.send_signal(signal.SIGTERM)
-        assert b.wait(20) == 0
+        assert await asyncio.to_thread(b.wait, 20) == 0  # off the loop: the worker goes on
         await async_wait_until(
             lambda: holding(db_path, a)[0] == SHARDS, timeout=30, what="rebalance"
         )

@@ -167,6 +167,31 @@ async def test_a_mapped_task_is_one_cell_with_its_instances_by_state_and_expands
     assert grid.dag is None and grid.tasks == TASKS
 
 
+async def test_a_tasks_durations_over_its_dags_newest_runs(store: Store, tmp_path: Path) -> None:
+    """The task page's chart: one task across its DAG's runs, oldest first, each with how
+    long it ran; a run not started yet has none, an instance reads its own row."""
+    dag = griddy(tmp_path)
+    done = [await store.runs.create_run(dag, date(2026, 3, d)) for d in (1, 2)]
+    worker = Worker(store, dags={"griddy": dag}, poll_interval=0.02, slots=4)
+
+    async def ended() -> bool:
+        return set((await store.views.runs_states(done)).values()) == {"SUCCESS"}
+
+    await asyncio.wait_for(worker.run(until=ended), 30)
+    waiting = await store.runs.create_run(dag, date(2026, 3, 3))
+    times = await store.grids.task_durations(done[0], "merge")
+    assert [t.run_id for t in times] == [*done, waiting]
+    assert [t.state for t in times] == ["SUCCESS", "SUCCESS", "PENDING"]
+    for t in times[:2]:
+        assert t.started_at is not None and t.ended_at is not None
+        assert t.seconds(0.0) == t.ended_at - t.started_at >= 0
+    assert times[2].seconds(1e12) is None
+    assert len(await store.grids.task_durations(waiting, "merge", n=2)) == 2  # the newest two
+    shard3 = await store.grids.task_durations(done[1], "shard", 3)
+    assert [t.state for t in shard3[:2]] == ["SUCCESS", "SUCCESS"]
+    assert await store.grids.task_durations("no-such-run", "merge") == []
+
+
 async def test_catalogued_shape_orders_rows_topologically(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:

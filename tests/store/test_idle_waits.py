@@ -54,6 +54,7 @@ class Statements:
         self.on = False
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.rows = 0
+        self.rows_of: Counter[str] = Counter()  # rows returned, by statement
 
     def wrap(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for cls in (sqlite.SqliteTx, sqlite._ThreadTx, postgres.PostgresTx):
@@ -71,7 +72,9 @@ class Statements:
             got = await real(tx, name, **params)
             if self.on:
                 self.calls.append((name, params))
-                self.rows += len(got) if isinstance(got, list) else 0 if got is None else 1
+                n = len(got) if isinstance(got, list) else 0 if got is None else 1
+                self.rows += n
+                self.rows_of[name] += n
             return got
 
         return call
@@ -179,3 +182,99 @@ async def test_a_backlog_of_changes_is_taken_whole_a_few_rows_a_transaction(
     assert changes.shards == set(range(SHARDS))
     again = await ops.take_wait_changes(range(SHARDS))
     assert len(again.task_rows) == POLLED + EVENTS  # nothing new: the same, kept
+
+
+async def test_a_start_after_a_bulk_write_reads_none_of_its_change_log(
+    live_store: Store, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh triggerer reads and searches its shards whole: the bulk write's change log
+    (a row per wait) is dropped unread, not read back row by row (a million of them read
+    so doubled the CPU of a million-wait start, and delayed its load behind them). It is
+    dropped before the load reads them, so no reconcile compares them after it, and what
+    changes after the drop is still logged and found."""
+    await write_waits(live_store)
+    assert (await raw_sql(url, "SELECT count(*) AS n FROM wait_change"))[0]["n"] >= POLLED
+    statements = Statements()
+    statements.wrap(monkeypatch)
+    statements.on = True
+    trig = Triggerer(live_store.views, config=fast_config(reload_every=0.2, cleanup_every=0.1))
+    task = asyncio.create_task(trig.run())
+    try:
+        await async_wait_until(
+            lambda: trig.table.subscriptions == POLLED, timeout=30, what="all polled waits held"
+        )
+        await async_wait_until(
+            lambda: trig.repair.settled(trig.leases.shards) == set(range(SHARDS)),
+            timeout=30,
+            what="a full repair of every shard",
+        )
+        assert statements.rows_of["take_wait_changes"] == 0, statements.rows_of
+        assert "drop_all_wait_changes" in {name for name, _ in statements.calls}
+        assert (await raw_sql(url, "SELECT count(*) AS n FROM wait_change"))[0]["n"] == 0
+        # The log was dropped before the load read the shards: no reconcile after it has
+        # a shard's checksum to compare.
+        statements.calls.clear()
+        await async_wait_until(
+            lambda: sum(1 for name, _ in statements.calls if name == "max_trigger_id") >= 2,
+            timeout=30,
+            what="two reconciles",
+        )
+        assert "shard_sums" not in {name for name, _ in statements.calls}
+
+        # A change after the drop is logged and found: a wait ended behind the store's back
+        # is dropped by a reconcile, an event wait's trigger row deleted is repaired.
+        async with live_store.db.read() as tx:
+            rows = await tx.fetch("load_triggers", shards=list(range(SHARDS)), after=0)
+        gone = rows[0]["wait_id"]
+        await raw_sql(url, f"UPDATE task SET state = 'SUCCESS' WHERE id = {gone}")
+        orphan = (
+            await raw_sql(url, f"SELECT id, trigger_id FROM task WHERE task_id = 'w{POLLED + 1}'")
+        )[0]
+        await raw_sql(url, f"DELETE FROM trigger WHERE id = {orphan['trigger_id']}")
+
+        async def found() -> bool:
+            state = await raw_sql(url, f"SELECT state FROM task WHERE id = {orphan['id']}")
+            return gone not in trig.table.by_row and state[0]["state"] == "FAILED"
+
+        await async_wait_until(found, timeout=30, what="the changes found")
+        assert statements.rows_of["take_wait_changes"] >= 2  # read, these two only
+    finally:
+        trig.stop()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_drop_deletes_the_log_of_its_shards_only_a_window_a_transaction(
+    live_store: Store, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """drop_wait_changes of some shards deletes their rows, window by window of ids, and
+    leaves the other shards' for their holders; of every shard, one statement."""
+    from triggerer import store as triggerer_store
+    from triggerer.store import TriggererStore
+
+    await write_waits(live_store)
+    monkeypatch.setattr(triggerer_store, "_CHANGES_PER_TAKE", 700)
+    statements = Statements()
+    statements.wrap(monkeypatch)
+    statements.on = True
+    ops = TriggererStore(live_store.db, live_store.clock)
+    ours = set(range(0, SHARDS, 2))
+
+    async def log() -> Counter[int]:
+        rows = await raw_sql(url, "SELECT shard, count(*) AS n FROM wait_change GROUP BY shard")
+        return Counter({int(r["shard"]): int(r["n"]) for r in rows})
+
+    before = await log()
+    assert set(before) == set(range(SHARDS))
+    dropped = await ops.drop_wait_changes(ours)
+    assert dropped == sum(n for s, n in before.items() if s in ours)
+    assert await log() == Counter({s: n for s, n in before.items() if s not in ours})
+    windows = sum(1 for name, _ in statements.calls if name == "drop_wait_changes")
+    assert windows == (POLLED + EVENTS) // 700 + 1  # windows of any shard's ids
+    assert statements.rows_of["wait_change_window"] == windows + 1  # the last finds none
+    assert not ops.changes.shards  # named by the caller, not here
+
+    assert await ops.drop_wait_changes(range(SHARDS)) == sum(
+        n for s, n in before.items() if s not in ours
+    )
+    assert not await log()
+    assert [name for name, _ in statements.calls][-1] == "drop_all_wait_changes"

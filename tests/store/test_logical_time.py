@@ -226,7 +226,13 @@ async def test_the_api_says_a_runs_logical_time_and_type(
     for model in ("RunOut", "RunStatusOut"):
         props = doc["components"]["schemas"][model]["properties"]
         assert {"logical_time", "logical_shown", "run_type"} <= set(props)
-        assert props["run_type"]["anyOf"][0]["enum"] == ["scheduled", "manual", "backfill", "event"]
+        assert props["run_type"]["anyOf"][0]["enum"] == [
+            "scheduled",
+            "manual",
+            "backfill",
+            "event",
+            "asset",
+        ]
 
 
 async def test_runs_written_before_020_get_their_columns_filled(

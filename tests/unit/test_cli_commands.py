@@ -10,6 +10,7 @@ from slotless import cli
 COMMANDS = {
     "run", "worker", "triggerer", "ui", "up", "status", "logs", "dags", "trigger", "backfill",
     "clear", "mark", "cancel", "retry", "resume", "events", "respond", "pools", "queues", "bench",
+    "assets",
 }  # fmt: skip
 
 

@@ -4,7 +4,7 @@ OpenAPI document (checked against the OpenAPI 3.1 specification)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from openapi_spec_validator import validate
@@ -12,6 +12,7 @@ from openapi_spec_validator import validate
 from executor import DAG
 from executor.dag import DagError
 from executor.sensing import deferral
+from executor.templating import Scope, render_trigger
 from slotless.web.api import openapi
 from slotless.web.auth import Auth, parse_tokens
 from triggers.events import EventError, EventTrigger, check_name, match_key, payload_key
@@ -45,12 +46,14 @@ def test_lookback_is_how_to_wait_not_what_for() -> None:
 
 def test_templates_fill_the_name_and_match_values() -> None:
     t = EventTrigger(name="export.{{ dag_id }}", match={"date": "{{ ds }}", "n": 2})
-    r = t.render({"ds": "2026-11-24", "dag_id": "daily"})
+    on = Scope(dag_id="daily", logical_time=datetime(2026, 11, 24, tzinfo=UTC), run_id="r",
+               task_id="t")  # fmt: skip
+    r = render_trigger(t, on)
     assert (r.name, r.match) == ("export.daily", {"date": "2026-11-24", "n": 2})
     d = deferral(r, method=None, method_kwargs={}, wait_started_at=0.0, timeout=None)
     assert d.event is not None and d.event.key == match_key("export.daily", r.match)
     with pytest.raises(ValueError, match="bad event name '2026 x'"):  # the task fails, saying so
-        EventTrigger(name="{{ ds }} x", match={}).render({"ds": "2026"})
+        render_trigger(EventTrigger(name="{{ ds[:4] }} x", match={}), on)
 
 
 @pytest.mark.parametrize("name", ["export.ready", "a", "partner/acme:v1", "A-b_c"])
@@ -75,10 +78,12 @@ def test_an_event_wait_is_deferrable_only_and_cannot_start_runs() -> None:
 
 
 def test_named_tokens_are_all_compared_and_name_who_wrote() -> None:
-    assert parse_tokens("alice:a1, bob:b2") == {"alice": "a1", "bob": "b2"}
-    assert parse_tokens("bare") == {"operator": "bare"}
+    assert {n: t.secret for n, t in parse_tokens("alice:a1, bob:b2").items()} == {
+        "alice": "a1", "bob": "b2",
+    }  # fmt: skip
+    assert {n: t.secret for n, t in parse_tokens("bare").items()} == {"operator": "bare"}
     for bad in ("alice:", ":x", "a:1,a:2"):
-        with pytest.raises(ValueError, match="NAME:TOKEN") as info:
+        with pytest.raises(ValueError, match="token entry") as info:
             parse_tokens(bad)
         assert "1" not in str(info.value).replace("entry 1", "").replace("entry 2", "")
     auth = Auth("alice:a1,bob:b2")

@@ -129,6 +129,12 @@ class MemoryStore:
         await self._interleave()
         return self.changes
 
+    async def drop_wait_changes(self, shards: Collection[int]) -> int:
+        named = self.changed & set(shards)
+        self.changed -= named
+        await self._interleave()
+        return len(named)
+
     async def released_waits(self, after_id: int) -> list[Any]:
         return []
 
@@ -223,3 +229,37 @@ class _rows_per_query:
 
     def __exit__(self, *exc: object) -> None:
         loading._ROWS_PER_QUERY = self.old
+
+
+def test_a_shard_taken_while_a_full_load_begins_is_loaded_by_the_next() -> None:
+    """A renewal grants a shard while a full load awaits its first statement: that load
+    pages over the shards it began with, and the reload the grant asks for reads the new
+    one (it once counted as looked at, and its waits were never held)."""
+
+    async def scenario() -> None:
+        store = MemoryStore(rows=[wait_row(i) for i in range(1, 300)])
+        table = CheckTable()
+        leases = Leases(
+            store,  # type: ignore[arg-type]
+            "me",
+            NoLiveness(),
+            table,
+            TriggererConfig(),
+            wake_checker=asyncio.Event(),
+            moved=lambda: None,
+            lag=lambda: 0.0,
+        )
+        store.leases = leases
+        loader = Loader(store, table, Outbox(store), shards_per_query=4, clock=lambda: 1000.0)  # type: ignore[arg-type]
+        await store.renew(frozenset({0}))
+        await loader.load(leases.shards, full=True)
+        store.calls, store.plan = 0, [Interleaving(1, frozenset({0, 1}), 3)]  # max_trigger_id
+        await loader.load(leases.shards, full=True)
+        await asyncio.gather(*store.renewals)
+        assert leases.shards == {0, 1}
+        store.plan = []
+        await loader.load(leases.shards, full=True)
+        want = {r[6] for r in store.rows if r[4] in leases.shards}
+        assert set(table.by_row) == want, sorted(want - set(table.by_row))
+
+    asyncio.run(scenario())

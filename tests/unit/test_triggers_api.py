@@ -9,12 +9,14 @@ import re
 import subprocess
 import sys
 import threading
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from support.triggers import FlagTrigger, UnlistedTrigger
 
+from executor.templating import Scope, TemplateFailed, render_trigger
 from triggers import registry
 from triggers.base import SHARDS, BaseTrigger, TriggerEvent, shard_of
 from triggers.context import to_thread
@@ -197,25 +199,32 @@ def test_builtins_are_allow_listed() -> None:
     assert trigger_class("triggers.temporal.TimeDeltaTrigger") is TimeDeltaTrigger
 
 
+def _on(day: str) -> Scope:
+    """A run's scope on ``day`` (executor/templating.py renders triggers for sensors)."""
+    return Scope(dag_id="d", logical_time=datetime.fromisoformat(f"{day}T00:00+00:00"),
+                 run_id="r", task_id="t")  # fmt: skip
+
+
 def test_render_fills_ds_and_friends() -> None:
     t = FileTrigger(path="/in/{{ ds }}/{{ds_nodash}}.csv", poke_interval=5)
-    rendered = t.render({"ds": "2026-04-25", "ds_nodash": "20260425"})
+    rendered = render_trigger(t, _on("2026-04-25"))
     assert isinstance(rendered, FileTrigger)
     assert rendered.path == "/in/2026-04-25/20260425.csv"
     assert rendered.poke_interval == 5
     assert t.path == "/in/{{ ds }}/{{ds_nodash}}.csv"  # the template itself is untouched
     plain = FileTrigger(path="/in/a.csv")
-    assert plain.render({"ds": "2026-04-25"}) is plain
+    assert render_trigger(plain, _on("2026-04-25")) is plain
 
 
 def test_render_names_an_unknown_variable() -> None:
-    with pytest.raises(KeyError, match=r"unknown template variable \{\{ dss \}\}"):
-        FileTrigger(path="/in/{{ dss }}.csv").render({"ds": "2026-04-25"})
+    with pytest.raises(TemplateFailed, match=r"template '/in/\{\{ dss \}\}.csv' failed: "
+                       r"UndefinedError: 'dss' is undefined"):  # fmt: skip
+        render_trigger(FileTrigger(path="/in/{{ dss }}.csv"), _on("2026-04-25"))
 
 
 def test_render_validates_the_result() -> None:
     with pytest.raises(ValueError, match="unbalanced"):
-        FileTrigger(path="/in/{{ ds }}.csv").render({"ds": "[2026"})
+        render_trigger(FileTrigger(path="/in/{{ '[' ~ ds }}.csv"), _on("2026-04-25"))
 
 
 def test_styles_and_batching_are_detected() -> None:

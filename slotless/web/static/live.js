@@ -7,6 +7,7 @@
   var body = document.body;
   var every = Math.max(500, Number(body.dataset.refresh || 2) * 1000);
   var paused = false;
+  var probe = document.createElement("template");
   function typing(el) {
     var a = document.activeElement;
     return a && el.contains(a) && /^(INPUT|TEXTAREA|SELECT)$/.test(a.tagName);
@@ -15,6 +16,11 @@
     Object.keys(data.blocks || {}).forEach(function (name) {
       var el = document.querySelector('[data-block="' + name + '"]');
       if (!el || typing(el) || el.dataset.html === data.blocks[name]) { return; }
+      // Unchanged since the page was drawn (the first poll): leave the DOM alone, so a
+      // click, a selection or a hover on it is not lost to a needless swap. Both sides go
+      // through the browser's own serializer, so equal markup compares equal.
+      probe.innerHTML = data.blocks[name];
+      if (probe.innerHTML === el.innerHTML) { el.dataset.html = data.blocks[name]; return; }
       var open = Array.prototype.map.call(el.querySelectorAll("details[open][id]"),
                                           function (d) { return d.id; });
       el.innerHTML = data.blocks[name];

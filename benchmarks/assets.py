@@ -1,0 +1,195 @@
+"""One asset event and the runs it starts, as the DAGs scheduled on assets grow.
+
+    python -m benchmarks.assets                      # 10,000 DAGs on 1,000 assets, sizes to 100,000
+    python -m benchmarks.assets --dags 1000 --sizes 1000 --events 50     # a quick look
+
+In a fresh SQLite store (``--pg URL``: a fresh PostgreSQL schema instead), DAGs scheduled
+on ``--assets`` assets are catalogued in this process (``record_parse`` with what
+:func:`executor.catalogue._declared` stores: the rows a scan writes, without its
+forkserver), growing to each of ``--sizes``. Half the DAGs are scheduled on one asset
+(``schedule=[a]``: every event of it starts one run of each), half on two (``a & b``: every
+other event completes them); DAG i's assets are ``i mod M`` and ``(7i + 1) mod M``, so each
+asset has about ``1.5 * DAGs / M`` consumers. At each size, ``--events`` events are sent one
+by one through the store (``Assets.send_event``, what the CLI and the API call), each on the
+next asset in turn, and timed from the call to its commit: the event, its queue rows for
+every consumer, each consumer's condition and the runs it starts are that one transaction,
+so its end is when the runs are visible to a worker (``event_to_runs``). The figures at
+``--dags`` are the headline keys ``event_to_runs_p50_s`` / ``_p99_s`` (target p99 < 100 ms);
+``sizes`` holds each size's figures and ``runs_per_event``.
+
+Results: benchmarks/results/assets.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import calibration, common
+
+NAME = "assets"
+PER_FILE = 500  # DAGs per catalogued file (the catalogue stores them file by file)
+
+
+def _dags(first: int, last: int, assets: int) -> list[Any]:
+    from executor import DAG, Asset
+
+    out = []
+    for i in range(first, last):
+        a = Asset(f"s3://bench/asset-{i % assets}")
+        if i % 2:
+            dag = DAG(f"consumer_{i:06d}", schedule=[a])
+        else:
+            b = Asset(f"s3://bench/asset-{(7 * i + 1) % assets}")
+            dag = DAG(f"consumer_{i:06d}", schedule=[a] if a == b else a & b)
+
+        @dag.task(task_id="work")
+        def work(ctx: Any) -> int:
+            return 1
+
+        out.append(dag)
+    return out
+
+
+async def _grow(store: Any, folder: Path, have: int, want: int, assets: int) -> None:
+    """Catalogue DAGs ``have`` to ``want`` as :func:`executor.catalogue.scan` stores them."""
+    from executor.catalogue import _declared
+    from executor.store.catalogue import DeclaredDag
+
+    for start in range(have, want, PER_FILE):
+        dags = _dags(start, min(want, start + PER_FILE), assets)
+        path = folder / f"consumers_{start:06d}.py"
+        path.write_text("# catalogued by benchmarks/assets.py, never imported\n")
+        declared = [DeclaredDag(**_declared(d, d.dag_id)) for d in dags]  # type: ignore[arg-type]
+        error = await store.catalogue.record_parse(str(path), path.stat().st_mtime, declared, None)
+        if error is not None:
+            raise RuntimeError(f"{path}: {error}")
+
+
+async def _measure(store: Any, events: int, assets: int, offset: int) -> dict[str, Any]:
+    costs: list[float] = []
+    runs = 0
+    for k in range(events):
+        uri = f"s3://bench/asset-{(offset + k) % assets}"
+        began = time.perf_counter()
+        rec = await store.assets.send_event(uri, None, source="api")
+        costs.append(time.perf_counter() - began)
+        runs += len(rec.runs)
+    costs.sort()
+    return {
+        "events": events,
+        "event_to_runs_p50_s": common.percentile(costs, 50),
+        "event_to_runs_p99_s": common.percentile(costs, 99),
+        "event_to_runs_max_s": costs[-1],
+        "runs_per_event": runs / events,
+    }
+
+
+async def run_once(args: argparse.Namespace, folder: Path, i: int) -> dict[str, Any]:
+    from executor.store import open_store
+
+    sizes = sorted({*args.sizes, args.dags})
+    url = common.fresh_db(folder, f"assets{i}")
+    schema = None
+    if args.pg:
+        from .postgres import Schema
+
+        schema = Schema(args.pg)
+        url = (await schema.__aenter__()).url
+    store = await open_store(url)
+    out: dict[str, Any] = {"sizes": {}}
+    try:
+        have = 0
+        for n in sizes:
+            began = time.perf_counter()
+            await _grow(store, folder, have, n, args.assets)
+            common.console.print(f"{n:,} DAGs catalogued ({time.perf_counter() - began:.1f} s)")
+            have = n
+            out["sizes"][str(n)] = await _measure(store, args.events, args.assets, offset=n)
+            figures = out["sizes"][str(n)]
+            common.console.print(
+                f"  one event: p50 {figures['event_to_runs_p50_s'] * 1000:.1f} ms, "
+                f"p99 {figures['event_to_runs_p99_s'] * 1000:.1f} ms, "
+                f"{figures['runs_per_event']:.1f} runs each"
+            )
+    finally:
+        await store.close()
+        if schema is not None:
+            await schema.__aexit__(None, None, None)
+    head = out["sizes"][str(args.dags)]
+    return {
+        **out,
+        "event_to_runs_p50_s": head["event_to_runs_p50_s"],
+        "event_to_runs_p99_s": head["event_to_runs_p99_s"],
+    }
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.assets",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--dags", type=int, default=10_000, help="the headline size (default 10,000)")
+    p.add_argument("--assets", type=int, default=1_000, help="assets (default 1,000)")
+    p.add_argument(
+        "--sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[1_000, 100_000],
+        help="other sizes measured on the way (default 1000,100000; --dags is added)",
+    )  # fmt: skip
+    p.add_argument("--events", type=int, default=500, help="events timed per size")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--pg", default=None, help="a PostgreSQL server URL (default: SQLite)")
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--results", type=Path, default=common.RESULTS)
+    return p.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    with common.workdir(args.workdir, args.keep) as workdir, calibration.Recording(workdir) as rec:
+        head = common.result_document(NAME, argv, {k: str(v) for k, v in vars(args).items()},
+                                      workdir)  # fmt: skip
+        every = rec.repeat(
+            args.repeats,
+            lambda i: asyncio.run(run_once(args, workdir, i)),
+            lambda r: {k: r[k] for k in ("event_to_runs_p50_s", "event_to_runs_p99_s")},
+        )
+    figures = every[rec.kept("event_to_runs_p99_s")]
+    doc = {
+        **head,
+        "backend": "postgresql" if args.pg else "sqlite",
+        "dags": args.dags,
+        "assets": args.assets,
+        "event_to_runs_p50_s": figures["event_to_runs_p50_s"],
+        "event_to_runs_p99_s": figures["event_to_runs_p99_s"],
+        "sizes": figures["sizes"],
+        **rec.fields(),
+    }
+    path = common.write_json(NAME, doc, args.results)
+    rows = [
+        (f"{n} DAGs: one event p50 / p99 (ms)",
+         f"{s['event_to_runs_p50_s'] * 1000:.1f} / {s['event_to_runs_p99_s'] * 1000:.1f}")
+        for n, s in figures["sizes"].items()
+    ]  # fmt: skip
+    common.print_table(
+        f"assets: {args.dags:,} DAGs on {args.assets:,} assets",
+        [
+            *rows,
+            *calibration.repeat_rows(doc["repeats"]),
+            calibration.calibration_row(doc["calibration"]),
+            common.load_row(rec.load),
+        ],
+    )
+    common.console.print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
