@@ -209,3 +209,19 @@ def test_a_shape_without_groups_is_stored_as_before() -> None:
     text = RunShape.of(dag).to_json()
     assert text.startswith("[")
     assert group_tree(text).tasks == ("a",) and group_tree(None).tasks == ()
+
+
+def test_a_setup_or_teardown_is_never_mapped_by_a_group_or_expand() -> None:
+    dag = DAG("roles")
+    with (
+        dag.group("g", expand=[1, 2]),
+        pytest.raises(DagError, match="a setup task cannot be mapped"),
+    ):
+        dag.task(noop, task_id="s", setup=True)
+    made = dag.task(noop, task_id="made", setup=True)
+    with pytest.raises(DagError, match="a setup task cannot be mapped"):
+        made.expand(a=[1])
+    with dag.group("plain"):
+        up = dag.task(noop, task_id="up", setup=True)
+        down = dag.task(noop, task_id="down", teardown_of=[up])
+    assert down.parents == ["plain.up"] and down.teardown
