@@ -2,8 +2,17 @@
 
 from .assets import Asset
 from .context import TaskContext
-from .dag import DAG, DagError, TaskSpec
+from .dag import DAG, DagError, TaskGroup, TaskSpec
 from .rules import TriggerRule
 from .states import State
 
-__all__ = ["DAG", "Asset", "DagError", "State", "TaskContext", "TaskSpec", "TriggerRule"]
+__all__ = [
+    "DAG",
+    "Asset",
+    "DagError",
+    "State",
+    "TaskContext",
+    "TaskGroup",
+    "TaskSpec",
+    "TriggerRule",
+]

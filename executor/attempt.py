@@ -301,7 +301,7 @@ class Attempts:
     async def _inputs(self, row: MovedTask, spec: TaskSpec) -> dict[str, Any]:
         if row.inputs is not None:
             return row.inputs  # read by the claim
-        source = spec.expand if row.map_index >= 0 else None
+        source = spec.map_source if row.map_index >= 0 else None
         if not any(p != source for p in spec.parents):
             return {}  # no query: the common case of a root or a mapped instance
         return await self.exchange.parent_outputs(row)

@@ -1,7 +1,10 @@
-"""Declaring DAGs in Python: tasks, their parents, retries, trigger rules, fan-out, branches."""
+"""Declaring DAGs in Python: tasks, their parents, retries, trigger rules, fan-out, branches,
+task groups."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ from .assets import Asset, Condition, assets_of, check_declaration
 from .context import TaskContext
 from .durations import Duration, seconds
 from .errors import DagError as DagError  # authors import it from here too
+from .mapping import MapSpec, Source
 from .notifications import (
     ALERT_EVENTS,
     BACKOFF_BASE,
@@ -57,7 +61,8 @@ _MAPPABLE_RULES = frozenset(
     }
 )
 
-TaskFn = Callable[[TaskContext], Any]
+# A task is called as fn(ctx), with keyword arguments when it has partial() or maps over them.
+TaskFn = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,14 @@ class TaskSpec:
     execution_timeout: float | None = None
     trigger_rule: TriggerRule = TriggerRule.ALL_SUCCESS
     priority: int = 0
-    expand: str | None = None
+    # What it maps over (executor/mapping.py); a member of a mapped group maps over the
+    # group's list (DAG.map_spec adds the group's wiring).
+    mapping: MapSpec | None = None
     map_cap: int | None = None
+    # partial(x=1): keyword arguments every call gets; expand(...) / expand_kwargs(...)
+    # add each instance's own.
+    fixed: dict[str, Any] = field(default_factory=dict)
+    group: TaskGroup | None = None
     branch: bool = False
     sensor: SensorSpec | None = None
     methods: dict[str, Callable[..., Any]] = field(default_factory=dict)
@@ -129,16 +140,16 @@ class TaskSpec:
 
     def method(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``fn`` as a resume point for ``ctx.defer(..., method=fn.__name__)``."""
-        self.methods[fn.__name__] = fn
+        self.methods[fn.__name__] = functools.partial(_resume, self, fn)
         return fn
 
-    def __rshift__(self, other: TaskSpec | Sequence[TaskSpec]) -> Any:
-        for child in [other] if isinstance(other, TaskSpec) else other:
+    def __rshift__(self, other: Downstream) -> Any:
+        for child in _tasks_of(other, "roots"):
             if self.task_id not in child.parents:
                 child.parents.append(self.task_id)
         return other
 
-    def __rrshift__(self, others: Sequence[TaskSpec]) -> TaskSpec:
+    def __rrshift__(self, others: Sequence[TaskSpec | TaskGroup]) -> TaskSpec:
         for parent in others:
             parent >> self
         return self
@@ -146,12 +157,79 @@ class TaskSpec:
     def __call__(self, ctx: TaskContext) -> Any:
         if self.fn is None:
             raise TypeError(f"{self.task_id} is a sensor; it has no callable")
-        return self.fn(ctx)
+        return self.fn(ctx, **self.arguments(ctx))
+
+    def arguments(self, ctx: TaskContext) -> dict[str, Any]:
+        """The keyword arguments of this call: ``partial``'s, and a mapped instance's own
+        under ``expand(a=..., b=...)`` or ``expand_kwargs`` (a member of a mapped group
+        sees its group's item and its parents' outputs for its index first)."""
+        if self.group is not None and self.group.mapped is not None and ctx.map_index >= 0:
+            _group_view(ctx)
+        if self.mapping is None or self.mapping.kind == "items" or ctx.map_index < 0:
+            return self.fixed
+        if not isinstance(ctx.item, dict):
+            raise TypeError(f"{self.task_id}: mapped item {ctx.item!r} is not a dict of arguments")
+        return {**self.fixed, **ctx.item}
+
+    def partial(self, **fixed: Any) -> TaskSpec:
+        """Keyword arguments every call of the task gets (``fn(ctx, **fixed)``), mapped or
+        not: ``load.partial(table="t").expand(path=list_files)``."""
+        self.fixed.update(fixed)
+        return self
+
+    def expand(self, **lists: TaskSpec | Sequence[Any]) -> TaskSpec:
+        """Map the task over the cross product of the named lists (each a literal list or an
+        upstream task whose output is a list): one instance per combination, called as
+        ``fn(ctx, **partial, name=element, ...)``; ``ctx.item`` is that dict."""
+        if not lists:
+            raise DagError(f"task {self.task_id!r}: expand() needs at least one list")
+        over = tuple(
+            (name, _source(self.task_id, f"expand({name}=...)", v)) for name, v in lists.items()
+        )
+        return self._mapped(MapSpec("product", over))
+
+    def expand_kwargs(self, dicts: TaskSpec | Sequence[dict[str, Any]]) -> TaskSpec:
+        """Map the task over a list of dicts (literal, or an upstream task's output): one
+        instance per dict, called as ``fn(ctx, **partial, **the_dict)``."""
+        source = _source(self.task_id, "expand_kwargs", dicts)
+        for i, d in enumerate(source.values or ()):
+            if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
+                raise DagError(
+                    f"task {self.task_id!r}: expand_kwargs item {i} is not a dict of "
+                    f"keyword arguments: {d!r}"
+                )
+        return self._mapped(MapSpec("kwargs", (("", source),)))
+
+    def _mapped(self, spec: MapSpec) -> TaskSpec:
+        if self.mapping is not None:
+            raise DagError(f"task {self.task_id!r} is mapped already")
+        if self.setup or self.teardown:
+            role = "setup" if self.setup else "teardown"
+            raise DagError(f"task {self.task_id!r}: a {role} task cannot be mapped")
+        _check_mappable(self.task_id, self.trigger_rule, self.branch, self.group)
+        for task in spec.tasks:
+            if task not in self.parents:
+                self.parents.append(task)
+        self.mapping = spec
+        return self
+
+    @property
+    def map_source(self) -> str | None:
+        """The upstream task a mapped instance's item is cut from when it is a single list's
+        element (its ``ctx.inputs`` leave that list out), else None."""
+        if self.mapping is None or not self.mapping.legacy:
+            return None
+        return self.mapping.over[0][1].task
 
     def effective_map_cap(self) -> int | None:
-        if self.expand is None:
+        if self.mapping is None:
             return None
-        return self.map_cap if self.map_cap is not None else deployment_map_cap()
+        if self.map_cap is not None:
+            return self.map_cap
+        mapped = self.group.mapped if self.group is not None else None
+        if mapped is not None and mapped.map_cap is not None:
+            return mapped.map_cap
+        return deployment_map_cap()
 
     def retry_delay_for(self, attempt: int, rand: float) -> float:
         """Delay before the attempt after ``attempt``: exponential backoff with jitter.
@@ -163,7 +241,80 @@ class TaskSpec:
         return max(0.0, base * (1 + self.retry_jitter * (2 * rand - 1)))
 
 
-ParentRef = str | TaskSpec
+class TaskGroup:
+    """Tasks declared under ``with dag.group("extract"):``, their ids prefixed
+    (``extract.load``); groups nest (``extract.s3.load``).
+
+    ``g1 >> g2`` puts every leaf of ``g1`` (a task of it no task of it depends on) before
+    every root of ``g2`` (a task of it depending on no task of it); ``task >> g`` and
+    ``g >> task`` likewise, and ``parents=[g]`` names its leaves. Given ``expand=`` (a list,
+    or an upstream task whose output is one) the group is mapped: each of its tasks runs
+    once per item, ``ctx.item`` being the item, and instance ``i`` of a task waits for
+    instance ``i`` of its parents in the group (whose outputs it sees in ``ctx.inputs``).
+    """
+
+    def __init__(
+        self,
+        dag: DAG,
+        group_id: str,
+        parent: TaskGroup | None,
+        over: Source | None,
+        map_cap: int | None,
+    ) -> None:
+        self.dag = dag
+        self.group_id = group_id
+        self.parent = parent
+        self.over = over
+        self.map_cap = map_cap
+        self.members: list[str] = []  # its own tasks' ids, in declaration order
+        self.children: list[TaskGroup] = []
+
+    @property
+    def mapped(self) -> TaskGroup | None:
+        """The mapped group this group is, or is inside of (None: not mapped)."""
+        group: TaskGroup | None = self
+        while group is not None and group.over is None:
+            group = group.parent
+        return group
+
+    def task_ids(self) -> list[str]:
+        """Every task in it, its subgroups' included."""
+        inside = {*self.members, *(t for g in self.children for t in g.task_ids())}
+        return [t for t in self.dag.tasks if t in inside]  # in declaration order
+
+    def roots(self) -> list[TaskSpec]:
+        inside = set(self.task_ids())
+        tasks = [self.dag.tasks[t] for t in self.task_ids()]
+        return [t for t in tasks if not inside.intersection(t.parents)]
+
+    def leaves(self) -> list[TaskSpec]:
+        inside = set(self.task_ids())
+        has_child = {p for t in inside for p in self.dag.tasks[t].parents if p in inside}
+        return [self.dag.tasks[t] for t in self.task_ids() if t not in has_child]
+
+    def __enter__(self) -> TaskGroup:
+        self.dag._groups_open.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.dag._groups_open.pop()
+
+    def __rshift__(self, other: Downstream) -> Any:
+        for leaf in self.leaves():
+            leaf >> other
+        return other
+
+    def __rrshift__(self, others: Sequence[TaskSpec | TaskGroup]) -> TaskGroup:
+        for parent in others:
+            parent >> self
+        return self
+
+    def __repr__(self) -> str:
+        return f"TaskGroup({self.group_id!r})"
+
+
+ParentRef = str | TaskSpec | TaskGroup
+Downstream = TaskSpec | TaskGroup | Sequence[TaskSpec | TaskGroup]
 
 
 class DAG:
@@ -252,6 +403,9 @@ class DAG:
         self.callback_retries = callback_retries
         self.callback_retry_delay = seconds(callback_retry_delay) or 0.0
         self.tasks: dict[str, TaskSpec] = {}
+        # Task groups by full id (``extract.s3``), and those whose ``with`` block is open.
+        self.groups: dict[str, TaskGroup] = {}
+        self._groups_open: list[TaskGroup] = []
         self._consumers: tuple[int, dict[str, list[TaskSpec]]] | None = None
 
     @property
@@ -273,7 +427,7 @@ class DAG:
         execution_timeout: Duration | None = None,
         trigger_rule: TriggerRule | str = TriggerRule.ALL_SUCCESS,
         priority: int = 0,
-        expand: ParentRef | None = None,
+        expand: ParentRef | Sequence[Any] | None = None,
         map_cap: int | None = None,
         branch: bool = False,
         sensor: SensorSpec | None = None,
@@ -301,7 +455,11 @@ class DAG:
         (docs/dag-patterns.md, "Setup and teardown"). ``teardown_of`` makes those tasks
         its parents and marks them setups.
 
-        ``expand=upstream`` runs one instance per item of ``upstream``'s output (a list).
+        ``expand=upstream`` runs one instance per item of ``upstream``'s output (a list),
+        ``expand=[...]`` one per item of a literal list (``ctx.item``); ``.partial(...)``,
+        ``.expand(a=..., b=...)`` (cross product) and ``.expand_kwargs(...)`` on the task
+        map it over keyword arguments (docs/dag-patterns.md). Declared inside
+        ``with dag.group("g"):`` its id is ``g.<name>``.
         ``branch=True`` makes the task's return value (a child id or list of ids) choose which
         children run; the others end SKIPPED. ``pool="warehouse", pool_slots=1`` holds that
         many of the pool's slots while RUNNING (``slotless pools set``); ``queue="gpu"`` runs
@@ -316,7 +474,11 @@ class DAG:
         """
 
         def register(f: TaskFn | None) -> TaskSpec:
-            tid = task_id or str(getattr(f, "__name__", ""))
+            name = task_id or str(getattr(f, "__name__", ""))
+            group = self._groups_open[-1] if self._groups_open else None
+            tid = f"{group.group_id}.{name}" if group is not None else name
+            if not name or name.startswith("{"):
+                raise DagError(f"invalid task id {name!r} in DAG {self.dag_id!r}")
             if tid in self.tasks:
                 raise DagError(f"duplicate task id {tid!r} in DAG {self.dag_id!r}")
             try:
@@ -329,24 +491,34 @@ class DAG:
             if retries < 0:
                 raise DagError(f"task {tid!r}: retries must be >= 0")
             # A parent named twice is one edge (else n_parents counts an edge never bumped).
-            parent_ids = list(dict.fromkeys(_ref(p) for p in parents))
-            source = _ref(expand) if expand is not None else None
-            if source is not None:
-                if source not in parent_ids:
-                    parent_ids.append(source)
-                if rule not in _MAPPABLE_RULES:
-                    raise DagError(
-                        f"task {tid!r}: a mapped task cannot use trigger rule "
-                        f"{rule.value} (it must wait for all parents)"
-                    )
+            parent_ids = list(dict.fromkeys(p for ref in parents for p in _refs(ref)))
+            mapping = None
+            if expand is not None:
+                if isinstance(expand, TaskSpec):
+                    source = Source(task=expand.task_id)
+                elif isinstance(expand, str):
+                    source = Source(task=expand)
+                elif isinstance(expand, list | tuple):
+                    source = _source(tid, "expand", expand)
+                else:
+                    raise DagError(f"task {tid!r}: expand= takes a task or a list, not {expand!r}")
+                mapping = MapSpec("items", (("", source),))
+                _check_mappable(tid, rule, branch, group)
+                if source.task is not None and source.task not in parent_ids:
+                    parent_ids.append(source.task)
+            elif group is not None and group.mapped is not None:
+                if sensor is not None:
+                    raise DagError(f"task {tid!r}: a mapped group cannot hold a sensor (yet)")
                 if branch:
-                    # Each instance would skip what it did not choose, even what another chose.
-                    raise DagError(f"task {tid!r}: a mapped task cannot be a branch")
+                    raise DagError(f"task {tid!r}: a mapped group cannot hold a branch")
+                over = group.mapped.over
+                assert over is not None
+                mapping = MapSpec("items", (("", over),), group=group.mapped.group_id)
             if map_cap is not None and map_cap < 0:
                 raise DagError(f"task {tid!r}: map_cap must be >= 0")
             setups = [self._setup_of(tid, s) for s in teardown_of]
             is_teardown = teardown or bool(setups)
-            _check_role(tid, setup, is_teardown, on_failure_fail_run, source)
+            _check_role(tid, setup, is_teardown, on_failure_fail_run, mapping is not None)
             if is_teardown:
                 rule = TriggerRule.ALL_DONE_SETUP_SUCCESS
                 parent_ids += [s.task_id for s in setups if s.task_id not in parent_ids]
@@ -377,8 +549,9 @@ class DAG:
                 execution_timeout=seconds(execution_timeout),
                 trigger_rule=rule,
                 priority=priority,
-                expand=source,
+                mapping=mapping,
                 map_cap=map_cap,
+                group=group,
                 branch=branch,
                 sensor=sensor,
                 pool=pool,
@@ -393,6 +566,8 @@ class DAG:
             for s in setups:
                 s.setup = True  # as Airflow's as_teardown(setups=...) marks them
             self.tasks[tid] = spec
+            if group is not None:
+                group.members.append(tid)
             return spec
 
         return register(fn) if fn is not None or sensor is not None else register
@@ -446,13 +621,112 @@ class DAG:
         )
         return self.task(None, task_id=task_id, sensor=spec, **options)
 
+    def group(
+        self,
+        group_id: str,
+        *,
+        expand: TaskSpec | Sequence[Any] | None = None,
+        map_cap: int | None = None,
+    ) -> TaskGroup:
+        """A task group: ``with dag.group("extract") as g:`` declares ``extract.<task>``.
+
+        ``expand=`` (a literal list, or an upstream task whose output is a list) maps the
+        group: each of its tasks runs once per item (``ctx.item``), instance ``i`` after
+        instance ``i`` of its parents in the group. ``map_cap`` bounds the items (default
+        the deployment's ``SLOTLESS_MAX_MAP``). A mapped group cannot be inside another.
+        """
+        parent = self._groups_open[-1] if self._groups_open else None
+        if not group_id or not group_id.replace("_", "").replace("-", "").isalnum():
+            raise DagError(f"invalid group id {group_id!r}: use letters, digits, _ -")
+        full = f"{parent.group_id}.{group_id}" if parent is not None else group_id
+        if full in self.groups:
+            raise DagError(f"duplicate group id {full!r} in DAG {self.dag_id!r}")
+        over = None
+        if expand is not None:
+            if parent is not None and parent.mapped is not None:
+                raise DagError(
+                    f"group {full!r}: a mapped group cannot be inside another mapped group "
+                    f"({parent.mapped.group_id})"
+                )
+            if isinstance(expand, TaskSpec):
+                over = Source(task=expand.task_id)
+            elif isinstance(expand, list | tuple):
+                over = _source(full, "expand", expand)
+            else:
+                raise DagError(f"group {full!r}: expand= takes a task or a list, not {expand!r}")
+        if map_cap is not None and (expand is None or map_cap < 0):
+            raise DagError(f"group {full!r}: map_cap needs expand= and must be >= 0")
+        group = TaskGroup(self, full, parent, over, map_cap)
+        self.groups[full] = group
+        if parent is not None:
+            parent.children.append(group)
+        return group
+
+    def map_spec(self, task_id: str) -> MapSpec | None:
+        """What ``task_id`` maps over as its rows store it: a member of a mapped group gets
+        the group's wiring (its parents in the group, its children there, and the parents
+        outside it that every member's template waits for)."""
+        return self.map_specs([task_id])[task_id]
+
+    def map_specs(self, task_ids: Iterable[str] | None = None) -> dict[str, MapSpec | None]:
+        """:meth:`map_spec` of many tasks (all by default), each mapped group read once."""
+        wanted = list(self.tasks if task_ids is None else task_ids)
+        out: dict[str, MapSpec | None] = {}
+        wiring: dict[str, tuple[list[str], tuple[str, ...], dict[str, list[str]]]] = {}
+        for task_id in wanted:
+            spec = self.tasks[task_id]
+            mapping = spec.mapping
+            if mapping is None or mapping.group is None:
+                out[task_id] = mapping
+                continue
+            if mapping.group not in wiring:
+                wiring[mapping.group] = self._group_wiring(self.groups[mapping.group])
+            members, needs, children = wiring[mapping.group]
+            inside = set(members)
+            out[task_id] = MapSpec(
+                mapping.kind,
+                mapping.over,
+                group=mapping.group,
+                after=tuple(p for p in spec.parents if p in inside),
+                before=tuple(children.get(task_id, ())),
+                needs=needs,
+                rule=spec.trigger_rule.value,
+            )
+        return out
+
+    def _group_wiring(
+        self, group: TaskGroup
+    ) -> tuple[list[str], tuple[str, ...], dict[str, list[str]]]:
+        """A mapped group's tasks, the parents outside it (its upstream list's task too),
+        and each task's children inside it."""
+        members = group.task_ids()
+        inside = set(members)
+        needs: set[str] = set()
+        children: dict[str, list[str]] = {}
+        for t in members:
+            for p in self.tasks[t].parents:
+                if p in inside:
+                    children.setdefault(p, []).append(t)
+                else:
+                    needs.add(p)
+        if group.over is not None and group.over.task is not None:
+            needs.add(group.over.task)
+        return members, tuple(sorted(needs)), children
+
+    def template_parents(self, task_id: str) -> list[str]:
+        """The parents ``task_id``'s row waits for: its own, or for a member of a mapped
+        group the group's parents outside it (its parents inside are waited for per
+        instance)."""
+        return _row_parents(self.tasks[task_id], self.map_spec(task_id))
+
     def _setup_of(self, tid: str, ref: ParentRef) -> TaskSpec:
         """A task ``teardown_of`` names: declared before, not a teardown, not mapped."""
-        found = self.tasks.get(_ref(ref))
+        named = ", ".join(_refs(ref))
+        found = self.tasks.get(named)
         if found is None:
-            raise DagError(f"task {tid!r}: teardown_of names {_ref(ref)!r}, which is not "
+            raise DagError(f"task {tid!r}: teardown_of names {named!r}, which is not "
                            "a task of this DAG (declare the setup first)")  # fmt: skip
-        if found.teardown or found.expand is not None:
+        if found.teardown or found.mapping is not None:
             what = "a teardown" if found.teardown else "a mapped task"
             raise DagError(f"task {tid!r}: teardown_of names {found.task_id!r}, {what}")
         return found
@@ -465,8 +739,8 @@ class DAG:
         if self._consumers is None or self._consumers[0] != len(self.tasks):
             index: dict[str, list[TaskSpec]] = {}
             for t in self.tasks.values():
-                if t.expand is not None:
-                    index.setdefault(t.expand, []).append(t)
+                for source in t.mapping.tasks if t.mapping is not None else ():
+                    index.setdefault(source, []).append(t)
             self._consumers = (len(self.tasks), index)
         return self._consumers[1].get(task_id, [])
 
@@ -484,6 +758,21 @@ class DAG:
         cycle = find_cycle({t.task_id: t.parents for t in self.tasks.values()})
         if cycle:
             raise DagError("cycle: " + " -> ".join(cycle))
+        for group in self.groups.values():
+            if group.over is not None and group.over.task is not None:
+                if group.over.task not in self.tasks:
+                    raise DagError(f"group {group.group_id!r} maps over unknown task "
+                                   f"{group.over.task!r}")  # fmt: skip
+                if group.over.task in group.task_ids():
+                    raise DagError(
+                        f"group {group.group_id!r} maps over its own task {group.over.task!r}"
+                    )
+        # A mapped group's members wait, as rows, for the group's parents outside it: a
+        # task outside that both follows one member and precedes another is a cycle there.
+        specs = self.map_specs()
+        cycle = find_cycle({t: _row_parents(s, specs[t]) for t, s in self.tasks.items()})
+        if cycle:
+            raise DagError("cycle through a mapped group: " + " -> ".join(cycle))
 
 
 def _schedule(
@@ -604,15 +893,15 @@ def _check_deferrable(task_id: str, trigger: BaseTrigger) -> None:
         )
 
 
-def _check_role(tid: str, setup: bool, teardown: bool, fails_run: bool, source: str | None) -> None:
+def _check_role(tid: str, setup: bool, teardown: bool, fails_run: bool, mapped: bool) -> None:
     """A task's part in a setup/teardown pair, checked at declaration."""
     if setup and teardown:
         raise DagError(f"task {tid!r}: a task is a setup or a teardown, not both")
     if fails_run and not teardown:
         raise DagError(f"task {tid!r}: on_failure_fail_run is for a teardown (teardown_of=...)")
-    if (setup or teardown) and source is not None:
+    if (setup or teardown) and mapped:
         role = "setup" if setup else "teardown"
-        raise DagError(f"task {tid!r}: a {role} task cannot be mapped (expand=)")
+        raise DagError(f"task {tid!r}: a {role} task cannot be mapped (expand=, a mapped group)")
 
 
 def _check_pool(tid: str, pool: object, pool_slots: object, queue: object) -> None:
@@ -635,8 +924,81 @@ def _hooks(owner: str, callbacks: dict[str, Callback | None], notify: NotifySpec
         raise DagError(str(exc)) from None
 
 
-def _ref(p: ParentRef) -> str:
-    return p.task_id if isinstance(p, TaskSpec) else p
+def _row_parents(spec: TaskSpec, mapping: MapSpec | None) -> list[str]:
+    if mapping is None or mapping.needs is None:
+        return spec.parents
+    return list(mapping.needs)
+
+
+def _refs(p: ParentRef) -> list[str]:
+    """The task ids a parent reference names: a group names its leaves."""
+    if isinstance(p, TaskGroup):
+        return [t.task_id for t in p.leaves()]
+    return [p.task_id if isinstance(p, TaskSpec) else p]
+
+
+def _tasks_of(other: Downstream, end: Literal["roots", "leaves"]) -> list[TaskSpec]:
+    items = [other] if isinstance(other, TaskSpec | TaskGroup) else list(other)
+    out: list[TaskSpec] = []
+    for item in items:
+        if isinstance(item, TaskGroup):
+            out += item.roots() if end == "roots" else item.leaves()
+        else:
+            out.append(item)
+    return out
+
+
+def _source(owner: str, name: str, value: Any) -> Source:
+    """A list to map over, as declared: an upstream task, or a literal list (checked now:
+    it is stored in the DAG's shape as JSON)."""
+    if isinstance(value, TaskSpec):
+        return Source(task=value.task_id)
+    if not isinstance(value, list | tuple):
+        raise DagError(
+            f"task {owner!r}: {name} takes a list or an upstream task, not {type(value).__name__}"
+        )
+    try:
+        json.dumps(list(value), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise DagError(f"task {owner!r}: {name}'s list cannot be stored as JSON: {exc}") from None
+    return Source(values=tuple(value))
+
+
+def _check_mappable(
+    tid: str,
+    rule: TriggerRule,
+    branch: bool,
+    group: TaskGroup | None,
+) -> None:
+    if rule not in _MAPPABLE_RULES:
+        raise DagError(
+            f"task {tid!r}: a mapped task cannot use trigger rule "
+            f"{rule.value} (it must wait for all parents)"
+        )
+    if branch:
+        # Each instance would skip what it did not choose, even what another chose.
+        raise DagError(f"task {tid!r}: a mapped task cannot be a branch")
+    if group is not None and group.mapped is not None:
+        raise DagError(
+            f"task {tid!r}: a task in mapped group {group.mapped.group_id!r} is mapped by it; "
+            "it cannot be mapped again"
+        )
+
+
+def _group_view(ctx: TaskContext) -> None:
+    """A mapped group's instance stores ``{"item": ..., "inputs": {...}}``: the group's
+    item, and the outputs of its parents in the group for its index (written by the state
+    machine when it becomes ready). Shown to the task as ``ctx.item`` and ``ctx.inputs``."""
+    stored = ctx.item
+    if isinstance(stored, dict) and "item" in stored and not getattr(ctx, "_grouped", False):
+        ctx.item = stored["item"]
+        ctx.inputs.update(stored.get("inputs") or {})
+        ctx._grouped = True  # type: ignore[attr-defined]
+
+
+def _resume(spec: TaskSpec, fn: Callable[..., Any], ctx: TaskContext, **kwargs: Any) -> Any:
+    """A deferred task's resume point, called as the task is (its arguments included)."""
+    return fn(ctx, **spec.arguments(ctx), **kwargs)
 
 
 def find_cycle(parents: dict[str, list[str]]) -> list[str] | None:

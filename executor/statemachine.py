@@ -22,6 +22,8 @@ from typing import Any
 from . import carried, notifications, runwaits
 from .carried import Carried
 from .driver.db import Row, Tx
+from .mapping import MapSpec, decode, items_of
+from .mapping import expansion_problem as expansion_problem  # the worker's checks use it
 from .notifications import after_run, after_transition
 from .rows import MovedTask, TaskRow
 from .rules import (
@@ -293,6 +295,21 @@ async def _settle_batch(
         ):
             follow.append((moved, final))
 
+    # 2b. An instance of a mapped group's member reports to the same index's instances of
+    # its children in the group (per_file.load[3] waits for per_file.extract[3]).
+    for row, state in ended:
+        if row.map_index < 0 or not row.expand_from or not row.expand_from.startswith("{"):
+            continue
+        before = decode(row.expand_from).before
+        if not before:
+            continue
+        bumped = await tx.fetch(
+            "bump_instances", **_state_flags(state), run_id=row.run_id,
+            map_index=row.map_index, task_ids=list(before),
+        )  # fmt: skip
+        if row.run_id not in paused:  # a paused run decides them when it resumes
+            follow.extend(await _decide(tx, TaskRow.all(bumped), now))
+
     # 3. Unmapped tasks report to their children, whose trigger rules then decide: one
     # statement per run and way of ending, each child bumped once by all its parents in
     # the batch, and decided on the sum. A leaf has no edge to follow (no statement).
@@ -379,12 +396,18 @@ async def resume_run(tx: Tx, run_id: str, now: float, *, why: str) -> bool:
     if not await transition_run(tx, run_id, RunState.PAUSED, RunState.RUNNING, now=now, why=why):
         return False
     held = TaskRow.all(await tx.fetch("held_tasks", run_id=run_id))
-    instances = [r.id for r in held if r.map_index >= 0]  # their rule is their template's
+    # An instance's rule is its template's; a mapped group's instance has its own, over its
+    # parents in the group: decided anew like a template.
+    instances = [r.id for r in held if r.map_index >= 0 and not _waits_in_group(r)]
     if instances:
         await tx.execute("mark_ready", now=now, ids=instances)
     waiting = [r.id for r in held if r.map_index < 0]
     if waiting:
         await tx.execute("recount_parents", ids=waiting)
+    # A group's instance kept counting its parents while the run was paused (they have no
+    # edge to recount from): its counters stand.
+    waiting += [r.id for r in held if _waits_in_group(r)]
+    if waiting:
         await evaluate(tx, TaskRow.all(await tx.fetch("tasks_by_id", ids=waiting)), now)
     await end_if_done(tx, run_id, now)
     return True
@@ -435,9 +458,11 @@ async def _decide(tx: Tx, rows: Sequence[TaskRow], now: float) -> list[tuple[Mov
         if decision is Decision.WAIT:
             continue
         if decision is Decision.RUN:
-            if row.expand_from:
+            if row.expand_from and row.map_index < 0:
                 ended.extend(await _expand(tx, row, now))
             else:
+                if _waits_in_group(row):
+                    await _give_group_inputs(tx, row)
                 ready.append(row.id)
             continue
         new = State(decision.value)
@@ -465,53 +490,71 @@ async def _with_setups(tx: Tx, row: TaskRow, counts: Counts) -> Counts:
 
 
 async def _expand(tx: Tx, tpl: TaskRow, now: float) -> list[tuple[MovedTask, State]]:
-    """Create one instance per item of the upstream's output, in this transaction."""
-    source = tpl.expand_from
-    assert source is not None
-    src = await tx.fetchone("task_result", run_id=tpl.run_id, task_id=source)
-    items: Any
-    if src is None or src["state"] != State.SUCCESS:
-        return await _end_template(
-            tx,
-            tpl,
-            State.SKIPPED,
-            now,
-            f"nothing to map over: {source} ended {src and src['state']}",
-        )
-    if src["map_total"] is not None:  # mapping over a mapped task: its outputs in order
-        items = [
-            _loads(r["output"])
-            for r in await tx.fetch("mapped_outputs", run_id=tpl.run_id, task_id=source)
-        ]
-    else:
-        items = _loads(src["output"])
-    problem = expansion_problem(source, items, tpl.map_cap)
-    if problem:
-        return await _end_template(tx, tpl, State.FAILED, now, problem)
+    """Create one instance per item of what the template maps over (executor/mapping.py),
+    in this transaction. Inserting an instance that exists inserts nothing: expanding again
+    (after a takeover, a retry of the transaction) creates none twice."""
+    assert tpl.expand_from is not None
+    spec = decode(tpl.expand_from)
+    lists: dict[str, Any] = {}
+    for name, source in spec.over:
+        if source.task is None:
+            lists[name] = list(source.values or ())
+            continue
+        src = await tx.fetchone("task_result", run_id=tpl.run_id, task_id=source.task)
+        if src is None or src["state"] != State.SUCCESS:
+            return await _end_template(
+                tx, tpl, State.SKIPPED, now,
+                f"nothing to map over: {source.task} ended {src and src['state']}",
+            )  # fmt: skip
+        if src["map_total"] is not None:  # mapping over a mapped task: its outputs in order
+            lists[name] = [
+                _loads(r["output"])
+                for r in await tx.fetch("mapped_outputs", run_id=tpl.run_id, task_id=source.task)
+            ]
+        else:
+            lists[name] = _loads(src["output"])
+    items, problem = items_of(spec, lists, tpl.map_cap)
+    what = spec.describe()
+    if problem or items is None:
+        return await _end_template(tx, tpl, State.FAILED, now, problem or "no items")
     if not items:
-        return await _end_template(
-            tx, tpl, State.SKIPPED, now, f"{source} returned an empty list: no instance to run"
+        verb = "returned" if len(spec.over) == 1 and spec.over[0][1].task else "is"
+        why = f"{what} {verb} an empty list: no instance to run"
+        return await _end_template(tx, tpl, State.SKIPPED, now, why)
+    common = {
+        "run_id": tpl.run_id,
+        "task_id": tpl.task_id,
+        "priority": tpl.priority,
+        "max_attempts": tpl.max_attempts,
+        "map_total": len(items),
+        "expand_from": spec.instance_tag(),
+        "now": now,
+        "pool": tpl.pool,
+        "pool_slots": tpl.pool_slots,
+        "queue": tpl.queue,
+    }
+    if spec.group is None:
+        await tx.executemany(
+            "insert_instance",
+            [{**common, "map_index": i, "item": json.dumps(item)} for i, item in enumerate(items)],
         )
-    await tx.executemany(
-        "insert_instance",
-        [
-            {
-                "run_id": tpl.run_id,
-                "task_id": tpl.task_id,
-                "map_index": i,
-                "priority": tpl.priority,
-                "max_attempts": tpl.max_attempts,
-                "item": json.dumps(item),
-                "map_total": len(items),
-                "expand_from": source,
-                "now": now,
-                "pool": tpl.pool,
-                "pool_slots": tpl.pool_slots,
-                "queue": tpl.queue,
-            }
-            for i, item in enumerate(items)
-        ],
-    )
+    else:
+        # The group's item, wrapped: its parents' outputs are added when it becomes ready.
+        after = len(spec.after)
+        await tx.executemany(
+            "insert_group_instance",
+            [
+                {
+                    **common,
+                    "map_index": i,
+                    "item": json.dumps({"item": item}),
+                    "trigger_rule": spec.rule or tpl.trigger_rule,
+                    "n_parents": after,
+                    "ready_at": None if after else now,
+                }
+                for i, item in enumerate(items)
+            ],
+        )
     await tx.execute("set_expanded", n=len(items), id=tpl.id)
     await _cas(
         tx,
@@ -519,21 +562,43 @@ async def _expand(tx: Tx, tpl: TaskRow, now: float) -> list[tuple[MovedTask, Sta
         State.PENDING,
         State.RUNNING,
         now=now,
-        message=f"expanded over {source} into {len(items)} instances",
+        message=f"expanded over {what} into {len(items)} instances",
     )
-    return []
+    if spec.group is None or not spec.after:
+        return []
+    # Expanding anew while a parent in the group kept its instances (a clear of only the
+    # group's failed tasks): theirs that ended will not report again, so they are counted.
+    parents = list(spec.after)
+    if await tx.fetchone("group_parents_ended", run_id=tpl.run_id, after=parents) is None:
+        return []
+    counted = await tx.fetch(
+        "recount_group_instances", after=parents, run_id=tpl.run_id, task_id=tpl.task_id
+    )
+    return await _decide(tx, TaskRow.all(counted), now)
 
 
-def expansion_problem(source: str, items: Any, cap: int | None) -> str | None:
-    """Why ``items`` cannot be mapped over, or None. Shared by worker and store."""
-    if not isinstance(items, list):
-        return f"cannot map over the output of {source}: it is a {type(items).__name__}, not a list"
-    if cap is not None and len(items) > cap:
-        return (
-            f"fan-out of {len(items)} items from {source} exceeds the cap of {cap}; "
-            "no instance was created"
-        )
-    return None
+def _waits_in_group(row: TaskRow) -> bool:
+    """Whether ``row`` is an instance of a mapped group's member with parents in the group."""
+    return (
+        row.map_index >= 0
+        and row.expand_from is not None
+        and row.expand_from.startswith("{")
+        and bool(decode(row.expand_from).after)
+    )
+
+
+async def _give_group_inputs(tx: Tx, row: TaskRow) -> None:
+    """Add the outputs of its parents' instances of the same index to a mapped group's
+    instance as it becomes ready: its ``ctx.inputs`` (executor/dag.py shows them)."""
+    assert row.expand_from is not None
+    spec: MapSpec = decode(row.expand_from)
+    outs = await tx.fetch(
+        "instance_outputs", run_id=row.run_id, map_index=row.map_index, task_ids=list(spec.after)
+    )
+    stored = _loads(row.item)
+    stored = stored if isinstance(stored, dict) else {"item": stored}
+    stored["inputs"] = {r["task_id"]: _loads(r["output"]) for r in outs}
+    await tx.execute("set_item", item=json.dumps(stored), id=row.id)
 
 
 async def _end_template(

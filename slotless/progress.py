@@ -21,6 +21,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from executor.mapping import describe
 from executor.states import TERMINAL
 from executor.store import Store
 from executor.store.inspecting import RunProgress
@@ -75,7 +76,7 @@ def render(p: RunProgress) -> RenderableType:
     bars.add_row("tasks", _bar(ended, total, failed), f"{ended}/{total}", states_text(p.counts))
     for m in p.mapped:
         if m.map_total is None:
-            bars.add_row(m.task_id, Text(f"maps over {m.expand_from}", style="dim"))
+            bars.add_row(m.task_id, Text(f"maps over {describe(m.expand_from)}", style="dim"))
         else:
             done, of = m.n_done, m.map_total
             bars.add_row(m.task_id, _bar(done, of, m.n_failed), f"{done}/{of}")

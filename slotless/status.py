@@ -19,10 +19,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 from executor.runnames import logical_shown
 from executor.store import Store, open_store
+from executor.store.catalogue import UnknownDag
 from executor.store.viewrows import AttentionRow, DeferredRow, HeldRow, RetryingRow, WaitingRow
+from executor.taskgroups import GroupNode, group_tree, tree_from_ids
 from triggers.base import SHARDS, clip
 
 from .options import db_opt
@@ -72,12 +75,17 @@ def add_commands(sub: Any) -> None:
     db_opt(status)
     status.add_argument("--limit", type=int, default=20, help="runs, and tasks per waiting state")
     status.add_argument("--json", action="store_true")
+    status.add_argument(
+        "--run", metavar="RUN_ID", help="that run's tasks and their states, in their task groups"
+    )
     status.set_defaults(func=status_command)
 
 
 async def status_command(args: argparse.Namespace) -> int:
     store = await open_store(args.db, create=False)
     try:
+        if args.run:
+            return await _run_command(store, args.run, args.json)
         data = await collect(store, args.limit)
     finally:
         await store.close()
@@ -390,6 +398,79 @@ def render(data: StatusView, console: Console) -> None:
                 style="bold red",
             )
         )
+
+
+# ------------------------------------------------------------ one run's tasks, grouped
+
+
+async def run_tasks_tree(store: Store, run_id: str) -> dict[str, Any] | None:
+    """A run's tasks with their states, in the task groups of its DAG's catalogued shape
+    (a task the shape does not hold at the top; a DAG not catalogued, as a run of
+    ``slotless run``'s, grouped by the dots in its task ids); None if there is no such
+    run. A mapped task shows its instances by state."""
+    info = await store.views.run_info(run_id)
+    if info is None:
+        return None
+    rows = await store.views.run_tasks(run_id)
+    mapped = await store.views.mapped_counts(run_id)
+    try:
+        shape = (await store.catalogue.start_spec(info["dag_id"])).shape
+    except UnknownDag:
+        shape = None
+    tree = group_tree(shape) if shape is not None else tree_from_ids([r["task_id"] for r in rows])
+    known = set(tree.task_ids())
+    states = {
+        r["task_id"]: {"state": r["state"], "instances": mapped.get(r["task_id"])} for r in rows
+    }
+
+    def node(g: GroupNode, extra: list[str]) -> dict[str, Any]:
+        tasks = [t for t in [*g.tasks, *extra] if t in states]
+        return {
+            "group_id": g.group_id,
+            "over": g.over,
+            "tasks": [{"task_id": t, **states[t]} for t in tasks],
+            "groups": [node(sub, []) for sub in g.groups],
+        }
+
+    top = node(tree, [r["task_id"] for r in rows if r["task_id"] not in known])
+    return {"run_id": run_id, "dag_id": info["dag_id"], "state": info["state"], **top}
+
+
+async def _run_command(store: Store, run_id: str, as_json: bool) -> int:
+    found = await run_tasks_tree(store, run_id)
+    if found is None:
+        print(f"slotless status: no run {run_id!r}")
+        return 1
+    if as_json:
+        print(json.dumps(found))
+    else:
+        render_run_tasks(found, Console())
+    return 0
+
+
+def render_run_tasks(found: dict[str, Any], console: Console) -> None:
+    """The tree :func:`run_tasks_tree` read: groups as branches, tasks with their state."""
+    state = found["state"]
+    root = Tree(Text(f"{found['run_id']} ").append(state, style=STATE_STYLE.get(state, "")))
+
+    def add(branch: Tree, group: dict[str, Any]) -> None:
+        for t in group["tasks"]:
+            name = t["task_id"].rpartition(".")[2] if group["group_id"] else t["task_id"]
+            line = Text(f"{name}  ").append(t["state"], style=STATE_STYLE.get(t["state"], ""))
+            if t["instances"]:
+                total = sum(t["instances"].values())
+                line.append(f"  {total} instances: ", style="dim").append(
+                    states_text(t["instances"])
+                )
+            branch.add(line)
+        for sub in group["groups"]:
+            label = Text(sub["group_id"].rpartition(".")[2] + "/", style="bold")
+            if sub["over"]:
+                label.append(f"  mapped over {sub['over']}", style="dim")
+            add(branch.add(label), sub)
+
+    add(root, found)
+    console.print(root)
 
 
 def _render_pools(data: StatusView, console: Console) -> None:

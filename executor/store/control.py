@@ -39,6 +39,7 @@ from zoneinfo import ZoneInfo
 
 from ..carried import Output
 from ..driver.db import Row, Tx
+from ..mapping import group_mates
 from ..params import resolve
 from ..rows import MovedTask, TaskRow
 from ..runnames import RunType
@@ -336,14 +337,20 @@ class _Graph:
             known = ", ".join(self.tasks)
             raise ControlError(f"run {self.run['run_id']} has no task {unknown[0]!r} ({known})")
         picked = set(task_ids or self.tasks)
-        for edges, wanted in ((self.children, downstream), (self.parents, upstream)):
-            todo = list(picked) if wanted else []
-            while todo:
-                for nxt in edges[todo.pop()]:
-                    if nxt not in picked:
-                        picked.add(nxt)
-                        todo.append(nxt)
-        return self.order(picked)
+        while True:
+            for edges, wanted in ((self.children, downstream), (self.parents, upstream)):
+                todo = list(picked) if wanted else []
+                while todo:
+                    for nxt in edges[todo.pop()]:
+                        if nxt not in picked:
+                            picked.add(nxt)
+                            todo.append(nxt)
+            # A mapped group's instances run as units: a task of it is cleared with the
+            # whole group, which expands again as one (executor/mapping.py).
+            grown = picked | group_mates(self.tasks.values(), picked)
+            if grown == picked:
+                return self.order(picked)
+            picked = grown
 
     def order(self, picked: Collection[str]) -> list[str]:
         """``picked`` in the run's task order (parents before children)."""

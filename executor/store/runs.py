@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from ..driver.db import Tx
+from ..mapping import decode
 from ..notifications import run_mask, task_mask
 from ..rows import TaskRow
 from ..rules import Counts, Decision, Node, decide, leaf_kinds
@@ -73,25 +74,42 @@ class TaskShape:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupShape:
+    """A task group (executor/dag.py): its full id, its own tasks (its subgroups' are
+    theirs), and for a mapped group what it maps over (as people read it)."""
+
+    group_id: str
+    tasks: tuple[str, ...]
+    over: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunShape:
-    """The rows a run of a DAG inserts: what run creation needs of a DAG, and no code."""
+    """The rows a run of a DAG inserts: what run creation needs of a DAG, and no code.
+
+    A task's ``parents`` are its edges in the DAG as declared; a member of a mapped group
+    waits as a row for its group's parents outside it instead (:func:`row_parents`)."""
 
     dag_id: str
     tasks: tuple[TaskShape, ...]
     hooks: int = 0  # the run's own events with handlers (executor.notifications.run_mask)
     policy: RunPolicy = field(default_factory=RunPolicy)
+    groups: tuple[GroupShape, ...] = ()  # for the page and `slotless status`
 
     @classmethod
     def of(cls, dag: DAG) -> RunShape:
+        specs = dag.map_specs()
         return cls(
             dag.dag_id,
             tuple(
                 TaskShape(
                     s.task_id,
                     tuple(s.parents),
-                    s.trigger_rule.value,
+                    # A mapped group's member starts (expands) with the group, when the
+                    # group's parents succeeded; its own rule applies per instance.
+                    "all_success" if (m := specs[s.task_id]) and m.group else s.trigger_rule.value,
                     s.priority,
-                    s.expand,
+                    None if m is None else m.encode(),
                     s.effective_map_cap(),
                     s.retries + 1,
                     s.pool,
@@ -106,6 +124,14 @@ class RunShape:
             ),
             run_mask(dag.hooks),
             dag.policy,
+            tuple(
+                GroupShape(
+                    g.group_id,
+                    tuple(g.members),
+                    None if g.over is None else g.over.describe(),
+                )
+                for g in dag.groups.values()
+            ),
         )
 
     @property
@@ -121,14 +147,34 @@ class RunShape:
         tasks = [[*_fields(t)] for t in self.tasks]
         # A list when the run has no hooks nor policy of its own: the form stored before.
         doc: Any = tasks
-        if self.hooks or not self.policy.is_default:
+        if self.hooks or not self.policy.is_default or self.groups:
             doc = {"tasks": tasks, "hooks": self.hooks, "policy": self.policy.to_json()}
+            if self.groups:
+                doc["groups"] = [[g.group_id, g.tasks, g.over] for g in self.groups]
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, dag_id: str, text: str) -> RunShape:
         tasks, hooks, policy = shape_parts(text)
-        return cls(dag_id, tasks, hooks, policy)
+        return cls(dag_id, tasks, hooks, policy, shape_groups(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def shape_groups(text: str) -> tuple[GroupShape, ...]:
+    """A stored shape's task groups (none in shapes stored before groups existed)."""
+    doc = json.loads(text)
+    if isinstance(doc, list):
+        return ()
+    return tuple(GroupShape(g, tuple(tasks), over) for g, tasks, over in doc.get("groups", ()))
+
+
+def row_parents(t: TaskShape) -> tuple[str, ...]:
+    """The parents ``t``'s row waits for (its edges in the ``edge`` table): its own, or a
+    mapped group member's group parents (executor/mapping.py: ``needs``)."""
+    if t.expand_from is None or not t.expand_from.startswith("{"):
+        return t.parents
+    needs = decode(t.expand_from).needs
+    return t.parents if needs is None else needs
 
 
 @functools.lru_cache(maxsize=4096)
@@ -301,18 +347,20 @@ async def insert_runs(
             going = state == RunState.RUNNING.value
             new_run = {**row, "deadline_missed_at": None}
             waits += waits_of(new_run, now, times=True, timeout=going)
+        waits_for = {t.task_id: row_parents(t) for t in shape.tasks}
         kinds = _leaf_kinds(shape.tasks)
         going = state == RunState.RUNNING.value
         for t in shape.tasks:
-            ready = going and _runs_at_once(t)
+            ready = going and _runs_at_once(t, len(waits_for[t.task_id]))
             if ready and t.expand_from:
                 to_expand.append(run_id)  # expanding reads its upstream: the state machine's
                 ready = False
-            tasks.append(_task_row(run_id, t, kinds[t.task_id], ready, now))
+            row = _task_row(run_id, t, kinds[t.task_id], ready, now)
+            tasks.append({**row, "n_parents": len(waits_for[t.task_id])})
         edges += [
             {"run_id": run_id, "parent": parent, "child": t.task_id}
             for t in shape.tasks
-            for parent in t.parents
+            for parent in waits_for[t.task_id]
         ]
         if not shape.tasks:  # no task will ever end to finish it
             empty.append(run_id)
@@ -345,11 +393,11 @@ def _policy_columns(shape: RunShape, new: NewRun) -> dict[str, Any]:
     }
 
 
-def _runs_at_once(t: TaskShape) -> bool:
+def _runs_at_once(t: TaskShape, parents: int) -> bool:
     """Whether a new run's trigger rules start this task at once (no parent has ended):
     decided here, as :func:`executor.statemachine.evaluate` would, so that inserting
     10,000 runs reads none of their rows back."""
-    return _starts_at_once(t.trigger_rule, len(t.parents))
+    return _starts_at_once(t.trigger_rule, parents)
 
 
 @functools.lru_cache(maxsize=64)
@@ -379,8 +427,10 @@ async def _states(tx: Tx, requests: Sequence[tuple[RunShape, NewRun]]) -> list[R
 
 @functools.lru_cache(maxsize=1024)
 def _leaf_kinds(tasks: tuple[TaskShape, ...]) -> Mapping[str, int]:
-    """Each task's is_leaf (executor/rules.py): the runs of one shape share it."""
-    return leaf_kinds(t.node for t in tasks)
+    """Each task's is_leaf (executor/rules.py): the runs of one shape share it. Leaves
+    as the rows see them: a mapped group's task is a parent of its children in the group
+    per index, not as a row (:func:`row_parents`)."""
+    return leaf_kinds(Node(t.task_id, row_parents(t), t.node.quiet) for t in tasks)
 
 
 def _task_row(run_id: str, t: TaskShape, is_leaf: int, ready: bool, now: float) -> dict[str, Any]:

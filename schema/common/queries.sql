@@ -84,6 +84,64 @@ VALUES (:run_id, :task_id, :map_index, 'PENDING', 'all_success', :priority, 0, :
         :item, :map_total, :expand_from, :now, :now, :pool, :pool_slots, :queue)
 ON CONFLICT DO NOTHING;
 
+-- name: insert_group_instance
+-- An instance of a mapped task group's member (executor/mapping.py): its own trigger rule
+-- over its parents in the group (instance i waits for their instances i), ready at once
+-- when it has none there.
+INSERT INTO task (run_id, task_id, map_index, state, trigger_rule, priority, is_leaf,
+                  max_attempts, item, map_total, expand_from, n_parents, ready_at, updated_at,
+                  pool, pool_slots, queue)
+VALUES (:run_id, :task_id, :map_index, 'PENDING', :trigger_rule, :priority, 0, :max_attempts,
+        :item, :map_total, :expand_from, :n_parents, :ready_at, :now, :pool, :pool_slots,
+        :queue)
+ON CONFLICT DO NOTHING;
+
+-- name: bump_instances
+-- An instance of a mapped group's member ended: count it in the same index's instances of
+-- its children in the group.
+UPDATE task
+SET n_done = n_done + 1, n_success = n_success + :success, n_failed = n_failed + :failed,
+    n_upstream_failed = n_upstream_failed + :upstream_failed, n_skipped = n_skipped + :skipped
+WHERE run_id = :run_id AND map_index = :map_index AND task_id = ANY(:task_ids)
+RETURNING *;
+
+-- name: instance_outputs
+SELECT task_id, output FROM task
+WHERE run_id = :run_id AND map_index = :map_index AND task_id = ANY(:task_ids);
+
+-- name: set_item
+UPDATE task SET item = :item WHERE id = :id;
+
+-- name: group_parents_ended
+-- Whether a mapped group's member expanding anew (its group partly cleared) has parents in
+-- the group whose instances already ended: they will not report again.
+SELECT 1 AS found FROM task
+WHERE run_id = :run_id AND task_id = ANY(:after) AND map_index >= 0
+  AND state IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')
+LIMIT 1;
+
+-- name: recount_group_instances
+-- Such a member's new instances, counted from the same index's instances of its parents.
+UPDATE task
+SET n_done = (SELECT count(*) FROM task p WHERE p.run_id = task.run_id
+                AND p.map_index = task.map_index AND p.task_id = ANY(:after)
+                AND p.state IN ('SUCCESS', 'FAILED', 'UPSTREAM_FAILED', 'SKIPPED')),
+    n_success = (SELECT count(*) FROM task p WHERE p.run_id = task.run_id
+                   AND p.map_index = task.map_index AND p.task_id = ANY(:after)
+                   AND p.state = 'SUCCESS'),
+    n_failed = (SELECT count(*) FROM task p WHERE p.run_id = task.run_id
+                  AND p.map_index = task.map_index AND p.task_id = ANY(:after)
+                  AND p.state = 'FAILED'),
+    n_upstream_failed = (SELECT count(*) FROM task p WHERE p.run_id = task.run_id
+                           AND p.map_index = task.map_index AND p.task_id = ANY(:after)
+                           AND p.state = 'UPSTREAM_FAILED'),
+    n_skipped = (SELECT count(*) FROM task p WHERE p.run_id = task.run_id
+                   AND p.map_index = task.map_index AND p.task_id = ANY(:after)
+                   AND p.state = 'SKIPPED')
+WHERE run_id = :run_id AND task_id = :task_id AND map_index >= 0 AND state = 'PENDING'
+  AND ready_at IS NULL
+RETURNING *;
+
 -- name: set_expanded
 UPDATE task
 SET n_parents = :n, n_done = 0, n_success = 0, n_failed = 0, n_upstream_failed = 0,
