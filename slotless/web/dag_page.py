@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
@@ -46,6 +46,7 @@ from executor.store.grid import (
     RunKey,
 )
 from executor.store.viewrows import DagRow
+from executor.taskgroups import group_tree, tree_from_ids
 from triggers.limits import storable_text
 
 from ..schedule_shown import ScheduleShown, schedule_shown
@@ -57,6 +58,7 @@ from .keys import AUTH, LIVE, SETTINGS, STORE
 from .render import MARKS, View, dag_href, run_href, task_href, with_query
 from .respond import polled, respond
 
+MAX_FOLDED = 50  # groups folded at once (?fold=), as a URL can hold
 log = logging.getLogger("slotless.web")
 
 # A square's fill per state (a mapped cell mixes them by count); the CSS's square colours.
@@ -88,18 +90,21 @@ class Query:
     runs: int = RUNS_SHOWN
     before: RunKey | None = None
     expand: tuple[str, ...] = ()
+    fold: tuple[str, ...] = ()  # task groups drawn as one row
 
     def href(self, dag_id: str, **change: Any) -> str:
-        """This page's URL with ``change`` (runs, before, expand), default values left out."""
+        """This page's URL with ``change`` (runs, before, expand, fold), defaults left out."""
         runs = change.get("runs", self.runs)
         before = change.get("before", self.before)
         expand = change.get("expand", self.expand)
+        fold = change.get("fold", self.fold)
         return with_query(
             dag_href(dag_id),
             {
                 "runs": None if runs == RUNS_SHOWN else runs,
                 "before": None if before is None else before.text(),
                 "expand": list(expand),
+                "fold": list(fold),
             },
         )
 
@@ -131,7 +136,12 @@ def parse_query(query: Any) -> Query:
         raise BadQuery(f"expand: at most {MAX_EXPANDED} tasks at once", "expand")
     if not all(storable_text(e) for e in expand):
         raise BadQuery("expand: a task id without NUL or lone surrogates", "expand")
-    return Query(runs, before, expand)
+    fold = tuple(dict.fromkeys(f for f in query.getall("fold", []) if f))
+    if len(fold) > MAX_FOLDED:
+        raise BadQuery(f"fold: at most {MAX_FOLDED} groups at once", "fold")
+    if not all(storable_text(f) for f in fold):
+        raise BadQuery("fold: a group id without NUL or lone surrogates", "fold")
+    return Query(runs, before, expand, fold)
 
 
 def add_routes(app: web.Application) -> None:
@@ -214,8 +224,10 @@ class RowShown:
     cells: list[CellShown | None]  # one per run shown; None: the run has no such task
     mapped: bool = False
     expanded: bool = False
-    toggle: str = ""  # a mapped task's expand / collapse link
+    toggle: str = ""  # a mapped task's expand / collapse link; a group's fold / unfold
     instance: bool = False  # a map index's row under its expanded task
+    group: bool = False  # a task group's row: its tasks' states together, per run
+    depth: int = 0  # how many groups it is in (its indent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +297,18 @@ def grid_shown(grid: Grid, q: Query) -> GridShown:
         for r in grid.runs
     ]  # fmt: skip
     rows: list[RowShown] = []
-    for task_id in grid.tasks:
+    chains = group_chains(grid)
+    opened: set[str] = set()
+    for task_id in grouped_order(grid.tasks, chains):
+        chain = chains.get(task_id, ())
+        folded = next((g for g in chain if g in q.fold), None)
+        for depth, g in enumerate(chain):
+            if g not in opened:
+                opened.add(g)
+                if folded is None or chain.index(folded) >= depth:
+                    rows.append(_group_row(grid, q, g, depth, chains, shown))
+        if folded is not None:
+            continue  # drawn by its group's row
         cells: list[CellShown | None] = []
         for r in grid.runs:
             c = grid.cells.get((r.run_id, task_id))
@@ -296,7 +319,7 @@ def grid_shown(grid: Grid, q: Query) -> GridShown:
         if mapped:
             others = tuple(e for e in q.expand if e != task_id)
             toggle = q.href(grid.dag_id, expand=others if expanded else (*q.expand, task_id))
-        rows.append(RowShown(task_id, task_id, cells, mapped, expanded, toggle))
+        rows.append(RowShown(task_id, task_id, cells, mapped, expanded, toggle, depth=len(chain)))
         if expanded:
             got = grid.instances[task_id]
             for i in grid.map_indexes[task_id]:
@@ -304,8 +327,75 @@ def grid_shown(grid: Grid, q: Query) -> GridShown:
                 for r in grid.runs:
                     ic = got.get((r.run_id, i))
                     row.append(None if ic is None else _cell(ic, r, shown[r.run_id], grid.now))
-                rows.append(RowShown(task_id, f"[{i}]", row, instance=True))
+                rows.append(RowShown(task_id, f"[{i}]", row, instance=True, depth=len(chain)))
     return GridShown(columns, rows, INSTANCES_SHOWN)
+
+
+# A group's cell takes the state that most needs a look among its tasks' (its title lists
+# them all): trouble first, then what still goes, then how it ended.
+GROUP_STATE = ("FAILED", "UPSTREAM_FAILED", "RETRYING", "RUNNING", "SENSING", "DEFERRED",
+               "QUEUED", "PENDING", "SKIPPED", "SUCCESS")  # fmt: skip
+
+
+def group_chains(grid: Grid) -> dict[str, tuple[str, ...]]:
+    """Each grouped task's groups, outermost first: from the catalogued shape, or guessed
+    from the dots in the task ids for a DAG the catalogue does not hold."""
+    tree = group_tree(grid.shape) if grid.shape else tree_from_ids(grid.tasks)
+    chains: dict[str, tuple[str, ...]] = {}
+    for _, node in tree.walk():
+        parts = node.group_id.split(".")
+        chain = tuple(".".join(parts[: i + 1]) for i in range(len(parts)))
+        chains.update(dict.fromkeys(node.tasks, chain))
+    return chains
+
+
+def grouped_order(tasks: Sequence[str], chains: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The rows' order: topological, but each group's tasks together, where its first task
+    is (so that a group's row stands above all of its tasks)."""
+    first: dict[str, int] = {}
+    for i, t in enumerate(tasks):
+        for g in chains.get(t, ()):
+            first.setdefault(g, i)
+
+    def key(item: tuple[int, str]) -> tuple[int, ...]:
+        i, t = item
+        return (*(first[g] for g in chains.get(t, ())), i)
+
+    return [t for _, t in sorted(enumerate(tasks), key=key)]
+
+
+def _group_row(
+    grid: Grid,
+    q: Query,
+    group_id: str,
+    depth: int,
+    chains: Mapping[str, tuple[str, ...]],
+    shown: Mapping[str, str],
+) -> RowShown:
+    """A group's row: per run, its tasks' states together (the one needing a look most),
+    and the link that folds it to this one row or opens it again."""
+    members = [t for t in grid.tasks if group_id in chains.get(t, ())]
+    folded = group_id in q.fold
+    others = tuple(f for f in q.fold if f != group_id)
+    toggle = q.href(grid.dag_id, fold=others if folded else (*q.fold, group_id))
+    cells: list[CellShown | None] = []
+    for r in grid.runs:
+        counts: dict[str, int] = {}
+        for t in members:
+            c = grid.cells.get((r.run_id, t))
+            if c is not None:
+                counts[c.state] = counts.get(c.state, 0) + 1
+        if not counts:
+            cells.append(None)
+            continue
+        state = next((s for s in GROUP_STATE if s in counts), next(iter(counts)))
+        title = f"{group_id} \u00b7 {shown[r.run_id]} \u00b7 {len(members)} tasks: "
+        text = title + counts_text(counts)
+        cells.append(CellShown(state, run_href(r.run_id), text, mix_style(counts), len(counts) > 1))
+    label = group_id.rpartition(".")[2]
+    return RowShown(
+        group_id, label, cells, expanded=not folded, toggle=toggle, group=True, depth=depth
+    )
 
 
 def paging(grid: Grid, q: Query) -> dict[str, str]:

@@ -282,13 +282,15 @@ def test_paging_back_shows_the_older_runs_and_a_mapped_task_expands(dag_ui):
     "query",
     ["?runs=abc", "?runs=0", "?runs=-3", "?runs=1.5", "?before=garbage", "?before=12",
      "?before=nan,x", "?before=1e400,x", "?before=1.5,", "?before=1.5,%00",
-     "?expand=%00"],
+     "?expand=%00", "?fold=%00", "?" + "&".join(f"fold=g{i}" for i in range(51))],
 )  # fmt: skip
 def test_a_bad_query_value_is_a_400_with_one_line(dag_ui, query):
     for url in (page_url(dag_ui, query), f"{dag_ui['base']}/api/live/dags/griddy{query}"):
         status, body = http_get(url)
         assert status == 400, (url, body)
-        assert "\n" not in body.strip() and body.startswith(("runs", "before", "expand")), body
+        assert "\n" not in body.strip() and body.startswith(("runs", "before", "expand", "fold")), (
+            body
+        )
 
 
 def test_an_unknown_dag_is_a_404_and_markup_in_an_id_is_text(dag_ui):
