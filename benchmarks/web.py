@@ -68,6 +68,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -260,23 +261,35 @@ async def columns(url: str, table: str) -> list[str]:
     return await asyncio.to_thread(read)
 
 
-def run_copy_sql(
-    d: Dialect,
-    cols: list[str],
-    template: str,
-    dag_id: str,
-    shape_no: int,
-    n_shapes: int,
-    low: int,
-    high: int,
-    total: int,
-    now: float,
-) -> str:
-    """Copies ``low`` .. ``high - 1`` of one DAG's runs from its template run."""
-    # g: the run's place among all seeded runs (the DAGs' runs interleaved), 0 the oldest.
-    g = f"(k.i * {n_shapes} + {shape_no})"
-    step = SPAN_DAYS * 86400 / total
-    created = f"({now} - ({total} - {g}) * {step})"
+@dataclass(frozen=True)
+class Chunk:
+    """Runs ``low`` .. ``high - 1`` of one DAG (the ``shape_no``-th of ``n_shapes``), to copy
+    from its ``template`` run in one statement; ``total`` runs seeded in all, up to ``now``."""
+
+    template: str
+    dag_id: str
+    shape_no: int
+    n_shapes: int
+    low: int
+    high: int
+    total: int
+    now: float
+
+    @property
+    def g(self) -> str:
+        """A copy's place among all seeded runs (the DAGs' runs interleaved), 0 the oldest."""
+        return f"(k.i * {self.n_shapes} + {self.shape_no})"
+
+    @property
+    def created(self) -> str:
+        """A copy's creation time: the seeded runs spread evenly over SPAN_DAYS to ``now``."""
+        step = SPAN_DAYS * 86400 / self.total
+        return f"({self.now} - ({self.total} - {self.g}) * {step})"
+
+
+def run_copy_sql(d: Dialect, cols: list[str], c: Chunk) -> str:
+    """Copies the chunk's runs from its template run."""
+    g, created, total, dag_id = c.g, c.created, c.total, c.dag_id
     state = (
         f"CASE WHEN {g} >= {total - RUNNING_RUNS} THEN 'RUNNING' "
         f"WHEN {g} % 10 = 3 THEN 'FAILED' WHEN {g} % 50 = 7 THEN 'CANCELLED' "
@@ -310,27 +323,14 @@ def run_copy_sql(
     }
     select = ", ".join(f"{over[c]}" if c in over else f"t.{c}" for c in cols)
     return (
-        f"{d.with_()} {d.numbers(low, high)} INSERT INTO dag_run ({', '.join(cols)}) "
-        f"SELECT {select} FROM k CROSS JOIN dag_run t WHERE t.run_id = '{template}'"
+        f"{d.with_()} {d.numbers(c.low, c.high)} INSERT INTO dag_run ({', '.join(cols)}) "
+        f"SELECT {select} FROM k CROSS JOIN dag_run t WHERE t.run_id = '{c.template}'"
     )
 
 
-def task_copy_sql(
-    d: Dialect,
-    cols: list[str],
-    template: str,
-    dag_id: str,
-    shape_no: int,
-    n_shapes: int,
-    low: int,
-    high: int,
-    total: int,
-    now: float,
-) -> str:
+def task_copy_sql(d: Dialect, cols: list[str], c: Chunk) -> str:
     """The task rows of the same runs, copied from the template run's rows."""
-    g = f"(k.i * {n_shapes} + {shape_no})"
-    step = SPAN_DAYS * 86400 / total
-    created = f"({now} - ({total} - {g}) * {step})"
+    g, created, total, dag_id = c.g, c.created, c.total, c.dag_id
     running = f"{g} >= {total - RUNNING_RUNS}"
     # A failed run: one task in seven FAILED, the next UPSTREAM_FAILED; a cancelled one:
     # its later half CANCELLED; a running one: its later half PENDING on parents.
@@ -358,8 +358,8 @@ def task_copy_sql(
     select = ", ".join(f"{over[c]}" if c in over else f"t.{c}" for c in cols if c != "id")
     names = ", ".join(c for c in cols if c != "id")
     return (
-        f"{d.with_()} {d.numbers(low, high)} INSERT INTO task ({names}) "
-        f"SELECT {select} FROM k CROSS JOIN task t WHERE t.run_id = '{template}'"
+        f"{d.with_()} {d.numbers(c.low, c.high)} INSERT INTO task ({names}) "
+        f"SELECT {select} FROM k CROSS JOIN task t WHERE t.run_id = '{c.template}'"
     )
 
 
@@ -413,10 +413,8 @@ async def seed(url: str, folder: Path, runs: int, tasks: int, schema: str | None
     for shape_no, (dag_id, _, n) in enumerate(plan):
         for low in range(0, n, max(1, CHUNK // len(plan))):
             high = min(n, low + max(1, CHUNK // len(plan)))
-            where = (templates[dag_id], dag_id, shape_no, len(plan), low, high, total, now)
-            statements.append(
-                [run_copy_sql(d, run_cols, *where), task_copy_sql(d, task_cols, *where)]
-            )
+            c = Chunk(templates[dag_id], dag_id, shape_no, len(plan), low, high, total, now)
+            statements.append([run_copy_sql(d, run_cols, c), task_copy_sql(d, task_cols, c)])
     for dag_id in templates:
         statements.append(finish_template_sql(templates[dag_id], now))
     t1 = time.perf_counter()

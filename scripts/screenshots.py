@@ -27,12 +27,10 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -42,9 +40,10 @@ from urllib.parse import quote, unquote
 import aiohttp
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the DevTools driver the browser tests use
+sys.path.insert(0, str(REPO / "tests"))  # the DevTools driver and helpers the tests use
 
 from support.browser import DevTools, devtools  # noqa: E402
+from support.helpers import free_port, wait_until  # noqa: E402
 
 IMAGES = REPO / "docs" / "images"
 DB = "sqlite:///demo.db"  # relative: the header shows it, and no path of this machine
@@ -213,15 +212,11 @@ def expect(holds: bool, *told: Any) -> None:
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    """``predicate``'s value once truthy; fails naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise SystemExit(f"screenshots: timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.25)
+    """``predicate``'s value once truthy; stops the script naming ``what`` after ``timeout`` s."""
+    try:
+        return wait_until(predicate, timeout, interval=0.25, what=what)
+    except AssertionError as exc:  # the tests' failure: here, one line and a non-zero exit
+        raise SystemExit(f"screenshots: {exc}") from None
 
 
 def rows(query: str, *args: Any) -> list[dict[str, Any]]:
@@ -248,12 +243,6 @@ def task_state(run_id: str, task_id: str) -> str | None:
         task_id,
     )
     return found[0]["state"] if found else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_dags(folder: Path, now: datetime) -> tuple[datetime, list[str]]:

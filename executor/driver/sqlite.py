@@ -203,15 +203,7 @@ class SqliteDatabase:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[SqliteTx]:
         async with self._lock:
-            begin = asyncio.ensure_future(self._conn.execute("BEGIN IMMEDIATE"))
-            try:
-                await asyncio.shield(begin)
-            except asyncio.CancelledError:
-                # Cancelled while waiting for the file's write lock: the driver's thread still
-                # takes it. Give it back, or this connection would hold the lock and refuse
-                # every later BEGIN ("cannot start a transaction within a transaction").
-                await asyncio.shield(self._undo_begin(begin))
-                raise
+            await self._begin("BEGIN IMMEDIATE")
             try:
                 yield SqliteTx(self._conn, self._sql)
             except BaseException:
@@ -241,6 +233,19 @@ class SqliteDatabase:
                     await self._conn._execute(_nothing)
                 raise
 
+    async def _begin(self, statement: str) -> None:
+        """Run ``statement`` (a BEGIN); cancelled meanwhile, undo it before going on."""
+        begin = asyncio.ensure_future(self._conn.execute(statement))
+        try:
+            await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            # Cancelled while waiting (for the file's write lock, say): the driver's thread
+            # still begins. End it, or this connection would stay in a transaction (holding
+            # the lock) and refuse every later BEGIN ("cannot start a transaction within a
+            # transaction").
+            await asyncio.shield(self._undo_begin(begin))
+            raise
+
     async def _undo_begin(self, begin: asyncio.Future[Any]) -> None:
         try:
             await begin
@@ -261,12 +266,7 @@ class SqliteDatabase:
         # transaction, and every later one reads the same end of the log until COMMIT, while
         # other processes go on writing. (Autocommit reads would each see their own moment.)
         async with self._lock:
-            begin = asyncio.ensure_future(self._conn.execute("BEGIN"))
-            try:
-                await asyncio.shield(begin)
-            except asyncio.CancelledError:
-                await asyncio.shield(self._undo_begin(begin))
-                raise
+            await self._begin("BEGIN")
             try:
                 yield SqliteTx(self._conn, self._sql)
             finally:

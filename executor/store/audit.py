@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict, Unpack
 
 from ..driver.db import Row, Tx
 from .part import Part
@@ -73,45 +73,34 @@ def _detail(detail: Mapping[str, Any] | None) -> str:
     return text
 
 
-async def record_in(
-    tx: Tx,
-    *,
-    ts: float,
-    who: str,
-    role: str,
-    via: Via,
-    action: str,
-    target: str = "",
-    detail: Mapping[str, Any] | None = None,
-    outcome: Outcome = "ok",
-) -> None:
+class Entry(TypedDict):
+    """What a row records, as :func:`record_in` and :meth:`Audit.record` take it."""
+
+    who: str
+    role: str
+    via: Via
+    action: str
+    target: NotRequired[str]  # "" unless given
+    detail: NotRequired[Mapping[str, Any] | None]
+    outcome: NotRequired[Outcome]  # "ok" unless given
+
+
+async def record_in(tx: Tx, *, ts: float, **entry: Unpack[Entry]) -> None:
     """Append one row in ``tx``: the write it records commits (or rolls back) with it."""
     await tx.execute(
-        "audit_insert", ts=ts, who=_text(who), role=_text(role), via=via,
-        action=_text(action), target=_text(target), detail=_detail(detail), outcome=outcome,
+        "audit_insert", ts=ts, who=_text(entry["who"]), role=_text(entry["role"]),
+        via=entry["via"], action=_text(entry["action"]), target=_text(entry.get("target", "")),
+        detail=_detail(entry.get("detail")), outcome=entry.get("outcome", "ok"),
     )  # fmt: skip
 
 
 class Audit(Part):
     """Recording writes and listing them."""
 
-    async def record(
-        self,
-        *,
-        who: str,
-        role: str,
-        via: Via,
-        action: str,
-        target: str = "",
-        detail: Mapping[str, Any] | None = None,
-        outcome: Outcome = "ok",
-    ) -> None:
+    async def record(self, **entry: Unpack[Entry]) -> None:
         """Append one row, in a transaction of its own."""
         async with self.db.write() as tx:
-            await record_in(
-                tx, ts=self.clock(), who=who, role=role, via=via, action=action,
-                target=target, detail=detail, outcome=outcome,
-            )  # fmt: skip
+            await record_in(tx, ts=self.clock(), **entry)
 
     async def since(self, since: float = 0.0, limit: int = 100) -> list[AuditRow]:
         """The rows written at or after ``since`` (epoch seconds), newest first, at most

@@ -276,9 +276,12 @@ async def fail_starts(tx: Tx, waits: Mapping[int, int], why: str, now: float) ->
 async def _retry_later(tx: Tx, wait: Row, why: str, now: float) -> None:
     """Keep ``why`` on the wait's DAG and check the same wait again after a while."""
     await tx.execute("set_start_error", dag_id=wait["dag_id"], error=one_line(why), now=now)
-    copy = await tx.fetchone(
-        "copy_trigger", id=wait["trigger_id"], now=now, not_before=now + RETRY_AFTER
-    )
+    await _check_again(tx, wait, now, RETRY_AFTER)
+
+
+async def _check_again(tx: Tx, wait: Row, now: float, after: float) -> None:
+    """Arm ``wait`` again on a fresh copy of its trigger, checked ``after`` seconds on."""
+    copy = await tx.fetchone("copy_trigger", id=wait["trigger_id"], now=now, not_before=now + after)
     if copy is None:  # its trigger row is gone: arm from scratch
         await arm(tx, wait["dag_id"], now)
         return
@@ -361,20 +364,7 @@ async def _fire_watcher(tx: Tx, wait: Row, payload: Any, now: float) -> int:
             interval = load_trigger(trigger["classpath"], trigger["kwargs"]).poke_interval
         except Exception:  # checked at the next arm; the copy below keeps the wait going
             interval = RETRY_AFTER
-    copy = await tx.fetchone(
-        "copy_trigger", id=wait["trigger_id"], now=now, not_before=now + interval
-    )
-    if copy is None:
-        await arm(tx, wait["dag_id"], now)
-    else:
-        await tx.execute(
-            "rearm_start_wait",
-            trigger_id=copy["id"],
-            logical_date=wait["logical_date"],
-            interval_end=wait["interval_end"],
-            now=now,
-            id=wait["id"],
-        )
+    await _check_again(tx, wait, now, interval)
     return len(rec.runs)
 
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any, Literal, TypeVar
 
@@ -61,6 +61,7 @@ from executor.params import BadConf
 from executor.rows import TaskRow
 from executor.runnames import logical_shown
 from executor.store import Store
+from executor.store.audit import MAX_LIST as AUDIT_MAX
 from executor.store.catalogue import UnknownDag
 from executor.store.events import MAX_BATCH, StoredEvent, UnknownEvent
 from executor.store.people import RespondError
@@ -570,7 +571,7 @@ class AuditListOut(_Model):
     "GET", "/audit", summary="Who did what: the audit list, newest first",
     response=AuditListOut, action="audit", errors=(400, 401, 403),
     query={"since": "only rows at or after this time (epoch seconds, default 0)",
-           "limit": "how many (1-1000, default 100)"},
+           "limit": f"how many (1-{AUDIT_MAX}, default 100)"},
 )  # fmt: skip
 async def list_audit(call: Call) -> tuple[int, BaseModel]:
     text = call.request.query.get("since", "0")
@@ -580,13 +581,9 @@ async def list_audit(call: Call) -> tuple[int, BaseModel]:
         since = float("nan")
     if since != since or since in (float("inf"), float("-inf")):  # NaN or infinite
         raise ApiError(400, "since must be a time in epoch seconds", "since")
-    limit = _int_query(call, "limit", 100, 1, 1000)
+    limit = _int_query(call, "limit", 100, 1, AUDIT_MAX)
     rows = await call.store.audit.since(since, limit)
-    return 200, AuditListOut(entries=[
-        AuditOut(id=r.id, ts=r.ts, who=r.who, role=r.role, via=r.via, action=r.action,
-                 target=r.target, detail=r.detail, outcome=r.outcome)
-        for r in rows
-    ])  # fmt: skip
+    return 200, AuditListOut(entries=[AuditOut(**asdict(r)) for r in rows])
 
 
 def add_api(app: web.Application, store: Store, auth: Auth, parse_timeout: float) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from executor.store.runlist import BadFilter, GanttRow
+from executor.runnames import RUN_TYPES
+from executor.store.runlist import DEFAULT_PAGE, MAX_PAGE, RUN_STATES, BadFilter, GanttRow
 
 from .api import ApiError, Call, route
 from .runs_query import read_query
@@ -80,12 +81,12 @@ class GanttOut(_Out):
 
 _FILTERS = {
     "dag": "runs of this DAG (repeat for several)",
-    "state": "runs in this state (repeat): QUEUED RUNNING PAUSED SUCCESS FAILED CANCELLED",
-    "type": "runs of this type (repeat): scheduled manual backfill event",
+    "state": f"runs in this state (repeat): {' '.join(RUN_STATES)}",
+    "type": f"runs of this type (repeat): {' '.join(RUN_TYPES)}",
     "from": "logical date on or after this day (YYYY-MM-DD)",
     "to": "logical date on or before this day (YYYY-MM-DD)",
     "q": "text in the run id or run key (case-insensitive, taken literally)",
-    "limit": "runs per page (1-500, default 50)",
+    "limit": f"runs per page (1-{MAX_PAGE}, default {DEFAULT_PAGE})",
     "before": "the older page: a response's `older`",
     "after": "the newer page: a response's `newer`",
 }

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from executor.store.waitlist import MAX_LIMIT
+
 from .api import ApiError, Call, route
-from .waits_page import BadFilter, cards, how_checked, parse_filter
+from .waits_page import DEFAULT_LIMIT, BadFilter, cards, how_checked, parse_filter
 
 
 class _Out(BaseModel):
@@ -87,7 +89,7 @@ class TriggerersOut(_Out):
         "class": "a trigger's class path (module.Class): only its conditions",
         "dag": "a DAG id: only its tasks' waits (counts too)",
         "order": "waiters (most first, the default) or oldest",
-        "limit": "conditions returned, 1-500 (50)",
+        "limit": f"conditions returned, 1-{MAX_LIMIT} ({DEFAULT_LIMIT})",
     },
     errors=(400,),
 )

@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import pg
 from support.exchanging import claim, complete
-from support.helpers import attempt_of, cli, cli_env, free_port, start_cli, stop_process
-from support.ops import wait_for_http
+from support.helpers import attempt_of, cli, cli_env
+from support.ops import ui_process
 
 from executor import DAG
 from executor.outcomes import Deferred
@@ -43,35 +43,20 @@ from triggers.limits import MAX_DEPTH, MAX_PATH_SHOWN
 from triggers.people import Approval
 
 pytestmark = pytest.mark.slow
-pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures
+pg_server, pg_url, db_url = pg.pg_server, pg.pg_url, pg.db_url  # fixtures
 
 TOKEN = "s3cret-token"
 DAY = date(2026, 11, 24)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'input.db'}"
-    return str(request.getfixturevalue("pg_url"))
 
 
 @pytest.fixture
 def ui(db_url: str, tmp_path: Path) -> Iterator[str]:
     """A ``slotless ui`` with a write token (alice's) on a fresh database; its base URL."""
     asyncio.run(_create(db_url))
-    port = free_port()
-    log = tmp_path / "ui.log"
-    proc = start_cli("ui", "--port", str(port), "--token", f"alice:{TOKEN}", "--db", db_url,
-                     log=log)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(base + "/api/v1/openapi.json", proc, log)
+    # No request, however hostile, may make the server log a traceback (ui_process checks).
+    with ui_process(db_url, tmp_path / "ui.log", "--token", f"alice:{TOKEN}",
+                    ready="/api/v1/openapi.json") as base:  # fmt: skip
         yield base
-    finally:
-        stop_process(proc)
-        # No request, however hostile, may have made the server log a traceback.
-        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 async def _create(db: str) -> None:

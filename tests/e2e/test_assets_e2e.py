@@ -21,19 +21,18 @@ from support.helpers import (
     REPO,
     async_wait_until,
     cli,
-    free_port,
     run_to_end,
     start_cli,
     stop_process,
     write_dag,
 )
-from support.ops import wait_for_http
+from support.ops import ui_process
 
 from executor.loader import load_dag
 from executor.store import open_store
 
 pytestmark = pytest.mark.slow
-pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures
+pg_server, pg_url, db_url = pg.pg_server, pg.pg_url, pg.db_url  # fixtures
 
 TOKEN = "s3cret-token"
 A, B, C = "s3://lake/a", "s3://lake/b", "file://flags/c"
@@ -61,13 +60,6 @@ for d in (both, on_c):
 """
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'assets.db'}"
-    return str(request.getfixturevalue("pg_url"))
-
-
 @pytest.fixture
 def services(db_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A ``slotless ui`` (alice's token) and a ``slotless triggerer`` over a DAG folder."""
@@ -75,23 +67,15 @@ def services(db_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     dags.mkdir()
     flag = tmp_path / "c.flag"
     write_dag(dags, dags_source(flag), "assets_dags.py")
-    port = free_port()
-    ui_log, trig_log = tmp_path / "ui.log", tmp_path / "triggerer.log"
-    ui = start_cli("ui", "--port", str(port), "--token", f"alice:{TOKEN}", "--db", db_url,
-                   "--dags", str(dags), log=ui_log)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    triggerer = None
-    try:
-        wait_for_http(base + "/api/v1/openapi.json", ui, ui_log)
+    trig_log = tmp_path / "triggerer.log"
+    with ui_process(db_url, tmp_path / "ui.log", "--token", f"alice:{TOKEN}", "--dags",
+                    str(dags), ready="/api/v1/openapi.json") as base:  # fmt: skip
         triggerer = start_cli("triggerer", "--db", db_url, "--dags", str(dags), log=trig_log)
-        yield base, flag
-    finally:
-        if triggerer is not None:
+        try:
+            yield base, flag
+        finally:
             stop_process(triggerer)
-        stop_process(ui)
-        for log in (ui_log, trig_log):
-            if log.exists():
-                assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+            assert "Traceback" not in trig_log.read_text(), trig_log.read_text()[-3000:]
 
 
 def request(

@@ -21,16 +21,14 @@ import pytest
 from openapi_spec_validator import validate
 from support.browser import devtools
 from support.exchanging import claim, complete
+from support.griddy import GRIDDY, TASKS
 from support.helpers import (
     REPO,
     attempt_of,
-    free_port,
     sql,
-    start_cli,
-    stop_process,
     write_dag,
 )
-from support.ops import http_get, wait_for_http
+from support.ops import http_get, ui_process
 
 from executor.catalogue import scan
 from executor.loader import load_dag
@@ -42,44 +40,6 @@ pytestmark = pytest.mark.slow
 
 ARTIFACTS = REPO / "test-artifacts"
 
-GRIDDY = """
-from executor import DAG
-
-dag = DAG("griddy", params={"fail_item": -1})
-
-
-@dag.task
-def extract(ctx):
-    return list(range(6))
-
-
-@dag.task(expand=extract)
-def shard(ctx):
-    if ctx.item == ctx.params["fail_item"]:
-        raise RuntimeError(f"shard {ctx.item} is bad")
-    return ctx.item
-
-
-@dag.task(parents=[shard])
-def merge(ctx):
-    return 1
-
-
-@dag.task(parents=[merge])
-def load(ctx):
-    return 1
-
-
-@dag.task(parents=[extract])
-def audit(ctx):
-    return 1
-
-
-@dag.task(parents=[load, audit], trigger_rule="all_done")
-def report(ctx):
-    return 1
-"""
-TASKS = ["extract", "shard", "merge", "load", "audit", "report"]
 SCRIPT_ID = "<script>alert(1)</script>"
 FAILING = {3, 10, 17, 24}  # the runs (by creation, from 0) whose shard 4 fails
 
@@ -102,15 +62,8 @@ def dag_ui(tmp_path_factory: pytest.TempPathFactory):
         f"{SCRIPT_ID}:run",
         SCRIPT_ID,
     )
-    port = free_port()
-    log = tmp / "ui.log"
-    proc = start_cli("ui", "--db", url, "--port", str(port), log=log)
-    base = f"http://127.0.0.1:{port}"
-    wait_for_http(base + "/dags", proc, log)
-    yield {"base": base, "runs": runs, "db": db, "tmp": tmp}
-    code = stop_process(proc)
-    assert code == 0, log.read_text()
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    with ui_process(url, tmp / "ui.log", ready="/dags") as base:
+        yield {"base": base, "runs": runs, "db": db, "tmp": tmp}
 
 
 async def _thirty_runs(url: str, folder: Path, path: Path) -> list[str]:

@@ -40,7 +40,7 @@ from support.ops import wait_for_http
 from executor.loader import load_dag
 from executor.store import Store, open_store
 
-pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures
+pg_server, pg_url, db_url = pg.pg_server, pg.pg_url, pg.db_url  # fixtures
 TOKEN = "s3cret-token"
 DAY = date(2026, 11, 24)
 
@@ -100,14 +100,6 @@ dag = DAG("started", params=Params)
 def show(ctx):
     return ctx.params.region
 """
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A SQLite file, or a PostgreSQL schema of its own (``pg_url``, dropped after)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'events.db'}"
-    return str(request.getfixturevalue("pg_url"))
 
 
 class Services:

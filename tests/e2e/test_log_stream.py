@@ -16,13 +16,12 @@ from support.browser import devtools
 from support.helpers import (
     async_wait_until,
     cli,
-    free_port,
     sql,
     start_cli,
     stop_process,
     write_dag,
 )
-from support.ops import http_get, wait_for_http
+from support.ops import http_get, ui_process
 
 pytestmark = pytest.mark.slow
 
@@ -75,16 +74,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     started = cli("trigger", "chatty", "--db", url, "--parse-timeout", "10")
     assert started.returncode == 0, started.stderr
     [run] = sql(db, "SELECT run_id FROM dag_run WHERE dag_id = 'chatty'")
-    port = free_port()
-    ui_log, worker_log = tmp / "ui.log", tmp / "worker.log"
-    ui = start_cli("ui", "--db", url, "--port", str(port), "--refresh", "0.5", log=ui_log)
+    worker_log = tmp / "worker.log"
     worker = start_cli("worker", "--db", url, "--isolation", "process", log=worker_log)
-    base = f"http://127.0.0.1:{port}"
-    wait_for_http(base + "/", ui, ui_log)
-    yield {"base": base, "run_id": run["run_id"], "db": db, "stop": stop, "tmp": tmp}
-    stop.touch()
-    assert stop_process(worker) == 0, worker_log.read_text()
-    assert stop_process(ui) == 0, ui_log.read_text()
+    with ui_process(url, tmp / "ui.log", "--refresh", "0.5") as base:
+        yield {"base": base, "run_id": run["run_id"], "db": db, "stop": stop, "tmp": tmp}
+        stop.touch()
+        assert stop_process(worker) == 0, worker_log.read_text()
 
 
 def task_url(s: dict) -> str:

@@ -40,7 +40,7 @@ from executor.store import Store, open_store
 from triggers.limits import short_path
 
 pytestmark = pytest.mark.slow
-pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures
+pg_server, pg_url, db_url = pg.pg_server, pg.pg_url, pg.db_url  # fixtures
 
 DAY = date(2026, 11, 24)
 TOKENS = {"alice": "alice-s3cret", "bob": "bob-s3cret", "mallory": "mallory-s3cret"}
@@ -103,13 +103,6 @@ def after_a(ctx):
 def after_b(ctx):
     return 1
 """
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'people.db'}"
-    return str(request.getfixturevalue("pg_url"))
 
 
 class Services:

@@ -26,8 +26,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from support import pg
-from support.helpers import cli, cli_env, free_port, raw_sql, start_cli, stop_process, write_dag
-from support.ops import wait_for_http
+from support.helpers import cli, cli_env, free_port, raw_sql, write_dag
+from support.ops import ui_process
 
 from executor.store import open_store
 from executor.store.audit import AuditRow
@@ -36,7 +36,7 @@ from slotless.web.auth import COOKIE, csrf_token
 from slotless.web.keys import AUTH
 
 pytestmark = pytest.mark.slow
-pg_server, pg_url = pg.pg_server, pg.pg_url  # fixtures
+pg_server, pg_url, db_url = pg.pg_server, pg.pg_url, pg.db_url  # fixtures
 
 SECRETS = {"viv": "v1ewer-s3cret", "olga": "0perator-s3cret", "ada": "adm1n-s3cret"}
 TOKENS = f"viv:viewer:{SECRETS['viv']},olga:operator:{SECRETS['olga']},ada:admin:{SECRETS['ada']}"
@@ -50,13 +50,6 @@ dag = DAG("hello", params={"n": 1})
 def greet(ctx):
     return ctx.params
 """
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'roles.db'}"
-    return str(request.getfixturevalue("pg_url"))
 
 
 @pytest.fixture
@@ -73,20 +66,12 @@ def catalogued(db_url: str, tmp_path: Path) -> str:
 @pytest.fixture
 def ui(catalogued: str, tmp_path: Path) -> Iterator[str]:
     """``slotless ui`` with the three tokens over a catalogued ``hello``; its base URL."""
-    db_url = catalogued
-    port = free_port()
     log = tmp_path / "ui.log"
-    proc = start_cli("ui", "--db", db_url, "--port", str(port), "--token", TOKENS, log=log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(base + "/dags", proc, log)
+    with ui_process(catalogued, log, "--token", TOKENS, ready="/dags") as base:
         yield base
-    finally:
-        stop_process(proc)
-        text = log.read_text()
-        assert "Traceback" not in text, text[-3000:]
-        for secret in SECRETS.values():
-            assert secret not in text
+    text = log.read_text()
+    for secret in SECRETS.values():
+        assert secret not in text
 
 
 @pytest.fixture

@@ -22,14 +22,11 @@ from support.exchanging import claim, complete
 from support.helpers import (
     REPO,
     attempt_of,
-    free_port,
     run_to_end,
     sql,
-    start_cli,
-    stop_process,
     write_dag,
 )
-from support.ops import http_get, wait_for_http
+from support.ops import http_get, ui_process
 
 from executor import DAG
 from executor.loader import load_dag
@@ -110,14 +107,8 @@ def runs_ui(tmp_path_factory: pytest.TempPathFactory):
             await store.close()
 
     run_id = asyncio.run(prepare())
-    port = free_port()
-    log = tmp / "ui.log"
-    proc = start_cli("ui", "--db", url, "--port", str(port), log=log)
-    base = f"http://127.0.0.1:{port}"
-    wait_for_http(base + "/runs", proc, log)
-    yield {"base": base, "db": db_path, "tmp": tmp, "retried": run_id}
-    code = stop_process(proc)
-    assert code == 0, log.read_text()
+    with ui_process(url, tmp / "ui.log", ready="/runs") as base:
+        yield {"base": base, "db": db_path, "tmp": tmp, "retried": run_id}
 
 
 def expected(db: Path, where: str, *args: Any) -> list[str]:

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from pydantic import BaseModel, ConfigDict
 from support.browser import devtools
-from support.helpers import cli, free_port, sql, start_cli, stop_process, write_dag
-from support.ops import wait_for_http
+from support.helpers import cli, sql, write_dag
+from support.ops import ui_process
 
 from slotless.web.render import environment
 from slotless.web.trigger_form import conf_text, param_fields
@@ -64,13 +64,8 @@ def ui(tmp_path_factory: pytest.TempPathFactory):
     write_dag(folder, LOADER.format(xss=XSS), "loader.py")
     listed = cli("dags", "list", "--db", url, "--dags", str(folder), "--parse-timeout", "10")
     assert listed.returncode == 0, listed.stderr
-    port = free_port()
-    log = tmp / "ui.log"
-    proc = start_cli("ui", "--db", url, "--port", str(port), "--token", TOKEN, log=log)
-    base = f"http://127.0.0.1:{port}"
-    wait_for_http(base + "/", proc, log)
-    yield {"base": base, "db": db, "tmp": tmp}
-    assert stop_process(proc) == 0, log.read_text()
+    with ui_process(url, tmp / "ui.log", "--token", TOKEN) as base:
+        yield {"base": base, "db": db, "tmp": tmp}
 
 
 def runs(ui: dict) -> list[dict[str, Any]]:

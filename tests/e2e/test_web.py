@@ -41,6 +41,7 @@ from support.ops import (
     http_get,
     poll,
     settle_ops_run,
+    ui_process,
     wait_for_http,
     write_ops_dag,
 )
@@ -70,14 +71,8 @@ def live_ui(tmp_path_factory: pytest.TempPathFactory):
             await store.close()
 
     run_id = asyncio.run(prepare())
-    port = free_port()
-    log = tmp / "ui.log"
-    proc = start_cli("ui", "--db", url, "--port", str(port), log=log)
-    base = f"http://127.0.0.1:{port}"
-    wait_for_http(base + "/", proc, log)
-    yield {"base": base, "run_id": run_id, "db": db_path, "inbox": inbox, "tmp": tmp}
-    code = stop_process(proc)
-    assert code == 0, log.read_text()
+    with ui_process(url, tmp / "ui.log") as base:
+        yield {"base": base, "run_id": run_id, "db": db_path, "inbox": inbox, "tmp": tmp}
 
 
 def run_url(ui: dict) -> str:
@@ -234,20 +229,14 @@ def dags_ui(tmp_path_factory: pytest.TempPathFactory):
     assert listed.returncode == 0, listed.stderr
     assert cli("dags", "pause", "weekly", "--db", url).returncode == 0
     runs = asyncio.run(_nightly_runs(url, nightly))
-    port = free_port()
-    log = tmp / "ui.log"
-    proc = start_cli("ui", "--db", url, "--port", str(port), log=log)
-    base = f"http://127.0.0.1:{port}"
-    wait_for_http(base + "/dags", proc, log)
-    yield {
-        "base": base,
-        "runs": runs,
-        "folder": folder.resolve(),
-        "tmp": tmp,
-        "listed": json.loads(listed.stdout)["dags"],
-    }
-    code = stop_process(proc)
-    assert code == 0, log.read_text()
+    with ui_process(url, tmp / "ui.log", ready="/dags") as base:
+        yield {
+            "base": base,
+            "runs": runs,
+            "folder": folder.resolve(),
+            "tmp": tmp,
+            "listed": json.loads(listed.stdout)["dags"],
+        }
 
 
 async def _nightly_runs(url: str, path: Path) -> list[tuple[str, str, str]]:

@@ -30,7 +30,7 @@ from support.helpers import (
     stop_process,
     write_dag,
 )
-from support.ops import wait_for_http
+from support.ops import ui_process, wait_for_http
 from yarl import URL
 
 from executor.loader import load_dag
@@ -83,21 +83,13 @@ def ui(tmp_path_factory: pytest.TempPathFactory):
     listed = cli("dags", "list", "--db", url, "--dags", str(folder), "--parse-timeout", "10")
     assert listed.returncode == 0, listed.stderr
     shouty_run = asyncio.run(_shouty_run(url, shouty))
-    procs, bases = [], []
     # An admin's token: pausing is the admin role's (a bare token is an operator).
-    for extra in (("--token", f"operator:admin:{TOKEN}"), ()):
-        port = free_port()
-        log = tmp / f"ui-{port}.log"
-        proc = start_cli(
-            "ui", "--db", url, "--port", str(port), "--refresh", "0.5", *extra, log=log
-        )
-        base = f"http://127.0.0.1:{port}"
-        wait_for_http(base + "/dags", proc, log)
-        procs.append((proc, log))
-        bases.append(base)
-    yield {"base": bases[0], "ro": bases[1], "db": db, "url": url, "tmp": tmp, "shouty": shouty_run}
-    for proc, log in procs:
-        assert stop_process(proc) == 0, log.read_text()
+    admin = ("--token", f"operator:admin:{TOKEN}")
+    with (
+        ui_process(url, tmp / "ui.log", "--refresh", "0.5", *admin, ready="/dags") as base,
+        ui_process(url, tmp / "ui-ro.log", "--refresh", "0.5", ready="/dags") as ro,
+    ):
+        yield {"base": base, "ro": ro, "db": db, "url": url, "tmp": tmp, "shouty": shouty_run}
 
 
 async def _shouty_run(url: str, path: Path) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support import backends
+from support.griddy import GRIDDY, TASKS
 from support.helpers import FakeClock, write_dag
 
 from executor import DAG
@@ -24,47 +25,6 @@ from executor.worker import Worker
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
 pg_server = backends.pg_server  # fixture
-
-# Six tasks, one mapped; a conf names the item that fails.
-GRIDDY = """
-from executor import DAG
-
-dag = DAG("griddy", params={"fail_item": -1})
-
-
-@dag.task
-def extract(ctx):
-    return list(range(6))
-
-
-@dag.task(expand=extract)
-def shard(ctx):
-    if ctx.item == ctx.params["fail_item"]:
-        raise RuntimeError(f"shard {ctx.item} is bad")
-    return ctx.item
-
-
-@dag.task(parents=[shard])
-def merge(ctx):
-    return 1
-
-
-@dag.task(parents=[merge])
-def load(ctx):
-    return 1
-
-
-@dag.task(parents=[extract])
-def audit(ctx):
-    return 1
-
-
-@dag.task(parents=[load, audit], trigger_rule="all_done")
-def report(ctx):
-    return 1
-"""
-
-TASKS = ["extract", "shard", "merge", "load", "audit", "report"]
 
 
 def griddy(tmp_path: Path) -> DAG:

@@ -9,7 +9,8 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from executor.loader import load_dag
 from executor.store import Store
 from executor.worker import Worker
-from support.helpers import wait_until
+from support.helpers import free_port, start_cli, stop_process, wait_until
 
 DAY = date(2026, 4, 25)
 
@@ -154,6 +155,27 @@ def wait_for_http(
         if time.monotonic() > deadline:
             raise AssertionError(f"{url} did not answer in {timeout} s:\n{log.read_text()}")
         time.sleep(0.05)
+
+
+@contextmanager
+def ui_process(db_url: str, log: Path, *args: str, ready: str = "/") -> Iterator[str]:
+    """``slotless ui --db DB_URL ARGS`` on a free port, its output in ``log``; yields its base
+    URL once ``ready`` answers. Left normally, it must stop with 0 and no traceback logged
+    (however hostile the requests were); left by an error, it is stopped and the error goes
+    on."""
+    port = free_port()
+    proc = start_cli("ui", "--db", db_url, "--port", str(port), *args, log=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(base + ready, proc, log)
+        yield base
+    except BaseException:
+        stop_process(proc)
+        raise
+    code = stop_process(proc)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

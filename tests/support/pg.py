@@ -177,3 +177,14 @@ async def pg_url(pg_server: str) -> AsyncIterator[str]:
         yield with_params(pg_server, search_path=name)
     finally:
         await drop_schema(pg_server, name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on each backend in turn: a SQLite file, or a PostgreSQL schema of
+    its own (``pg_url``, dropped after). It overrides conftest's SQLite-only ``db_url`` in
+    the modules that take it, with the fixtures it needs:
+    ``pg_server, pg_url, db_url = pg.pg_server, pg.pg_url, pg.db_url``."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'test.db'}"
+    return str(request.getfixturevalue("pg_url"))
