@@ -80,6 +80,7 @@ from triggers.people import MAX_COMMENT, AnswerError
 from ..roles import Role, Token, needs, refusal
 from ..trigger import DagPaused, trigger_run
 from .auth import Auth
+from .keys import PARSE_TIMEOUT
 
 log = logging.getLogger("slotless.api")
 
@@ -409,7 +410,7 @@ async def start_run(call: Call) -> tuple[int, BaseModel]:
         raise ApiError(400, str(exc), exc.field) from None
     try:
         started = await trigger_run(
-            call.store, dag_id, new.conf, parse_timeout=call.request.app["api_parse_timeout"],
+            call.store, dag_id, new.conf, parse_timeout=call.request.app[PARSE_TIMEOUT],
             logical_date=new.logical_date, run_key=new.run_key,
         )  # fmt: skip
     except UnknownDag as exc:
@@ -589,7 +590,7 @@ async def list_audit(call: Call) -> tuple[int, BaseModel]:
 def add_api(app: web.Application, store: Store, auth: Auth, parse_timeout: float) -> None:
     """Mount ``/api/v1`` (every route in :data:`ROUTES` and the OpenAPI document) on ``app``."""
     api = web.Application(middlewares=[_json_errors])
-    api["api_parse_timeout"] = parse_timeout
+    api[PARSE_TIMEOUT] = parse_timeout
     for r in ROUTES:
         api.router.add_route(r.method, r.path, _serve(r, store, auth))
     api.router.add_get("/openapi.json", _openapi)

@@ -169,7 +169,7 @@ async def login(request: web.Request) -> web.Response:
     session.flash = ("ok", f"signed in as {session.who}, {session.role.article}")
     response = web.HTTPSeeOther(_back(form.get("back")))
     set_cookie(response, request, session)
-    return response
+    raise response  # raised, not returned: aiohttp deprecates returning an HTTPException
 
 
 async def logout(request: web.Request) -> web.Response:
@@ -179,7 +179,7 @@ async def logout(request: web.Request) -> web.Response:
     request.app[AUTH].logout(session)
     response = web.HTTPSeeOther("/")
     clear_cookie(response)
-    return response
+    raise response
 
 
 async def act(request: web.Request) -> web.Response:

@@ -11,5 +11,6 @@ from .auth import Auth
 STORE = web.AppKey("store", Store)
 SETTINGS = web.AppKey("settings", dict)
 AUTH = web.AppKey("auth", Auth)
+PARSE_TIMEOUT = web.AppKey("api_parse_timeout", float)  # the API's limit on a DAG import
 LIVE = "/api/live"  # GET LIVE + a page's path: the same page's live blocks, as JSON
-NEEDS = "needs_you_count"  # request key: the header's "Needs you" count
+NEEDS = web.RequestKey("needs_you_count", int)  # the header's "Needs you" count
