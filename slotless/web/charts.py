@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..status import human_seconds
 
 BAR_WIDTH, GAP, HEIGHT = 10, 3, 36
-# The grid's colours (assets.CSS's .sq), so a bar reads as its cell does.
+# Each state's colour as a fill: the durations' bars and the grid's mixed cells (dag_page).
 FILLS = {
     "SUCCESS": "#43a047", "FAILED": "#e53935", "UPSTREAM_FAILED": "#f4511e",
     "RUNNING": "#1e88e5", "QUEUED": "#cfd8dc", "PENDING": "#cfd8dc", "DEFERRED": "#8e24aa",

@@ -52,7 +52,7 @@ from triggers.limits import storable_text
 from ..schedule_shown import ScheduleShown, schedule_shown
 from ..status import human_seconds
 from ..trigger import import_dag
-from .charts import Bar, Chart, bar_chart
+from .charts import FILLS, Bar, Chart, bar_chart
 from .graph import STATE_ORDER
 from .keys import AUTH, LIVE, SETTINGS, STORE
 from .render import MARKS, View, dag_href, run_href, task_href, with_query
@@ -62,12 +62,6 @@ MAX_FOLDED = 50  # groups folded at once (?fold=), as a URL can hold
 log = logging.getLogger("slotless.web")
 
 # A square's fill per state (a mapped cell mixes them by count); the CSS's square colours.
-FILL = {
-    "SUCCESS": "#43a047", "FAILED": "#e53935", "UPSTREAM_FAILED": "#f4511e",
-    "RUNNING": "#1e88e5", "QUEUED": "#cfd8dc", "PENDING": "#cfd8dc", "DEFERRED": "#8e24aa",
-    "SENSING": "#00acc1", "RETRYING": "#fb8c00", "SKIPPED": "#e0e0e0",
-    "CANCELLED": "#9e9e9e", "PAUSED": "#fbc02d",
-}  # fmt: skip
 # How a mapped cell counts its instances: "5 ok / 1 failed".
 WORD = {"SUCCESS": "ok", "UPSTREAM_FAILED": "upstream failed"}
 # Reading the DAG file for its params takes at most this long (the catalogue's own
@@ -265,7 +259,7 @@ def mix_style(counts: dict[str, int]) -> str:
     for s in (*STATE_ORDER, *sorted(set(counts) - set(STATE_ORDER))):
         if counts.get(s):
             end = at + 100 * counts[s] / total
-            fill = FILL.get(s, "#9e9e9e")
+            fill = FILLS.get(s, "#9e9e9e")
             stops.append(f"{fill} {at:.1f}% {end:.1f}%")
             at = end
     return f"background: linear-gradient(to top, {', '.join(stops)})"
