@@ -81,6 +81,7 @@ from ..roles import Role, Token, needs, refusal
 from ..trigger import DagPaused, trigger_run
 from .auth import Auth
 from .keys import PARSE_TIMEOUT
+from .numbers import BIGGEST, whole_number
 
 log = logging.getLogger("slotless.api")
 
@@ -378,10 +379,9 @@ async def list_events(call: Call) -> tuple[int, BaseModel]:
 @route("GET", "/events/{id}", summary="One event and the waits it woke", response=EventOut,
        errors=(400, 404))  # fmt: skip
 async def get_event(call: Call) -> tuple[int, BaseModel]:
-    try:
-        event_id = int(call.param("id"))
-    except ValueError:
-        raise ApiError(400, "id must be a number", "id") from None
+    event_id = whole_number(call.param("id"), low=1)
+    if event_id is None:
+        raise ApiError(400, f"id must be a whole number from 1 to {BIGGEST}", "id")
     try:
         return 200, _event_out(await call.store.events.get_event(event_id))
     except UnknownEvent as exc:
@@ -471,7 +471,7 @@ class ResponseIn(_Model):
     choose: str | list[str] | None = None
     form: dict[str, Any] | None = None  # checked by the store, as an event's payload is
     comment: str = Field(default="", max_length=MAX_COMMENT)
-    map_index: int = -1
+    map_index: int = Field(default=-1, ge=-1, le=BIGGEST)
 
 
 class ResponseOut(_Model):

@@ -35,6 +35,7 @@ from .actions import ACTIONS, PENDING, Act, Refused, audit, page_action
 from .api import MAX_BODY, add_api
 from .auth import Auth, Session, clear_cookie, csrf_ok, set_cookie
 from .keys import AUTH, LIVE, NEEDS, SETTINGS, STORE
+from .numbers import whole_number
 from .render import View, environment
 from .respond import polled, respond
 from .sections import SECTIONS
@@ -121,7 +122,9 @@ async def task(request: web.Request) -> web.Response:
     store = request.app[STORE]
     run_id = request.match_info["run_id"]
     task_id = request.match_info["task_id"]
-    index = int(request.match_info.get("index", -1))
+    index = whole_number(request.match_info.get("index", "-1"), low=-1)
+    if index is None:
+        return _not_found(request, f"There is no task instance {request.match_info['index']!r}.")
     d = await store.views.task_detail(run_id, task_id, index)
     if d is None:
         if await store.views.run_info(run_id) is None:

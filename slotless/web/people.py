@@ -26,6 +26,7 @@ from triggers.people import AnswerError, Approval, Choice, Form
 
 from .actions import Act, Refused, action
 from .auth import Writes
+from .numbers import whole_number
 from .render import View
 
 FORM_PREFIX = "form."  # a Form's field NAME is posted as form.NAME
@@ -133,10 +134,9 @@ class AnswerRefused(Refused):
 async def respond(a: Act) -> str:
     """Answer a person's wait as the signed-in session's token name."""
     run_id, task_id = a.field("run_id"), a.field("task_id")
-    try:
-        map_index = int(a.field("map_index", "-1"))
-    except ValueError:
-        raise Refused("map_index must be a number") from None
+    map_index = whole_number(a.field("map_index", "-1"), low=-1)
+    if map_index is None:
+        raise Refused("map_index must be -1 or a task instance's index")
     answer = await _answer(a, run_id, task_id, map_index)
     comment = a.field("comment", "").strip()
     if comment:

@@ -353,6 +353,7 @@ async def test_bad_answers_are_refused_with_one_clear_error_and_change_nothing(
             (post(url, {"approve": "yes"}, TOKENS["alice"]), 400, "approve"),
             (post(url, {"approve": 1}, TOKENS["alice"]), 400, "approve"),
             (post(url, {"approve": True, "map_index": True}, TOKENS["alice"]), 400, "map_index"),
+            (post(url, {"approve": True, "map_index": 2**63}, TOKENS["alice"]), 400, "map_index"),
             (post(url, None, TOKENS["alice"], raw=b'{"approve": true}', type="text/plain"),
              415, "Content-Type"),
             (post(url, None, TOKENS["alice"], raw=b'{"approve": true}', type=None),

@@ -149,6 +149,8 @@ def test_unknown_pages_are_404_pages(live_ui):
         (f"{base}/runs/no-such-run/tasks/extract", "There is no run"),
         (f"{run}/tasks/nope", "has no task &#39;nope&#39;."),
         (f"{run}/tasks/shard/99", "has no task &#39;shard[99]&#39;."),
+        # past 64 bits: no database integer holds it, so it is no instance (not a 500)
+        (f"{run}/tasks/shard/{2**63}", f"There is no task instance &#39;{2**63}&#39;."),
         (f"{base}/nowhere", "There is no page &#39;/nowhere&#39;."),
     ]:
         status, html = http_get(url)
