@@ -9,14 +9,17 @@ process (``record_parse`` with what :func:`executor.catalogue._declared` stores:
 scan writes, without its forkserver), growing to each of ``--sizes``. Half the DAGs are
 scheduled on one asset (``schedule=[a]``: every event of it starts one run of each), half on
 two (``a & b``: every other event completes them); DAG i's assets are ``i mod M`` and
-``(7i + 1) mod M``, so each asset has about ``1.5 * DAGs / M`` consumers. At each size,
-``--events`` events are sent one by one through the store (``Assets.send_event``, what the
-CLI and the API call), each on the next asset in turn, and timed from the call to its
-commit: the event, its queue rows for every consumer, each consumer's condition and the runs
-it starts are that one transaction, so its end is when the runs are visible to a worker
-(``event_to_runs``). The figures at ``--dags`` are the headline keys ``event_to_runs_p50_s``
-/ ``_p99_s`` (target p99 < 100 ms); ``sizes`` holds each size's figures and
-``runs_per_event``.
+``(7i + 1) mod M``, so each asset has about ``1.5 * DAGs / M`` consumers, and an event starts
+more runs as the DAGs grow. Beside them, from the start, 50 probe assets with 10 consumers each
+(``schedule=[p]``; 500 DAGs, not counted in the sizes): an event on one starts 10 runs at
+every size, so its cost shows what the DAGs held elsewhere cost an event (target: flat). At
+each size, ``--events`` events are sent one by one through the store (``Assets.send_event``,
+what the CLI and the API call), each on the next asset in turn, then as many on the probes,
+and each is timed from the call to its commit: the event, its queue rows for every consumer,
+each consumer's condition and the runs it starts are that one transaction, so its end is
+when the runs are visible to a worker (``event_to_runs``). The figures at ``--dags`` are the
+headline keys ``event_to_runs_p50_s`` / ``_p99_s`` (target p99 < 100 ms); ``sizes`` holds
+each size's figures, ``runs_per_event`` and the probe's (``probe_*``).
 
 Results: benchmarks/results/assets.json (SQLite's figures as the headline keys, each
 backend's under its name) and assets.png.
@@ -37,6 +40,10 @@ from . import calibration, common
 
 NAME = "assets"
 PER_FILE = 500  # DAGs per catalogued file (the catalogue stores them file by file)
+# The probe: assets with a fixed number of consumers whatever the size, so that the cost of
+# an event that starts the same runs can be read apart from how many runs an event starts.
+PROBES = 50
+PROBE_CONSUMERS = 10
 
 
 def _dags(first: int, last: int, assets: int) -> list[Any]:
@@ -59,26 +66,49 @@ def _dags(first: int, last: int, assets: int) -> list[Any]:
     return out
 
 
-async def _grow(store: Any, folder: Path, have: int, want: int, assets: int) -> None:
-    """Catalogue DAGs ``have`` to ``want`` as :func:`executor.catalogue.scan` stores them."""
+def _probe_dags() -> list[Any]:
+    """``PROBE_CONSUMERS`` DAGs on each probe asset (``schedule=[p]``: an event starts each)."""
+    from executor import DAG, Asset
+
+    out = []
+    for j in range(PROBES):
+        p = Asset(f"s3://bench/probe-{j}")
+        for k in range(PROBE_CONSUMERS):
+            dag = DAG(f"probe_{j:03d}_{k:03d}", schedule=[p])
+
+            @dag.task(task_id="work")
+            def work(ctx: Any) -> int:
+                return 1
+
+            out.append(dag)
+    return out
+
+
+async def _catalogue(store: Any, path: Path, dags: list[Any]) -> None:
+    """Catalogue ``dags`` as :func:`executor.catalogue.scan` stores a file declaring them."""
     from executor.catalogue import _declared
     from executor.store.catalogue import DeclaredDag
 
+    path.write_text("# catalogued by benchmarks/assets.py, never imported\n")
+    declared = [DeclaredDag(**_declared(d, d.dag_id)) for d in dags]  # type: ignore[arg-type]
+    error = await store.catalogue.record_parse(str(path), path.stat().st_mtime, declared, None)
+    if error is not None:
+        raise RuntimeError(f"{path}: {error}")
+
+
+async def _grow(store: Any, folder: Path, have: int, want: int, assets: int) -> None:
+    """Catalogue DAGs ``have`` to ``want``, ``PER_FILE`` to a file."""
     for start in range(have, want, PER_FILE):
         dags = _dags(start, min(want, start + PER_FILE), assets)
-        path = folder / f"consumers_{start:06d}.py"
-        path.write_text("# catalogued by benchmarks/assets.py, never imported\n")
-        declared = [DeclaredDag(**_declared(d, d.dag_id)) for d in dags]  # type: ignore[arg-type]
-        error = await store.catalogue.record_parse(str(path), path.stat().st_mtime, declared, None)
-        if error is not None:
-            raise RuntimeError(f"{path}: {error}")
+        await _catalogue(store, folder / f"consumers_{start:06d}.py", dags)
 
 
-async def _measure(store: Any, events: int, assets: int, offset: int) -> dict[str, Any]:
+async def _measure(store: Any, uris: Sequence[str]) -> dict[str, Any]:
+    """One event on each of ``uris`` in turn, each timed from the call to its commit."""
     costs: list[float] = []
     runs = 0
-    for k in range(events):
-        uri = f"s3://bench/asset-{(offset + k) % assets}"
+    events = len(uris)
+    for uri in uris:
         began = time.perf_counter()
         rec = await store.assets.send_event(uri, None, source="api")
         costs.append(time.perf_counter() - began)
@@ -108,6 +138,7 @@ async def run_once(args: argparse.Namespace, folder: Path, i: int, backend: str)
     store = await open_store(url)
     out: dict[str, Any] = {"sizes": {}}
     try:
+        await _catalogue(store, folder / f"{backend}{i}" / "probes.py", _probe_dags())
         have = 0
         for n in sizes:
             began = time.perf_counter()
@@ -116,12 +147,18 @@ async def run_once(args: argparse.Namespace, folder: Path, i: int, backend: str)
                 f"{backend}: {n:,} DAGs catalogued ({time.perf_counter() - began:.1f} s)"
             )
             have = n
-            out["sizes"][str(n)] = await _measure(store, args.events, args.assets, offset=n)
-            figures = out["sizes"][str(n)]
+            main = [f"s3://bench/asset-{(n + k) % args.assets}" for k in range(args.events)]
+            probes = [f"s3://bench/probe-{k % PROBES}" for k in range(args.events)]
+            figures = await _measure(store, main)
+            probe = await _measure(store, probes)
+            figures.update({f"probe_{k}": v for k, v in probe.items() if k != "events"})
+            out["sizes"][str(n)] = figures
             common.console.print(
                 f"  one event: p50 {figures['event_to_runs_p50_s'] * 1000:.1f} ms, "
                 f"p99 {figures['event_to_runs_p99_s'] * 1000:.1f} ms, "
-                f"{figures['runs_per_event']:.1f} runs each"
+                f"{figures['runs_per_event']:.1f} runs each; a probe's event "
+                f"({PROBE_CONSUMERS} runs): p50 {probe['event_to_runs_p50_s'] * 1000:.1f} ms, "
+                f"p99 {probe['event_to_runs_p99_s'] * 1000:.1f} ms"
             )
     finally:
         await store.close()
@@ -131,6 +168,7 @@ async def run_once(args: argparse.Namespace, folder: Path, i: int, backend: str)
     return {
         "dags": args.dags,
         "assets": args.assets,
+        "probe_dags": PROBES * PROBE_CONSUMERS,
         "event_to_runs_p50_s": head["event_to_runs_p50_s"],
         "event_to_runs_p99_s": head["event_to_runs_p99_s"],
         **out,
@@ -156,7 +194,7 @@ def headline(run: dict[str, Any]) -> dict[str, float | None]:
 
 
 def plot(doc: dict[str, Any], backends: Sequence[str], results: Path) -> None:
-    fig, (cost, runs) = common.subplots(2, width=5.2)
+    fig, (cost, flat, runs) = common.subplots(3, width=4.6)
     for b in backends:
         sizes = doc[b]["sizes"]
         xs = [int(s) for s in sizes]
@@ -164,13 +202,20 @@ def plot(doc: dict[str, Any], backends: Sequence[str], results: Path) -> None:
                   label=f"{b} p50")  # fmt: skip
         cost.plot(xs, [sizes[s]["event_to_runs_p99_s"] * 1000 for s in sizes], marker="x",
                   ls="--", label=f"{b} p99")  # fmt: skip
+        flat.plot(xs, [sizes[s]["probe_event_to_runs_p50_s"] * 1000 for s in sizes], marker="o",
+                  label=f"{b} p50")  # fmt: skip
+        flat.plot(xs, [sizes[s]["probe_event_to_runs_p99_s"] * 1000 for s in sizes], marker="x",
+                  ls="--", label=f"{b} p99")  # fmt: skip
         runs.plot(xs, [sizes[s]["runs_per_event"] for s in sizes], marker="o", label=b)
-    cost.axhline(100, color="red", ls="--", lw=1, label="target p99 100 ms")
+    for ax in (cost, flat):
+        ax.axhline(100, color="red", ls="--", lw=1, label="target p99 100 ms")
     cost.set(xscale="log", xlabel="DAGs scheduled on assets", ylabel="ms",
              title=f"one event -> its runs created ({doc['assets']:,} assets)")  # fmt: skip
+    flat.set(xscale="log", xlabel="DAGs scheduled on assets", ylabel="ms",
+             title=f"an event starting {PROBE_CONSUMERS} runs (probe)")  # fmt: skip
     runs.set(xscale="log", xlabel="DAGs scheduled on assets", ylabel="runs",
              title="runs started per event")  # fmt: skip
-    for ax in (cost, runs):
+    for ax in (cost, flat, runs):
         ax.legend(fontsize=7)
     fig.suptitle(calibration.caption(doc), fontsize=8)
     common.save_figure(fig, NAME, results)
@@ -231,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "backend": first,
         "dags": args.dags,
         "assets": args.assets,
+        "probe_dags": PROBES * PROBE_CONSUMERS,
         "event_to_runs_p50_s": kept[first]["event_to_runs_p50_s"],
         "event_to_runs_p99_s": kept[first]["event_to_runs_p99_s"],
         "sizes": kept[first]["sizes"],
@@ -240,8 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = common.write_json(NAME, doc, args.results)
     plot(doc, args.backends, args.results)
     rows = [
-        (f"{b}, {n} DAGs: one event p50 / p99 (ms)",
-         f"{s['event_to_runs_p50_s'] * 1000:.1f} / {s['event_to_runs_p99_s'] * 1000:.1f}")
+        (f"{b}, {n} DAGs: one event p50 / p99 (ms); a probe's",
+         f"{s['event_to_runs_p50_s'] * 1000:.1f} / {s['event_to_runs_p99_s'] * 1000:.1f} "
+         f"({s['runs_per_event']:.1f} runs each); "
+         f"{s['probe_event_to_runs_p50_s'] * 1000:.1f} / "
+         f"{s['probe_event_to_runs_p99_s'] * 1000:.1f}")
         for b in args.backends
         for n, s in kept[b]["sizes"].items()
     ]  # fmt: skip
