@@ -99,6 +99,12 @@ def tree_from_ids(task_ids: Sequence[str]) -> GroupNode:
     return _tree(list(task_ids), groups)
 
 
+def run_tree(shape: str | RunShape | None, task_ids: Sequence[str]) -> GroupNode:
+    """A run's groups: its DAG's catalogued shape's, or guessed from ``task_ids``' dots
+    when the catalogue does not hold the DAG (a run of ``slotless run``'s)."""
+    return group_tree(shape) if shape else tree_from_ids(task_ids)
+
+
 def group_of(shape: str | RunShape | None) -> dict[str, str]:
     """Each grouped task's innermost group id."""
     out: dict[str, str] = {}

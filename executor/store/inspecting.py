@@ -63,6 +63,7 @@ class RunGraph:
     now: float = 0.0  # the store's clock when it was read
     # Ready tasks a full pool or an unserved queue holds back, each with why.
     held: list[tuple[Row, str]] = field(default_factory=list)
+    shape: str | None = None  # its DAG's catalogued shape (JSON): the graph's task groups
 
     @property
     def live(self) -> bool:
@@ -236,7 +237,11 @@ class Views(Part):
             pools = await read_pools(tx, now)
             queues = await read_queues(tx, now)
             held = await read_held_back(tx, now, pools, queues, 0, run_id)
-        return RunGraph(RunRow.of(run), tasks, dict(mapped), edges, waits, now, held)
+            spec = await tx.fetchone("dag_start_specs", dag_ids=[run["dag_id"]])
+        return RunGraph(
+            RunRow.of(run), tasks, dict(mapped), edges, waits, now, held,
+            None if spec is None else spec["shape"],
+        )  # fmt: skip
 
     async def run_progress(self, run_id: str, n: int = PROGRESS_ROWS) -> RunProgress | None:
         """What `slotless run` shows while the run goes: reads of this run's rows only."""

@@ -29,7 +29,7 @@ from executor.store import Store
 from ..roles import needs, refusal
 from ..status import collect
 from ..views import task_name
-from . import logs_page, pages
+from . import graph, logs_page, pages
 from . import people as people_page
 from .actions import ACTIONS, PENDING, Act, Refused, audit, page_action
 from .api import MAX_BODY, add_api
@@ -112,10 +112,14 @@ async def dags(request: web.Request) -> web.Response:
 
 async def run(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
+    try:
+        fold = graph.parse_fold(request.query.getall("fold", []))
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
     g = await request.app[STORE].views.run_graph(run_id)
     if g is None:
         return _not_found(request, f"There is no run {run_id!r}.")
-    return respond(request, pages.run_view(g))
+    return respond(request, pages.run_view(g, fold))
 
 
 async def task(request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from executor.states import RUN_TERMINAL
 from executor.store.grid import TaskRunTime
 from executor.store.inspecting import INSTANCES_SHOWN, RUNS_PER_DAG, DagsPage, RunGraph, TaskDetail
 from executor.store.viewrows import HeldRow
+from executor.taskgroups import run_tree
 from triggers.base import clip
 
 from ..schedule_shown import schedule_shown
@@ -28,7 +29,7 @@ from ..status import failure_cause, human_seconds, shard_ranges
 from ..views import WAITING, StatusView, task_name, turns
 from . import graph
 from .charts import Chart, bar_chart
-from .render import View, task_href, when
+from .render import View, run_href, task_href, when, with_query
 from .trigger_form import conf_text
 
 ALL_STATES = graph.STATE_ORDER
@@ -88,8 +89,9 @@ def dags_view(data: DagsPage, signed_in: bool, kept: dict[str, str], chosen: str
     return View("dags.html", "DAGs", ctx, live=data.live)
 
 
-def run_view(g: RunGraph) -> View:
-    """A run: its state and the buttons that state allows, its graph, its tasks."""
+def run_view(g: RunGraph, fold: Sequence[str] = ()) -> View:
+    """A run: its state and the buttons that state allows, its graph (the task groups in
+    ``fold`` folded), its tasks."""
     run, now = g.run, g.now
     # Ready tasks a pool or a queue holds back say so in their box.
     waits = dict(g.waits)
@@ -123,7 +125,14 @@ def run_view(g: RunGraph) -> View:
         "notes": notes,
         "order": ALL_STATES,
         "drawing": graph.drawing(
-            g.tasks, g.edges, g.mapped, lambda tid: task_href(run.run_id, tid), notes=waits
+            g.tasks,
+            g.edges,
+            g.mapped,
+            lambda tid: task_href(run.run_id, tid),
+            notes=waits,
+            tree=run_tree(g.shape, [t.task_id for t in g.tasks]),
+            folded=fold,
+            fold_href=lambda f: with_query(run_href(run.run_id), {"fold": list(f)}),
         ),
         "tasks": tasks,
         "conf_text": conf_text(run.conf),
