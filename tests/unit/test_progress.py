@@ -71,7 +71,9 @@ SETTLED = {
 
 
 def text_of(progress: RunProgress, *, styles: bool = False) -> list[str]:
-    console = Console(record=True, width=140, force_terminal=True, color_system="standard")
+    # Wide enough for the waits' file URLs under any pytest temporary directory (a parallel
+    # worker's is longer): what is cut to fit a narrow terminal is not what these check.
+    console = Console(record=True, width=300, force_terminal=True, color_system="standard")
     console.print(render(progress))
     return [line.rstrip() for line in console.export_text(styles=styles).splitlines()]
 
