@@ -1,0 +1,126 @@
+"""Running ``slotless airflow-triggerer``: checks at start, signals, metrics, the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from executor.metrics import MetricsServer
+from triggers.airflow import airflow_trigger_class
+from triggers.context import to_thread
+
+from . import boot
+from .engine import Engine
+from .plans import DATETIME
+from .rows import AirflowRows
+
+log = logging.getLogger("slotless.airflow")
+
+
+async def serve(
+    *,
+    capacity: int,
+    interval: float,
+    metrics_host: str = "127.0.0.1",
+    metrics_port: int | None = None,
+) -> int:
+    """Serve until SIGTERM or SIGINT; 2 (after one line on stderr) when it cannot start."""
+    _log_to_stderr()
+    try:
+        version = await to_thread(boot.import_airflow)
+        await to_thread(boot.check_database)
+        await to_thread(_preload)
+    except boot.Refused as refused:
+        print(f"slotless: error: {refused}", file=sys.stderr, flush=True)
+        return 2
+    rows = await to_thread(AirflowRows, capacity)
+    engine = Engine(rows, interval=interval)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, engine.stop)
+    server = None
+    if metrics_port is not None:
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(engine))
+        server = MetricsServer(registry, metrics_host, metrics_port)
+        await server.start()
+    log.info("serving Airflow %s's triggers (capacity %d)", version, capacity)
+    try:
+        await engine.run()
+    finally:
+        if server is not None:
+            await server.stop()
+    return 0
+
+
+def _preload() -> None:
+    """The natively checked classes' module, imported before the loop needs it (a native
+    timer builds Airflow's DateTimeTrigger for its payload)."""
+    if importlib.util.find_spec("airflow.providers.standard") is not None:
+        airflow_trigger_class(DATETIME)
+
+
+def _log_to_stderr() -> None:
+    """This process's own lines at INFO on stderr, whatever Airflow's logging config does
+    to the root logger."""
+    if log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+class EngineCollector(Collector):
+    """What the engine holds and has done, read at each scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.engine
+        held = GaugeMetricFamily(
+            "slotless_airflow_triggers", "Airflow trigger rows held (one per waiting row)"
+        )
+        held.add_metric([], len(e.member))
+        yield held
+        checks = GaugeMetricFamily(
+            "slotless_airflow_checks",
+            "distinct checks held: rows equal in what they wait for are one",
+            labels=["kind"],
+        )
+        kinds = {"file": 0, "time": 0, "adapter": 0}
+        for g in e.groups.values():
+            kinds[g.plan.kind] = kinds.get(g.plan.kind, 0) + 1
+        for kind, n in kinds.items():
+            checks.add_metric([kind], n)
+        yield checks
+        made = CounterMetricFamily(
+            "slotless_airflow_native_checks",
+            "native checks made (one per group per interval)",
+            labels=["kind"],
+        )
+        made.add_metric(["file"], e.checks["file"])
+        yield made
+        submitted = CounterMetricFamily(
+            "slotless_airflow_submitted",
+            "outcomes written to Airflow, per trigger id",
+            labels=["outcome"],
+        )
+        for outcome in ("event", "failure"):
+            submitted.add_metric([outcome], e.submitted[outcome])
+        yield submitted
+        cycles = CounterMetricFamily(
+            "slotless_airflow_cycles", "assignment cycles done against Airflow's database"
+        )
+        cycles.add_metric([], e.cycles)
+        yield cycles
