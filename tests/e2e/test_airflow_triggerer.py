@@ -1,0 +1,309 @@
+"""``slotless airflow-triggerer`` against a real Airflow 3.3 metadata database on PostgreSQL.
+
+Airflow (from ``.venv-airflow``, benchmarks/airflow_env.py) migrates a private database made
+for this module (``airflow db migrate``), dropped after it. Task instances are deferred
+through Airflow's own ORM as its worker and execution API defer them
+(tests/support/airflow_deferred.py): a DagRun made by Airflow's ``create_dagrun``, each
+task instance DEFERRED with a Trigger row, next_method and next_kwargs. Then
+``slotless airflow-triggerer`` runs as a process and must put them back as Airflow's own
+triggerer would: SCHEDULED, with the event in next_kwargs (or ``__fail__`` and the error).
+
+How equal waits are shown to be one check: the process's /metrics counts its native file
+checks, and five task instances on one FileTrigger (poke_interval 0.5 s) must take at least
+three intervals for four checks (five checks per interval, one per row, would take none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+from urllib.request import urlopen
+
+import pytest
+from support.helpers import free_port, stop_process, wait_until
+from support.pg import configured_dsn, probe, unavailable
+
+from benchmarks.airflow_env import REPO, airflow_python
+
+# The first test may build .venv-airflow (a minute on a quiet machine, several on a busy one).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+STD = "airflow.providers.standard.triggers"
+HERE = "support.airflow_triggers"
+FILES = [f"file{i}" for i in range(5)]
+TASKS = [*FILES, "delta", "flag", "raises", "unknown", "badkey"]
+
+DAG = f"""
+from datetime import datetime
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+with DAG("waits", schedule=None, start_date=datetime(2026, 1, 1)):
+    for name in {TASKS!r}:
+        EmptyOperator(task_id=name)
+"""
+
+
+def _fernet_key() -> str:
+    return base64.urlsafe_b64encode(os.urandom(32)).decode()
+
+
+class Deployment:
+    """An Airflow home and metadata database, and the commands run against them."""
+
+    def __init__(self, python: Path, tmp: Path, url: str) -> None:
+        self.python = python
+        self.bin = python.parent
+        self.tmp = tmp
+        self.inbox = tmp / "inbox"
+        self.inbox.mkdir()
+        (tmp / "dags").mkdir()
+        (tmp / "dags" / "waits.py").write_text(DAG)
+        self.env = {
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "HOME": str(tmp),
+            "AIRFLOW_HOME": str(tmp / "home"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(tmp / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__FERNET_KEY": _fernet_key(),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": url,
+            "PYTHONPATH": str(REPO / "tests"),
+        }
+
+    def run(self, *args: str, stdin: str | None = None, timeout: float = 180) -> Any:
+        return subprocess.run(
+            args,
+            env=self.env,
+            cwd=self.tmp,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def helper(self, command: str, spec: dict[str, Any]) -> Any:
+        done = self.run(
+            str(self.python), "-m", "support.airflow_deferred", command, stdin=json.dumps(spec)
+        )
+        for line in done.stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line.removeprefix("RESULT "))
+        raise AssertionError(f"airflow_deferred {command} failed:\n{done.stdout}\n{done.stderr}")
+
+    def states(self, run_id: str) -> dict[str, Any]:
+        return self.helper("states", {"dag_id": "waits", "run_id": run_id})  # type: ignore[no-any-return]
+
+    def start_triggerer(self, log: Path, *args: str) -> subprocess.Popen[str]:
+        with open(log, "w") as out:
+            return subprocess.Popen(
+                [str(self.bin / "slotless"), "airflow-triggerer", *args],
+                env=self.env,
+                cwd=self.tmp,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+
+
+def _database_urls(name: str) -> tuple[str, str]:
+    """The server's URL for the new database: as asyncpg takes it, and as Airflow does."""
+    parts = urlsplit(configured_dsn())
+    ours = urlunsplit(parts._replace(path=f"/{name}", query=""))
+    return ours, ours.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+async def _admin(statement: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(configured_dsn())
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    reason = probe(configured_dsn())
+    if reason is not None:
+        unavailable(reason)
+    python = airflow_python()
+    name = f"slotless_airflow_{secrets.token_hex(4)}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    try:
+        _, url = _database_urls(name)
+        dep = Deployment(python, tmp_path_factory.mktemp("airflow"), url)
+        migrated = dep.run(str(dep.bin / "airflow"), "db", "migrate")
+        assert migrated.returncode == 0, migrated.stderr[-3000:]
+        synced = dep.run(
+            str(python), "-m", "support.airflow_deferred", "sync", str(dep.tmp / "dags")
+        )
+        assert synced.returncode == 0, synced.stderr[-3000:]
+        yield dep
+    finally:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _metrics(port: int) -> dict[str, float]:
+    with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("slotless_airflow_"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_deferred_task_instances_resume_as_airflows_triggerer_would(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    dep = deployment
+    data = str(dep.inbox / "data.csv")
+    flag = str(dep.inbox / "flag")
+    other_key = _fernet_key()
+    file_wait = {"classpath": f"{STD}.file.FileTrigger", "args": {"filepath": data}}
+    tasks: list[dict[str, Any]] = [
+        {**file_wait, "task_id": name, "args": {"filepath": data, "poke_interval": 0.5}}
+        for name in FILES
+    ]
+    tasks += [
+        {
+            "task_id": "delta",
+            "classpath": f"{STD}.temporal.TimeDeltaTrigger",
+            "args": {"delta": {"seconds": 1}},
+        },
+        {"task_id": "flag", "classpath": f"{HERE}.FlagTrigger", "args": {"path": flag}},
+        {
+            "task_id": "raises",
+            "classpath": f"{HERE}.RaisingTrigger",
+            "args": {"message": "the source said no"},
+        },
+        {"task_id": "unknown", "raw_classpath": "nowhere.triggers.Gone", "raw_kwargs": {}},
+        # Kwargs encrypted with a key this deployment does not have.
+        {
+            **file_wait,
+            "task_id": "badkey",
+            "args": {"filepath": str(dep.inbox / "never")},
+            "fernet_key": other_key,
+        },
+    ]
+    ids = dep.helper("defer", {"dag_id": "waits", "run_id": "r1", "tasks": tasks})
+    assert set(ids) == set(TASKS)
+    assert all(s["state"] == "deferred" for s in dep.states("r1").values())
+
+    port = free_port()
+    log = tmp_path / "triggerer.log"
+    proc = dep.start_triggerer(log, "--metrics-port", str(port), "--interval", "0.5")
+    try:
+
+        def settled(names: list[str]) -> dict[str, Any] | None:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            states = dep.states("r1")
+            return states if all(states[n]["state"] == "scheduled" for n in names) else None
+
+        states = wait_until(
+            lambda: settled(["delta", "raises", "unknown", "badkey"]),
+            timeout=90,
+            interval=0.5,
+            what="the moment and the three failures to leave DEFERRED",
+        )
+        # The moment: resumed with DateTimeTrigger's own payload, next_kwargs kept.
+        delta = states["delta"]
+        assert delta["next_method"] == "execute_complete"
+        assert delta["next_kwargs"]["asked"] == "delta"
+        assert delta["next_kwargs"]["event"].startswith("20")
+        assert delta["trigger_id"] is None
+        # Each failure is its own task instance's, through submit_failure, with its error.
+        for name, said in [
+            ("raises", "the source said no"),
+            ("unknown", "nowhere.triggers.Gone"),
+            ("badkey", "fernet_key"),
+        ]:
+            s = states[name]
+            assert s["next_method"] == "__fail__", (name, s)
+            assert s["next_kwargs"]["error"] == "Trigger failure"
+            assert said in "".join(s["next_kwargs"]["traceback"]), (name, s)
+        # The rest still wait, and the process is up.
+        assert all(states[n]["state"] == "deferred" for n in [*FILES, "flag"])
+        assert proc.poll() is None
+
+        # Five task instances on one file: one check, at its interval.
+        wait_until(
+            lambda: _metrics(port).get("slotless_airflow_triggers") == 6,
+            timeout=30,
+            what="the six waiting rows held",
+        )
+        m = _metrics(port)
+        assert m['slotless_airflow_checks{kind="file"}'] == 1
+        assert m['slotless_airflow_checks{kind="adapter"}'] == 1
+        first = m['slotless_airflow_native_checks_total{kind="file"}']
+        began = time.monotonic()
+        wait_until(
+            lambda: (
+                _metrics(port)['slotless_airflow_native_checks_total{kind="file"}'] >= first + 4
+            ),
+            timeout=30,
+            interval=0.05,
+            what="four more file checks",
+        )
+        assert time.monotonic() - began >= 1.2  # >= 3 intervals of 0.5 s between 4 checks
+
+        # Airflow sees a healthy triggerer.
+        check = dep.run(str(dep.bin / "airflow"), "jobs", "check", "--job-type", "TriggererJob")
+        assert check.returncode == 0, check.stdout + check.stderr
+
+        Path(data).write_text("a,b\n")
+        Path(flag).write_text("go")
+        states = wait_until(
+            lambda: settled([*FILES, "flag"]),
+            timeout=60,
+            interval=0.5,
+            what="the file's and the flag's task instances to resume",
+        )
+        for name in FILES:
+            assert states[name]["next_method"] == "execute_complete"
+            assert states[name]["next_kwargs"] == {"asked": name, "event": True}
+        assert states["flag"]["next_kwargs"]["event"] == {"path": flag, "content": "go"}
+        m = _metrics(port)
+        assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 2
+        assert m['slotless_airflow_submitted_total{outcome="failure"}'] == 3
+    finally:
+        code = stop_process(proc)
+    assert code == 0, log.read_text()[-3000:]
+    # The Job ended with the process: Airflow's check no longer finds it alive.
+    check = dep.run(str(dep.bin / "airflow"), "jobs", "check", "--job-type", "TriggererJob")
+    assert check.returncode != 0
+
+
+def test_refuses_a_database_at_another_migration(deployment: Deployment) -> None:
+    dep = deployment
+    python = str(dep.python)
+    query = (
+        "from airflow.utils.session import create_session; from sqlalchemy import text\n"
+        "with create_session() as s:\n"
+        "    print(s.execute(text('SELECT version_num FROM alembic_version')).scalar())\n"
+        "    s.execute(text(\"UPDATE alembic_version SET version_num = '{}'\"))\n"
+    )
+    # 3.2.0's head: a database Airflow 3.3 has not migrated yet.
+    was = dep.run(python, "-c", query.format("1d6611b6ab7c")).stdout.strip().splitlines()[-1]
+    try:
+        done = dep.run(str(dep.bin / "slotless"), "airflow-triggerer", timeout=120)
+    finally:
+        dep.run(python, "-c", query.format(was))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[-1].startswith("slotless: error: Airflow's metadata database at ")
+    assert "1d6611b6ab7c" in lines[-1] and "airflow db migrate" in lines[-1]
