@@ -102,7 +102,7 @@ class Deployment:
         raise AssertionError(f"airflow_deferred {command} failed:\n{done.stdout}\n{done.stderr}")
 
     def states(self, run_id: str) -> dict[str, Any]:
-        return self.helper("states", {"dag_id": "waits", "run_id": run_id})  # type: ignore[no-any-return]
+        return self.helper("states", {"dag_id": "waits", "run_id": run_id})
 
     def start_triggerer(self, log: Path, *args: str) -> subprocess.Popen[str]:
         with open(log, "w") as out:

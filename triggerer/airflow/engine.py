@@ -78,7 +78,7 @@ class Engine:
         if on_started is not None:
             on_started(self.job_id)
         loops = [
-            asyncio.create_task(self._every(self.interval, self._cycle, "assigning triggers")),
+            asyncio.create_task(self._assigning()),
             asyncio.create_task(self._submitting()),
             asyncio.create_task(self._every(1.0, self._heartbeat, "the Job's heartbeat")),
         ]
@@ -106,10 +106,28 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), seconds)
 
+    async def _assigning(self) -> None:
+        """A cycle every ``interval``; at once again while a cycle took as many new rows as
+        Airflow lets one query take (``[triggerer] max_trigger_to_select_per_loop``): a
+        burst of deferred tasks is taken in a few quick cycles, not one batch a second."""
+        while not self.stopping.is_set():
+            more = False
+            try:
+                more = await self._cycle()
+            except Exception as exc:
+                log.warning(
+                    "assigning triggers failed (%s: %s); trying again", type(exc).__name__, exc
+                )
+            if more:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.interval)
+
     async def _heartbeat(self) -> None:
         await to_thread(self.rows.heartbeat)
 
-    async def _cycle(self) -> None:
+    async def _cycle(self) -> bool:
+        """One cycle; True when it took a full batch of new rows (more may be waiting)."""
         assigned = await to_thread(self.rows.assigned)
         for tid in [t for t in self.member if t not in assigned]:
             self._leave(tid)
@@ -126,6 +144,7 @@ class Engine:
                     self._join(row)
         await to_thread(self.rows.clean_unused)
         self.cycles += 1
+        return len(new) >= self.rows.select_limit
 
     async def _submitting(self) -> None:
         while True:

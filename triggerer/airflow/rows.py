@@ -56,6 +56,8 @@ class AirflowRows:
         # triggerers take a triggerer's triggers away (Airflow's own setting).
         self.health_check_threshold = conf.getint("triggerer", "triggerer_health_check_threshold")
         self.job: Any = None
+        # How many unassigned rows one of Airflow's assignment queries takes at most.
+        self.select_limit = conf.getint("triggerer", "max_trigger_to_select_per_loop", fallback=50)
 
     # -- the job ---------------------------------------------------------------------
 

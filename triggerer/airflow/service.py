@@ -17,6 +17,7 @@ from executor.metrics import MetricsServer
 from triggers.airflow import airflow_trigger_class
 from triggers.context import to_thread
 
+from ..watchdog import LoopWatch
 from . import boot
 from .engine import Engine
 from .plans import DATETIME
@@ -53,9 +54,13 @@ async def serve(
         server = MetricsServer(registry, metrics_host, metrics_port)
         await server.start()
     log.info("serving Airflow %s's triggers (capacity %d)", version, capacity)
+    # The triggerer's loop watchdog: a trigger that blocks the loop is logged, with where.
+    watching = asyncio.create_task(LoopWatch().run())
     try:
         await engine.run()
     finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
         if server is not None:
             await server.stop()
     return 0
@@ -69,15 +74,17 @@ def _preload() -> None:
 
 
 def _log_to_stderr() -> None:
-    """This process's own lines at INFO on stderr, whatever Airflow's logging config does
-    to the root logger."""
-    if log.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    """This process's own lines (and the loop watchdog's) at INFO on stderr, whatever
+    Airflow's logging config does to the root logger."""
+    for name in ("slotless.airflow", "slotless.triggerer"):
+        logger = logging.getLogger(name)
+        if logger.handlers:
+            continue
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 class EngineCollector(Collector):
