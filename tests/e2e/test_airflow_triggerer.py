@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 STD = "airflow.providers.standard.triggers"
 HERE = "support.airflow_triggers"
 FILES = [f"file{i}" for i in range(5)]
-TASKS = [*FILES, "delta", "flag", "raises", "unknown", "badkey"]
+TASKS = [*FILES, "delta", "flag", "conn", "raises", "unknown", "badkey"]
 
 DAG = f"""
 from datetime import datetime
@@ -185,6 +185,8 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             "args": {"delta": {"seconds": 1}},
         },
         {"task_id": "flag", "classpath": f"{HERE}.FlagTrigger", "args": {"path": flag}},
+        # Its connection is in Airflow's connection table, not in the environment.
+        {"task_id": "conn", "classpath": f"{HERE}.ConnTrigger", "args": {"conn_id": "dw"}},
         {
             "task_id": "raises",
             "classpath": f"{HERE}.RaisingTrigger",
@@ -199,7 +201,13 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             "fernet_key": other_key,
         },
     ]
-    ids = dep.helper("defer", {"dag_id": "waits", "run_id": "r1", "tasks": tasks})
+    spec = {
+        "dag_id": "waits",
+        "run_id": "r1",
+        "tasks": tasks,
+        "connections": {"dw": "postgres://bob:pw@dw.example:6543/dw"},
+    }
+    ids = dep.helper("defer", spec)
     assert set(ids) == set(TASKS)
     assert all(s["state"] == "deferred" for s in dep.states("r1").values())
 
@@ -214,10 +222,10 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             return states if all(states[n]["state"] == "scheduled" for n in names) else None
 
         states = wait_until(
-            lambda: settled(["delta", "raises", "unknown", "badkey"]),
+            lambda: settled(["delta", "conn", "raises", "unknown", "badkey"]),
             timeout=90,
             interval=0.5,
-            what="the moment and the three failures to leave DEFERRED",
+            what="the moment, the connection and the three failures to leave DEFERRED",
         )
         # The moment: resumed with DateTimeTrigger's own payload, next_kwargs kept.
         delta = states["delta"]
@@ -225,6 +233,8 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
         assert delta["next_kwargs"]["asked"] == "delta"
         assert delta["next_kwargs"]["event"].startswith("20")
         assert delta["trigger_id"] is None
+        conn = states["conn"]["next_kwargs"]["event"]
+        assert conn == {"host": "dw.example", "login": "bob", "port": 6543}
         # Each failure is its own task instance's, through submit_failure, with its error.
         for name, said in [
             ("raises", "the source said no"),
@@ -277,7 +287,7 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             assert states[name]["next_kwargs"] == {"asked": name, "event": True}
         assert states["flag"]["next_kwargs"]["event"] == {"path": flag, "content": "go"}
         m = _metrics(port)
-        assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 2
+        assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 3
         assert m['slotless_airflow_submitted_total{outcome="failure"}'] == 3
     finally:
         code = stop_process(proc)

@@ -12,6 +12,7 @@ defers each task as Airflow's worker and execution API do: the worker builds the
 and ``serialize()``s it, serde-encodes its kwargs and the next_kwargs; the API stores a
 ``Trigger`` row with those kwargs as JSON text and sets the task instance DEFERRED with its
 trigger_id, next_method and next_kwargs (api_fastapi/execution_api/routes/task_instances.py).
+``"connections"`` ({conn_id: uri}) are stored in Airflow's connection table first.
 A task given ``"fernet_key"`` has its kwargs encrypted with that key instead (as a row
 written by ``Trigger(...)`` itself is), to test a triggerer with another key.
 
@@ -42,6 +43,7 @@ def sync(dags_dir: str) -> None:
 
 def defer(spec: dict[str, Any]) -> dict[str, int]:
     from airflow._shared.timezones import timezone
+    from airflow.models.connection import Connection
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.models.taskinstance import TaskInstance as TI
     from airflow.models.trigger import Trigger
@@ -54,6 +56,8 @@ def defer(spec: dict[str, Any]) -> dict[str, int]:
 
     out: dict[str, int] = {}
     with create_session() as session:
+        for conn_id, uri in spec.get("connections", {}).items():
+            session.add(Connection(conn_id=conn_id, uri=uri))
         dag = SerializedDagModel.get_dag(spec["dag_id"], session=session)
         run = dag.create_dagrun(
             run_id=spec["run_id"],

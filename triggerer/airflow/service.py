@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -35,6 +36,10 @@ async def serve(
 ) -> int:
     """Serve until SIGTERM or SIGINT; 2 (after one line on stderr) when it cannot start."""
     _log_to_stderr()
+    # What Airflow's own triggerer process declares (its supervisor; its runner subprocess
+    # asks the supervisor instead): Airflow's secrets backends then include its connection
+    # table, so a trigger's hook finds connections stored there. This process is both.
+    os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
     try:
         version = await to_thread(boot.import_airflow)
         await to_thread(boot.check_database)
