@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.error import URLError
 from urllib.parse import urlsplit, urlunsplit
 from urllib.request import urlopen
 
@@ -156,8 +157,13 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 
 def _metrics(port: int) -> dict[str, float]:
-    with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
+    """The process's slotless_airflow_* samples; none while it is still starting (importing
+    Airflow, checking its database) and not listening yet."""
+    try:
+        with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except URLError:
+        return {}
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("slotless_airflow_"):
@@ -317,3 +323,53 @@ def test_refuses_a_database_at_another_migration(deployment: Deployment) -> None
     assert len(lines) == 1, done.stderr
     assert lines[-1].startswith("slotless: error: Airflow's metadata database at ")
     assert "1d6611b6ab7c" in lines[-1] and "airflow db migrate" in lines[-1]
+
+
+def test_rollback_to_airflows_triggerer_loses_nothing(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Stop slotless airflow-triggerer while it holds a wait, start `airflow triggerer`: the
+    wait is taken over and its task instance resumes when its file lands."""
+    dep = deployment
+    data = str(dep.inbox / "rollback.csv")
+    task = {
+        "task_id": "file0",
+        "classpath": f"{STD}.file.FileTrigger",
+        "args": {"filepath": data, "poke_interval": 0.5},
+    }
+    dep.helper("defer", {"dag_id": "waits", "run_id": "r2", "tasks": [task]})
+    port = free_port()
+    log = tmp_path / "slotless.log"
+    ours = dep.start_triggerer(log, "--metrics-port", str(port), "--interval", "0.5")
+    try:
+        wait_until(
+            lambda: _metrics(port).get("slotless_airflow_triggers") == 1,
+            timeout=60,
+            interval=0.2,
+            what="slotless airflow-triggerer to hold the wait",
+        )
+    finally:
+        code = stop_process(ours)
+    assert code == 0, log.read_text()[-3000:]
+    assert dep.states("r2")["file0"]["state"] == "deferred"
+
+    with open(tmp_path / "airflow.log", "w") as out:
+        theirs = subprocess.Popen(
+            [str(dep.bin / "airflow"), "triggerer", "--skip-serve-logs"],
+            env=dep.env,
+            cwd=dep.tmp,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        Path(data).write_text("x\n")
+        state = wait_until(
+            lambda: (s := dep.states("r2")["file0"])["state"] == "scheduled" and s,
+            timeout=90,
+            interval=0.5,
+            what="Airflow's triggerer to resume the task instance",
+        )
+    finally:
+        stop_process(theirs, timeout=30)
+    assert state["next_method"] == "execute_complete"
+    assert state["next_kwargs"] == {"asked": "file0", "event": True}

@@ -48,7 +48,12 @@ def plan(classpath: str, kwargs: dict[str, Any]) -> Plan:
         if isinstance(moment, datetime) and moment.tzinfo is not None:
             end = bool(kwargs.get("end_from_trigger", False))
             return Plan("time", ("time", moment.timestamp(), end))
-    return Plan("adapter", ("adapter", classpath, canonical(kwargs)))
+    try:
+        text = canonical(kwargs)
+    except (TypeError, ValueError):
+        # Keys JSON cannot sort (ints beside strings): compared as printed instead.
+        text = repr(_loose(kwargs))
+    return Plan("adapter", ("adapter", classpath, text))
 
 
 def poke_interval(kwargs: dict[str, Any]) -> float:
@@ -60,6 +65,15 @@ def poke_interval(kwargs: dict[str, Any]) -> float:
 def canonical(kwargs: dict[str, Any]) -> str:
     """The kwargs as one string, equal for equal kwargs whatever their order."""
     return json.dumps(kwargs, sort_keys=True, separators=(",", ":"), default=_text)
+
+
+def _loose(value: Any) -> Any:
+    """``value`` with every dict's items in an order that does not depend on insertion."""
+    if isinstance(value, dict):
+        return sorted(((repr(k), _loose(v)) for k, v in value.items()), key=lambda kv: kv[0])
+    if isinstance(value, (list, tuple)):
+        return [_loose(v) for v in value]
+    return value
 
 
 def _text(value: Any) -> Any:
