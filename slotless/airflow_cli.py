@@ -33,6 +33,14 @@ def add_commands(sub: Any) -> None:
         default=1.0,
         help="seconds between assignment cycles against Airflow's database (default 1)",
     )
+    p.add_argument(
+        "--queues",
+        default=None,
+        help=(
+            "comma-separated trigger queues to serve, as `airflow triggerer --queues` "
+            "(needs [triggerer] queues_enabled); without it, rows with no queue"
+        ),
+    )
     metrics_opts(p)
     p.set_defaults(func=_airflow_triggerer)
 
@@ -40,11 +48,15 @@ def add_commands(sub: Any) -> None:
 async def _airflow_triggerer(args: argparse.Namespace) -> int:
     if args.capacity <= 0 or args.interval <= 0:
         raise ValueError("--capacity and --interval must be positive")
+    queues = {q.strip() for q in args.queues.split(",") if q.strip()} if args.queues else None
+    if args.queues is not None and not queues:
+        raise ValueError("--queues names no queue: give one or more, comma-separated")
     from triggerer.airflow.service import serve
 
     return await serve(
         capacity=args.capacity,
         interval=args.interval,
+        queues=queues,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
     )

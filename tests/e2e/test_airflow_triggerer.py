@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 STD = "airflow.providers.standard.triggers"
 HERE = "support.airflow_triggers"
 FILES = [f"file{i}" for i in range(5)]
-TASKS = [*FILES, "delta", "flag", "conn", "raises", "unknown", "badkey"]
+TASKS = [*FILES, "delta", "flag", "conn", "queued", "raises", "unknown", "badkey", "dagstate"]
 
 DAG = f"""
 from datetime import datetime
@@ -105,11 +105,13 @@ class Deployment:
     def states(self, run_id: str) -> dict[str, Any]:
         return self.helper("states", {"dag_id": "waits", "run_id": run_id})
 
-    def start_triggerer(self, log: Path, *args: str) -> subprocess.Popen[str]:
+    def start_triggerer(
+        self, log: Path, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
         with open(log, "w") as out:
             return subprocess.Popen(
                 [str(self.bin / "slotless"), "airflow-triggerer", *args],
-                env=self.env,
+                env=env or self.env,
                 cwd=self.tmp,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -199,6 +201,14 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             "args": {"message": "the source said no"},
         },
         {"task_id": "unknown", "raw_classpath": "nowhere.triggers.Gone", "raw_kwargs": {}},
+        # Asks the triggerer supervisor (RuntimeTaskInstance.get_dr_count): not answered yet.
+        {
+            "task_id": "dagstate",
+            "classpath": f"{STD}.external_task.DagStateTrigger",
+            "args": {"dag_id": "waits", "states": ["running"], "run_ids": ["r1"]},
+        },
+        # A row in a trigger queue: not this triggerer's (it serves no queue).
+        {**file_wait, "task_id": "queued", "queue": "elsewhere"},
         # Kwargs encrypted with a key this deployment does not have.
         {
             **file_wait,
@@ -228,10 +238,10 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             return states if all(states[n]["state"] == "scheduled" for n in names) else None
 
         states = wait_until(
-            lambda: settled(["delta", "conn", "raises", "unknown", "badkey"]),
+            lambda: settled(["delta", "conn", "raises", "unknown", "badkey", "dagstate"]),
             timeout=90,
             interval=0.5,
-            what="the moment, the connection and the three failures to leave DEFERRED",
+            what="the moment, the connection and the four failures to leave DEFERRED",
         )
         # The moment: resumed with DateTimeTrigger's own payload, next_kwargs kept.
         delta = states["delta"]
@@ -246,13 +256,14 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             ("raises", "the source said no"),
             ("unknown", "nowhere.triggers.Gone"),
             ("badkey", "fernet_key"),
+            ("dagstate", "does not answer yet"),
         ]:
             s = states[name]
             assert s["next_method"] == "__fail__", (name, s)
             assert s["next_kwargs"]["error"] == "Trigger failure"
             assert said in "".join(s["next_kwargs"]["traceback"]), (name, s)
         # The rest still wait, and the process is up.
-        assert all(states[n]["state"] == "deferred" for n in [*FILES, "flag"])
+        assert all(states[n]["state"] == "deferred" for n in [*FILES, "flag", "queued"])
         assert proc.poll() is None
 
         # Five task instances on one file: one check, at its interval.
@@ -294,7 +305,9 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
         assert states["flag"]["next_kwargs"]["event"] == {"path": flag, "content": "go"}
         m = _metrics(port)
         assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 3
-        assert m['slotless_airflow_submitted_total{outcome="failure"}'] == 3
+        assert m['slotless_airflow_submitted_total{outcome="failure"}'] == 4
+        # The queued row was never taken.
+        assert dep.states("r1")["queued"]["state"] == "deferred"
     finally:
         code = stop_process(proc)
     assert code == 0, log.read_text()[-3000:]
@@ -303,7 +316,7 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
     assert check.returncode != 0
 
 
-def test_refuses_a_database_at_another_migration(deployment: Deployment) -> None:
+def test_refuses_to_start_in_one_line(deployment: Deployment) -> None:
     dep = deployment
     python = str(dep.python)
     query = (
@@ -324,23 +337,35 @@ def test_refuses_a_database_at_another_migration(deployment: Deployment) -> None
     assert lines[-1].startswith("slotless: error: Airflow's metadata database at ")
     assert "1d6611b6ab7c" in lines[-1] and "airflow db migrate" in lines[-1]
 
+    # --queues where Airflow writes no queues: refused as `airflow triggerer` refuses it.
+    done = dep.run(str(dep.bin / "slotless"), "airflow-triggerer", "--queues", "q1", timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "slotless: error: --queues may only be used when Airflow's [triggerer] queues_enabled "
+        "is True (AIRFLOW__TRIGGERER__QUEUES_ENABLED=True), as for `airflow triggerer --queues`"
+    ]
+
 
 def test_rollback_to_airflows_triggerer_loses_nothing(
     deployment: Deployment, tmp_path: Path
 ) -> None:
     """Stop slotless airflow-triggerer while it holds a wait, start `airflow triggerer`: the
-    wait is taken over and its task instance resumes when its file lands."""
+    wait is taken over and its task instance resumes when its file lands. Both serve the
+    trigger queue the row is in (`--queues`, with Airflow's queues enabled)."""
     dep = deployment
+    env = {**dep.env, "AIRFLOW__TRIGGERER__QUEUES_ENABLED": "True"}
     data = str(dep.inbox / "rollback.csv")
     task = {
         "task_id": "file0",
         "classpath": f"{STD}.file.FileTrigger",
         "args": {"filepath": data, "poke_interval": 0.5},
+        "queue": "q1",
     }
     dep.helper("defer", {"dag_id": "waits", "run_id": "r2", "tasks": [task]})
     port = free_port()
     log = tmp_path / "slotless.log"
-    ours = dep.start_triggerer(log, "--metrics-port", str(port), "--interval", "0.5")
+    args = ["--metrics-port", str(port), "--interval", "0.5", "--queues", "q1"]
+    ours = dep.start_triggerer(log, *args, env=env)
     try:
         wait_until(
             lambda: _metrics(port).get("slotless_airflow_triggers") == 1,
@@ -355,8 +380,8 @@ def test_rollback_to_airflows_triggerer_loses_nothing(
 
     with open(tmp_path / "airflow.log", "w") as out:
         theirs = subprocess.Popen(
-            [str(dep.bin / "airflow"), "triggerer", "--skip-serve-logs"],
-            env=dep.env,
+            [str(dep.bin / "airflow"), "triggerer", "--skip-serve-logs", "--queues", "q1"],
+            env=env,
             cwd=dep.tmp,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -12,7 +12,9 @@ defers each task as Airflow's worker and execution API do: the worker builds the
 and ``serialize()``s it, serde-encodes its kwargs and the next_kwargs; the API stores a
 ``Trigger`` row with those kwargs as JSON text and sets the task instance DEFERRED with its
 trigger_id, next_method and next_kwargs (api_fastapi/execution_api/routes/task_instances.py).
-``"connections"`` ({conn_id: uri}) are stored in Airflow's connection table first.
+A task's ``"queue"`` is its trigger row's queue (what the worker writes when Airflow's
+``[triggerer] queues_enabled`` is on). ``"connections"`` ({conn_id: uri}) are stored in
+Airflow's connection table first.
 A task given ``"fernet_key"`` has its kwargs encrypted with that key instead (as a row
 written by ``Trigger(...)`` itself is), to test a triggerer with another key.
 
@@ -76,7 +78,7 @@ def defer(spec: dict[str, Any]) -> dict[str, int]:
             stored = json.dumps(serde_serialize(kwargs))
             if "fernet_key" in task:
                 stored = Fernet(task["fernet_key"].encode()).encrypt(stored.encode()).decode()
-            row = Trigger(classpath=classpath, kwargs={})
+            row = Trigger(classpath=classpath, kwargs={}, queue=task.get("queue"))
             row.encrypted_kwargs = stored
             session.add(row)
             session.flush()

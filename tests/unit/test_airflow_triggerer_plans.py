@@ -78,3 +78,6 @@ def test_bad_options_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["airflow-triggerer", "--capacity", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["slotless: error: --capacity and --interval must be positive"]
+    assert main(["airflow-triggerer", "--queues", " , "]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["slotless: error: --queues names no queue: give one or more, comma-separated"]

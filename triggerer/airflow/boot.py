@@ -77,5 +77,17 @@ def check_database() -> None:
         )
 
 
+def check_queues_enabled() -> None:
+    """``--queues`` is refused unless Airflow writes queues on trigger rows at all (as
+    ``airflow triggerer --queues`` refuses)."""
+    from airflow.configuration import conf
+
+    if not conf.getboolean("triggerer", "queues_enabled", fallback=False):
+        raise Refused(
+            "--queues may only be used when Airflow's [triggerer] queues_enabled is True "
+            "(AIRFLOW__TRIGGERER__QUEUES_ENABLED=True), as for `airflow triggerer --queues`"
+        )
+
+
 def _redacted(url: str) -> str:
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

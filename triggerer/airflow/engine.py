@@ -220,7 +220,7 @@ class Engine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._failed(group, exc)
+            self._failed(group, _said(exc, group.classpath))
         finally:
             # Rows still here (an asset watcher's, after its run() ended) are loaded again
             # at the next cycle: a watcher keeps watching, as in Airflow.
@@ -296,3 +296,20 @@ class Engine:
             "checks": len(self.groups),
             **{f"checks_{k}": n for k, n in kinds.items()},
         }
+
+
+def _said(exc: Exception, classpath: str) -> BaseException:
+    """A trigger's exception, said in this triggerer's terms where Airflow's own words
+    would mislead: a Task SDK call that needs the triggerer supervisor's channel
+    (``RuntimeTaskInstance.get_dr_count``, a Variable or XCom through the SDK) finds no
+    ``SUPERVISOR_COMMS`` here."""
+    if isinstance(exc, NameError) and "SUPERVISOR_COMMS" in str(exc):
+        said = RuntimeError(
+            f"{classpath} asks Airflow's triggerer supervisor (a Task SDK call such as "
+            "RuntimeTaskInstance.get_dr_count, or a Variable or XCom read), which slotless "
+            "airflow-triggerer does not answer yet: serve such tasks' triggers with "
+            "`airflow triggerer --queues` (docs/airflow-triggerer.md)"
+        )
+        said.__cause__ = exc
+        return said
+    return exc

@@ -48,10 +48,12 @@ class UndecryptableKwargs(ValueError):
 class AirflowRows:
     """Airflow's Job and Trigger models, called as Airflow's triggerer calls them."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, queues: set[str] | None = None) -> None:
         from airflow.configuration import conf
 
         self.capacity = capacity
+        # Trigger queues served; None: rows without a queue, as Airflow's triggerer does.
+        self.queues = queues
         # Seconds without a heartbeat after which Airflow's scheduler and the other
         # triggerers take a triggerer's triggers away (Airflow's own setting).
         self.health_check_threshold = conf.getint("triggerer", "triggerer_health_check_threshold")
@@ -93,8 +95,10 @@ class AirflowRows:
         """Take unassigned (or orphaned) triggers up to capacity, then list ours."""
         from airflow.models.trigger import Trigger
 
-        Trigger.assign_unassigned(self.job.id, self.capacity, self.health_check_threshold)
-        return set(Trigger.ids_for_triggerer(self.job.id))
+        Trigger.assign_unassigned(
+            self.job.id, self.capacity, self.health_check_threshold, queues=self.queues
+        )
+        return set(Trigger.ids_for_triggerer(self.job.id, queues=self.queues))
 
     def load(self, ids: Iterable[int]) -> tuple[list[Row], list[Outcome]]:
         """The rows for ``ids``, decrypted; a row that cannot be is a failure for its own

@@ -31,6 +31,7 @@ async def serve(
     *,
     capacity: int,
     interval: float,
+    queues: set[str] | None = None,
     metrics_host: str = "127.0.0.1",
     metrics_port: int | None = None,
 ) -> int:
@@ -43,11 +44,13 @@ async def serve(
     try:
         version = await to_thread(boot.import_airflow)
         await to_thread(boot.check_database)
+        if queues:
+            await to_thread(boot.check_queues_enabled)
         await to_thread(_preload)
     except boot.Refused as refused:
         print(f"slotless: error: {refused}", file=sys.stderr, flush=True)
         return 2
-    rows = await to_thread(AirflowRows, capacity)
+    rows = await to_thread(AirflowRows, capacity, queues)
     engine = Engine(rows, interval=interval)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
