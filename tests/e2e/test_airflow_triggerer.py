@@ -62,8 +62,9 @@ def _fernet_key() -> str:
 class Deployment:
     """An Airflow home and metadata database, and the commands run against them."""
 
-    def __init__(self, python: Path, tmp: Path, url: str) -> None:
+    def __init__(self, python: Path, tmp: Path, url: str, pg_url: str) -> None:
         self.python = python
+        self.pg_url = pg_url  # the same database, for asyncpg
         self.bin = python.parent
         self.tmp = tmp
         self.inbox = tmp / "inbox"
@@ -103,7 +104,16 @@ class Deployment:
         raise AssertionError(f"airflow_deferred {command} failed:\n{done.stdout}\n{done.stderr}")
 
     def states(self, run_id: str) -> dict[str, Any]:
+        """Each task instance's state, next_method, next_kwargs (decoded by Airflow's own
+        serde, in .venv-airflow) and trigger_id."""
         return self.helper("states", {"dag_id": "waits", "run_id": run_id})
+
+    def left_deferred(self, run_id: str, names: list[str]) -> bool:
+        """All of ``names`` out of DEFERRED: read with one query, not a Python with Airflow
+        started per poll."""
+        rows = asyncio.run(_fetch(self.pg_url, _STATE_QUERY, run_id))
+        states = {r["task_id"]: r["state"] for r in rows}
+        return all(states.get(n) not in (None, "deferred") for n in names)
 
     def start_triggerer(
         self, log: Path, *args: str, env: dict[str, str] | None = None
@@ -126,6 +136,19 @@ def _database_urls(name: str) -> tuple[str, str]:
     return ours, ours.replace("postgresql://", "postgresql+psycopg://", 1)
 
 
+_STATE_QUERY = "SELECT task_id, state FROM task_instance WHERE dag_id = 'waits' AND run_id = $1"
+
+
+async def _fetch(url: str, query: str, *args: Any) -> list[Any]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
 async def _admin(statement: str) -> None:
     import asyncpg
 
@@ -145,8 +168,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     name = f"slotless_airflow_{secrets.token_hex(4)}"
     asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
     try:
-        _, url = _database_urls(name)
-        dep = Deployment(python, tmp_path_factory.mktemp("airflow"), url)
+        pg_url, url = _database_urls(name)
+        dep = Deployment(python, tmp_path_factory.mktemp("airflow"), url, pg_url)
         migrated = dep.run(str(dep.bin / "airflow"), "db", "migrate")
         assert migrated.returncode == 0, migrated.stderr[-3000:]
         synced = dep.run(
@@ -201,7 +224,7 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             "args": {"message": "the source said no"},
         },
         {"task_id": "unknown", "raw_classpath": "nowhere.triggers.Gone", "raw_kwargs": {}},
-        # Asks the triggerer supervisor (RuntimeTaskInstance.get_dr_count): not answered yet.
+        # Asks the triggerer supervisor (RuntimeTaskInstance.get_dr_count, get_dagrun_state).
         {
             "task_id": "dagstate",
             "classpath": f"{STD}.external_task.DagStateTrigger",
@@ -234,14 +257,19 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
 
         def settled(names: list[str]) -> dict[str, Any] | None:
             assert proc.poll() is None, log.read_text()[-3000:]
+            if not dep.left_deferred("r1", names):
+                return None
             states = dep.states("r1")
-            return states if all(states[n]["state"] == "scheduled" for n in names) else None
+            # Put back as Airflow's triggerer does: SCHEDULED, no trigger.
+            assert all(states[n]["state"] == "scheduled" for n in names), states
+            assert all(states[n]["trigger_id"] is None for n in names), states
+            return states
 
         states = wait_until(
             lambda: settled(["delta", "conn", "raises", "unknown", "badkey", "dagstate"]),
             timeout=90,
             interval=0.5,
-            what="the moment, the connection and the four failures to leave DEFERRED",
+            what="the moment, the connection, the DAG state and three failures to resume",
         )
         # The moment: resumed with DateTimeTrigger's own payload, next_kwargs kept.
         delta = states["delta"]
@@ -249,6 +277,10 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
         assert delta["next_kwargs"]["asked"] == "delta"
         assert delta["next_kwargs"]["event"].startswith("20")
         assert delta["trigger_id"] is None
+        # The Task SDK's calls to the supervisor answered: this run is running.
+        dagstate = states["dagstate"]["next_kwargs"]["event"]
+        assert dagstate[0] == f"{STD}.external_task.DagStateTrigger"
+        assert dagstate[1]["r1"] == "running"
         conn = states["conn"]["next_kwargs"]["event"]
         assert conn == {"host": "dw.example", "login": "bob", "port": 6543}
         # Each failure is its own task instance's, through submit_failure, with its error.
@@ -256,7 +288,6 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             ("raises", "the source said no"),
             ("unknown", "nowhere.triggers.Gone"),
             ("badkey", "fernet_key"),
-            ("dagstate", "does not answer yet"),
         ]:
             s = states[name]
             assert s["next_method"] == "__fail__", (name, s)
@@ -304,8 +335,8 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             assert states[name]["next_kwargs"] == {"asked": name, "event": True}
         assert states["flag"]["next_kwargs"]["event"] == {"path": flag, "content": "go"}
         m = _metrics(port)
-        assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 3
-        assert m['slotless_airflow_submitted_total{outcome="failure"}'] == 4
+        assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 4
+        assert m['slotless_airflow_submitted_total{outcome="failure"}'] == 3
         # The queued row was never taken.
         assert dep.states("r1")["queued"]["state"] == "deferred"
     finally:
@@ -318,19 +349,15 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
 
 def test_refuses_to_start_in_one_line(deployment: Deployment) -> None:
     dep = deployment
-    python = str(dep.python)
-    query = (
-        "from airflow.utils.session import create_session; from sqlalchemy import text\n"
-        "with create_session() as s:\n"
-        "    print(s.execute(text('SELECT version_num FROM alembic_version')).scalar())\n"
-        "    s.execute(text(\"UPDATE alembic_version SET version_num = '{}'\"))\n"
-    )
+    version = "SELECT version_num FROM alembic_version"
+    was = asyncio.run(_fetch(dep.pg_url, version))[0]["version_num"]
     # 3.2.0's head: a database Airflow 3.3 has not migrated yet.
-    was = dep.run(python, "-c", query.format("1d6611b6ab7c")).stdout.strip().splitlines()[-1]
+    set_to = "UPDATE alembic_version SET version_num = $1"
+    asyncio.run(_fetch(dep.pg_url, set_to, "1d6611b6ab7c"))
     try:
         done = dep.run(str(dep.bin / "slotless"), "airflow-triggerer", timeout=120)
     finally:
-        dep.run(python, "-c", query.format(was))
+        asyncio.run(_fetch(dep.pg_url, set_to, was))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -388,13 +415,15 @@ def test_rollback_to_airflows_triggerer_loses_nothing(
         )
     try:
         Path(data).write_text("x\n")
-        state = wait_until(
-            lambda: (s := dep.states("r2")["file0"])["state"] == "scheduled" and s,
+        wait_until(
+            lambda: dep.left_deferred("r2", ["file0"]),
             timeout=90,
             interval=0.5,
             what="Airflow's triggerer to resume the task instance",
         )
     finally:
         stop_process(theirs, timeout=30)
+    state = dep.states("r2")["file0"]
+    assert state["state"] == "scheduled"
     assert state["next_method"] == "execute_complete"
     assert state["next_kwargs"] == {"asked": "file0", "event": True}

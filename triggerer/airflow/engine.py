@@ -31,7 +31,7 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import native
+from . import comms, native
 from .plans import Plan, plan, poke_interval
 from .rows import AirflowRows, Outcome, Row
 
@@ -220,7 +220,7 @@ class Engine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._failed(group, _said(exc, group.classpath))
+            self._failed(group, exc)
         finally:
             # Rows still here (an asset watcher's, after its run() ended) are loaded again
             # at the next cycle: a watcher keeps watching, as in Airflow.
@@ -269,6 +269,7 @@ class Engine:
     async def _adapted(self, group: Group) -> AsyncGenerator[Any, None]:
         """Any other class, unmodified, through the adapter: its own ``run()``, held."""
         cls = await self._class(group.classpath)
+        await comms.portal()
         trigger = cls(**group.kwargs)
         # What Airflow's runner sets on an instance before run(); one instance serves
         # every row of the group, so it carries the first row's id.
@@ -296,20 +297,3 @@ class Engine:
             "checks": len(self.groups),
             **{f"checks_{k}": n for k, n in kinds.items()},
         }
-
-
-def _said(exc: Exception, classpath: str) -> BaseException:
-    """A trigger's exception, said in this triggerer's terms where Airflow's own words
-    would mislead: a Task SDK call that needs the triggerer supervisor's channel
-    (``RuntimeTaskInstance.get_dr_count``, a Variable or XCom through the SDK) finds no
-    ``SUPERVISOR_COMMS`` here."""
-    if isinstance(exc, NameError) and "SUPERVISOR_COMMS" in str(exc):
-        said = RuntimeError(
-            f"{classpath} asks Airflow's triggerer supervisor (a Task SDK call such as "
-            "RuntimeTaskInstance.get_dr_count, or a Variable or XCom read), which slotless "
-            "airflow-triggerer does not answer yet: serve such tasks' triggers with "
-            "`airflow triggerer --queues` (docs/airflow-triggerer.md)"
-        )
-        said.__cause__ = exc
-        return said
-    return exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import importlib.util
 import logging
 import os
@@ -19,7 +20,7 @@ from triggers.airflow import airflow_trigger_class
 from triggers.context import to_thread
 
 from ..watchdog import LoopWatch
-from . import boot
+from . import boot, comms
 from .engine import Engine
 from .plans import DATETIME
 from .rows import AirflowRows
@@ -47,6 +48,8 @@ async def serve(
         if queues:
             await to_thread(boot.check_queues_enabled)
         await to_thread(_preload)
+        # Airflow's triggerer supervisor answers its triggers' Task SDK calls; here, this.
+        await to_thread(comms.install)
     except boot.Refused as refused:
         print(f"slotless: error: {refused}", file=sys.stderr, flush=True)
         return 2
@@ -79,6 +82,8 @@ def _preload() -> None:
     timer builds Airflow's DateTimeTrigger for its payload)."""
     if importlib.util.find_spec("airflow.providers.standard") is not None:
         airflow_trigger_class(DATETIME)
+    if importlib.util.find_spec("greenback") is not None:
+        importlib.import_module("greenback")  # here, not on the loop at the first trigger
 
 
 def _log_to_stderr() -> None:
