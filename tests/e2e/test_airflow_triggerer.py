@@ -304,6 +304,7 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             what="the six waiting rows held",
         )
         m = _metrics(port)
+        assert m['slotless_airflow_waiting{dag_id="waits"}'] == 6
         assert m['slotless_airflow_checks{kind="file"}'] == 1
         assert m['slotless_airflow_checks{kind="adapter"}'] == 1
         first = m['slotless_airflow_native_checks_total{kind="file"}']

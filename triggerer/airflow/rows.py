@@ -29,6 +29,7 @@ class Row:
     # otherwise an asset watcher's or a callback's, which Airflow keeps running.
     for_task: bool
     name: str  # dag/run/task/map/try (ID n), as Airflow's triggerer names it in its log
+    dag_id: str | None = None  # the waiting task instance's DAG (None: not a task's)
 
 
 @dataclass
@@ -123,7 +124,8 @@ class AirflowRows:
                 except Exception as exc:
                     bad.append(Outcome([tid], error=_undecryptable(trigger.classpath, exc)))
                     continue
-                rows.append(Row(tid, trigger.classpath, kwargs, ti is not None, name))
+                dag_id = None if ti is None else str(ti.dag_id)
+                rows.append(Row(tid, trigger.classpath, kwargs, ti is not None, name, dag_id))
         return rows, bad
 
     def submit(self, outcomes: Sequence[Outcome]) -> None:

@@ -56,8 +56,16 @@ async def serve(
     rows = await to_thread(AirflowRows, capacity, queues)
     engine = Engine(rows, interval=interval)
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        # As Airflow's triggerer: the first signal stops cleanly, a second one at once.
+        if engine.stopping.is_set():
+            log.warning("second signal: exiting now, without waiting for cleanup")
+            os._exit(1)
+        engine.stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, engine.stop)
+        loop.add_signal_handler(sig, on_signal)
     server = None
     if metrics_port is not None:
         registry = CollectorRegistry()
@@ -113,6 +121,19 @@ class EngineCollector(Collector):
         )
         held.add_metric([], len(e.member))
         yield held
+        by_dag = GaugeMetricFamily(
+            "slotless_airflow_waiting",
+            "task instances waiting on a trigger held here, by DAG",
+            labels=["dag_id"],
+        )
+        counts: dict[str, int] = {}
+        for group in list(e.groups.values()):
+            for row in list(group.rows.values()):
+                if row.dag_id is not None:
+                    counts[row.dag_id] = counts.get(row.dag_id, 0) + 1
+        for dag_id, n in sorted(counts.items()):
+            by_dag.add_metric([dag_id], n)
+        yield by_dag
         checks = GaugeMetricFamily(
             "slotless_airflow_checks",
             "distinct checks held: rows equal in what they wait for are one",
