@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import os
 import secrets
@@ -47,11 +48,24 @@ DAG = f"""
 from datetime import datetime
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG
+from airflow.providers.standard.triggers.file import FileDeleteTrigger
+from airflow.sdk import DAG, Asset, AssetWatcher
 
 with DAG("waits", schedule=None, start_date=datetime(2026, 1, 1)):
     for name in {TASKS!r}:
         EmptyOperator(task_id=name)
+
+# An asset watcher: a trigger row with no task instance, kept running after each event.
+LANDED = "{{inbox}}/landed"
+watcher = AssetWatcher(
+    name="landed_file", trigger=FileDeleteTrigger(filepath=LANDED, poke_interval=0.5)
+)
+with DAG(
+    "watched",
+    schedule=[Asset("landed", watchers=[watcher])],
+    start_date=datetime(2026, 1, 1),
+):
+    EmptyOperator(task_id="go")
 """
 
 
@@ -70,13 +84,15 @@ class Deployment:
         self.inbox = tmp / "inbox"
         self.inbox.mkdir()
         (tmp / "dags").mkdir()
-        (tmp / "dags" / "waits.py").write_text(DAG)
+        (tmp / "dags" / "waits.py").write_text(DAG.replace("{inbox}", str(self.inbox)))
         self.env = {
             "PATH": f"{self.bin}:{os.environ['PATH']}",
             "HOME": str(tmp),
             "AIRFLOW_HOME": str(tmp / "home"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(tmp / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            # Airflow makes an asset's watchers' trigger rows for unpaused DAGs only.
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__FERNET_KEY": _fernet_key(),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": url,
@@ -299,14 +315,14 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
 
         # Five task instances on one file: one check, at its interval.
         wait_until(
-            lambda: _metrics(port).get("slotless_airflow_triggers") == 6,
+            lambda: _metrics(port).get("slotless_airflow_triggers") == 7,
             timeout=30,
-            what="the six waiting rows held",
+            what="the six waiting rows and the asset watcher's held",
         )
         m = _metrics(port)
         assert m['slotless_airflow_waiting{dag_id="waits"}'] == 6
         assert m['slotless_airflow_checks{kind="file"}'] == 1
-        assert m['slotless_airflow_checks{kind="adapter"}'] == 1
+        assert m['slotless_airflow_checks{kind="adapter"}'] == 2
         first = m['slotless_airflow_native_checks_total{kind="file"}']
         began = time.monotonic()
         wait_until(
@@ -337,6 +353,25 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
         assert states["flag"]["next_kwargs"]["event"] == {"path": flag, "content": "go"}
         m = _metrics(port)
         assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 4
+
+        # The asset watcher: each file that lands is an asset event, and it keeps watching.
+        landed = dep.inbox / "landed"
+
+        def asset_events(want: int) -> bool:
+            return len(asyncio.run(_fetch(dep.pg_url, "SELECT id FROM asset_event"))) == want
+
+        for n in (1, 2):
+            landed.write_text(str(n))
+            wait_until(
+                functools.partial(asset_events, n),
+                timeout=30,
+                interval=0.2,
+                what=f"asset event {n}",
+            )
+        events = asyncio.run(_fetch(dep.pg_url, "SELECT extra FROM asset_event"))
+        expected = {"from_trigger": True, "payload": True}  # FileDeleteTrigger's event: True
+        assert all(json.loads(e["extra"]) == expected for e in events)
+        assert proc.poll() is None
         assert m['slotless_airflow_submitted_total{outcome="failure"}'] == 3
         # The queued row was never taken.
         assert dep.states("r1")["queued"]["state"] == "deferred"
