@@ -12,6 +12,8 @@ never on the event loop. Airflow is imported only here, lazily, where it is inst
   run natively.
 - :mod:`.native`: the native checks (a file's glob, a moment).
 - :mod:`.engine`: the loop: assignment, the checks, submitting what they found.
+- :mod:`.comms`: the Task SDK's calls to Airflow's triggerer supervisor, answered here.
+- :mod:`.service`: the command: start-up checks, signals, metrics.
 
 See docs/airflow-triggerer.md.
 """

@@ -72,11 +72,11 @@ class Engine:
 
     # -- the loops -------------------------------------------------------------------
 
-    async def run(self, on_started: Callable[[int], None] | None = None) -> None:
+    async def run(self) -> None:
+        """Serve until :meth:`stop`; then the checks end, what they found is written, and
+        the Job ends."""
         self.job_id = await to_thread(self.rows.start_job)
         log.info("slotless airflow-triggerer started as TriggererJob %s", self.job_id)
-        if on_started is not None:
-            on_started(self.job_id)
         loops = [
             asyncio.create_task(self._assigning()),
             asyncio.create_task(self._submitting()),
