@@ -18,6 +18,7 @@ import threading
 from typing import Any, Protocol
 
 from . import (
+    airflow_cli,
     assets_cli,
     backfill,
     bench,
@@ -50,7 +51,7 @@ class CommandGroup(Protocol):
 # The order ``slotless --help`` lists the commands in.
 GROUPS: tuple[CommandGroup, ...] = (
     run, serve, status, logs, dags, trigger, backfill, control, events, respond, pools, bench,
-    assets_cli,
+    assets_cli, airflow_cli,
 )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ import importlib
 import importlib.util
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import date, datetime, timedelta
 from typing import Any, ClassVar, Self
 
@@ -141,26 +141,36 @@ class AirflowTrigger(BaseTrigger):
         # takes seconds: on the loop, a triggerer would miss its lease renewals).
         cls = await airflow_class_off_loop(self.trigger_classpath)
         trigger = cls(**decode_kwargs(self.trigger_kwargs))
-        events = trigger.run()
         try:
-            while True:
-                # Each step of its run() timed: one that retries at once without waiting
-                # keeps the loop busy without blocking it, and the watchdog names it.
-                try:
-                    event = await timed(anext(events), self.trigger_classpath)
-                except StopAsyncIteration:
-                    break
-                yield slotless_event(event)
+            # aclosing: when this wait ends, cleanup() runs now, not when the GC gets to it.
+            async with contextlib.aclosing(airflow_events(trigger, self.trigger_classpath)) as ev:
+                async for event in ev:
+                    yield slotless_event(event)
         except Exception as exc:
             clearer = _clearer(exc)
             if clearer is exc:
                 raise
             raise clearer from exc
-        finally:
-            # As in Airflow: cleanup() runs whenever the trigger leaves this process, and
-            # an exception in it is not the task's failure.
-            with contextlib.suppress(Exception):
-                await trigger.cleanup()
+
+
+async def airflow_events(trigger: Any, blame: str) -> AsyncGenerator[Any, None]:
+    """The events an Airflow trigger instance's ``run()`` yields, as Airflow's own objects.
+
+    Each step of its ``run()`` is timed under ``blame`` (a ``run()`` that retries at once
+    keeps the loop busy without blocking it, and the watchdog names it). As in Airflow,
+    ``cleanup()`` runs whenever the trigger leaves this process, and an exception in it is
+    not the task's failure."""
+    events = trigger.run()
+    try:
+        while True:
+            try:
+                event = await timed(anext(events), blame)
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        with contextlib.suppress(Exception):
+            await trigger.cleanup()
 
 
 def from_airflow(trigger: Any) -> AirflowTrigger:
@@ -205,10 +215,17 @@ def airflow_class(classpath: str) -> type:
     """Import an allow-listed Airflow trigger class, checking that it is one."""
     require_airflow()
     _check_allowed(classpath)
+    return airflow_trigger_class(classpath)
+
+
+def airflow_trigger_class(classpath: str) -> type:
+    """Import an Airflow trigger class by classpath, checking that it subclasses Airflow's
+    ``BaseTrigger``. No allow-list: ``slotless airflow-triggerer`` serves an Airflow
+    deployment, whose own triggerer imports whatever class its DAGs deferred to."""
     module_name, _, name = classpath.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"cannot import Airflow trigger class {classpath}: {exc}") from exc
     base = importlib.import_module("airflow.triggers.base").BaseTrigger
     if not (isinstance(cls, type) and issubclass(cls, base)):

@@ -1,0 +1,465 @@
+"""``slotless airflow-triggerer`` against a real Airflow 3.3 metadata database on PostgreSQL.
+
+Airflow (from ``.venv-airflow``, benchmarks/airflow_env.py) migrates a private database made
+for this module (``airflow db migrate``), dropped after it. Task instances are deferred
+through Airflow's own ORM as its worker and execution API defer them
+(tests/support/airflow_deferred.py): a DagRun made by Airflow's ``create_dagrun``, each
+task instance DEFERRED with a Trigger row, next_method and next_kwargs. Then
+``slotless airflow-triggerer`` runs as a process and must put them back as Airflow's own
+triggerer would: SCHEDULED, with the event in next_kwargs (or ``__fail__`` and the error).
+
+How equal waits are shown to be one check: the process's /metrics counts its native file
+checks, and five task instances on one FileTrigger (poke_interval 0.5 s) must take at least
+three intervals for four checks (five checks per interval, one per row, would take none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.error import URLError
+from urllib.parse import urlsplit, urlunsplit
+from urllib.request import urlopen
+
+import pytest
+from support.helpers import free_port, stop_process, wait_until
+from support.pg import configured_dsn, probe, unavailable
+
+from benchmarks.airflow_env import REPO, airflow_python
+
+# The first test may build .venv-airflow (a minute on a quiet machine, several on a busy one).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+STD = "airflow.providers.standard.triggers"
+HERE = "support.airflow_triggers"
+FILES = [f"file{i}" for i in range(5)]
+TASKS = [*FILES, "delta", "flag", "conn", "queued", "raises", "unknown", "badkey", "dagstate"]
+
+DAG = f"""
+from datetime import datetime
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.providers.standard.triggers.file import FileDeleteTrigger
+from airflow.sdk import DAG, Asset, AssetWatcher
+
+with DAG("waits", schedule=None, start_date=datetime(2026, 1, 1)):
+    for name in {TASKS!r}:
+        EmptyOperator(task_id=name)
+
+# An asset watcher: a trigger row with no task instance, kept running after each event.
+LANDED = "{{inbox}}/landed"
+watcher = AssetWatcher(
+    name="landed_file", trigger=FileDeleteTrigger(filepath=LANDED, poke_interval=0.5)
+)
+with DAG(
+    "watched",
+    schedule=[Asset("landed", watchers=[watcher])],
+    start_date=datetime(2026, 1, 1),
+):
+    EmptyOperator(task_id="go")
+"""
+
+
+def _fernet_key() -> str:
+    return base64.urlsafe_b64encode(os.urandom(32)).decode()
+
+
+class Deployment:
+    """An Airflow home and metadata database, and the commands run against them."""
+
+    def __init__(self, python: Path, tmp: Path, url: str, pg_url: str) -> None:
+        self.python = python
+        self.pg_url = pg_url  # the same database, for asyncpg
+        self.bin = python.parent
+        self.tmp = tmp
+        self.inbox = tmp / "inbox"
+        self.inbox.mkdir()
+        (tmp / "dags").mkdir()
+        (tmp / "dags" / "waits.py").write_text(DAG.replace("{inbox}", str(self.inbox)))
+        self.env = {
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "HOME": str(tmp),
+            "AIRFLOW_HOME": str(tmp / "home"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(tmp / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            # Airflow makes an asset's watchers' trigger rows for unpaused DAGs only.
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__FERNET_KEY": _fernet_key(),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": url,
+            "PYTHONPATH": str(REPO / "tests"),
+        }
+
+    def run(self, *args: str, stdin: str | None = None, timeout: float = 180) -> Any:
+        return subprocess.run(
+            args,
+            env=self.env,
+            cwd=self.tmp,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def helper(self, command: str, spec: dict[str, Any]) -> Any:
+        done = self.run(
+            str(self.python), "-m", "support.airflow_deferred", command, stdin=json.dumps(spec)
+        )
+        for line in done.stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line.removeprefix("RESULT "))
+        raise AssertionError(f"airflow_deferred {command} failed:\n{done.stdout}\n{done.stderr}")
+
+    def states(self, run_id: str) -> dict[str, Any]:
+        """Each task instance's state, next_method, next_kwargs (decoded by Airflow's own
+        serde, in .venv-airflow) and trigger_id."""
+        return self.helper("states", {"dag_id": "waits", "run_id": run_id})
+
+    def left_deferred(self, run_id: str, names: list[str]) -> bool:
+        """All of ``names`` out of DEFERRED: read with one query, not a Python with Airflow
+        started per poll."""
+        rows = asyncio.run(_fetch(self.pg_url, _STATE_QUERY, run_id))
+        states = {r["task_id"]: r["state"] for r in rows}
+        return all(states.get(n) not in (None, "deferred") for n in names)
+
+    def start_triggerer(
+        self, log: Path, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        with open(log, "w") as out:
+            return subprocess.Popen(
+                [str(self.bin / "slotless"), "airflow-triggerer", *args],
+                env=env or self.env,
+                cwd=self.tmp,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+
+
+def _database_urls(name: str) -> tuple[str, str]:
+    """The server's URL for the new database: as asyncpg takes it, and as Airflow does."""
+    parts = urlsplit(configured_dsn())
+    ours = urlunsplit(parts._replace(path=f"/{name}", query=""))
+    return ours, ours.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+_STATE_QUERY = "SELECT task_id, state FROM task_instance WHERE dag_id = 'waits' AND run_id = $1"
+
+
+async def _fetch(url: str, query: str, *args: Any) -> list[Any]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def _admin(statement: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(configured_dsn())
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    reason = probe(configured_dsn())
+    if reason is not None:
+        unavailable(reason)
+    python = airflow_python()
+    name = f"slotless_airflow_{secrets.token_hex(4)}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    try:
+        pg_url, url = _database_urls(name)
+        dep = Deployment(python, tmp_path_factory.mktemp("airflow"), url, pg_url)
+        migrated = dep.run(str(dep.bin / "airflow"), "db", "migrate")
+        assert migrated.returncode == 0, migrated.stderr[-3000:]
+        synced = dep.run(
+            str(python), "-m", "support.airflow_deferred", "sync", str(dep.tmp / "dags")
+        )
+        assert synced.returncode == 0, synced.stderr[-3000:]
+        yield dep
+    finally:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _metrics(port: int) -> dict[str, float]:
+    """The process's slotless_airflow_* samples; none while it is still starting (importing
+    Airflow, checking its database) and not listening yet."""
+    try:
+        with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except URLError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("slotless_airflow_"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_deferred_task_instances_resume_as_airflows_triggerer_would(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    dep = deployment
+    data = str(dep.inbox / "data.csv")
+    flag = str(dep.inbox / "flag")
+    other_key = _fernet_key()
+    file_wait = {"classpath": f"{STD}.file.FileTrigger", "args": {"filepath": data}}
+    tasks: list[dict[str, Any]] = [
+        {**file_wait, "task_id": name, "args": {"filepath": data, "poke_interval": 0.5}}
+        for name in FILES
+    ]
+    tasks += [
+        {
+            "task_id": "delta",
+            "classpath": f"{STD}.temporal.TimeDeltaTrigger",
+            "args": {"delta": {"seconds": 1}},
+        },
+        {"task_id": "flag", "classpath": f"{HERE}.FlagTrigger", "args": {"path": flag}},
+        # Its connection is in Airflow's connection table, not in the environment.
+        {"task_id": "conn", "classpath": f"{HERE}.ConnTrigger", "args": {"conn_id": "dw"}},
+        {
+            "task_id": "raises",
+            "classpath": f"{HERE}.RaisingTrigger",
+            "args": {"message": "the source said no"},
+        },
+        {"task_id": "unknown", "raw_classpath": "nowhere.triggers.Gone", "raw_kwargs": {}},
+        # Asks the triggerer supervisor (RuntimeTaskInstance.get_dr_count, get_dagrun_state).
+        {
+            "task_id": "dagstate",
+            "classpath": f"{STD}.external_task.DagStateTrigger",
+            "args": {"dag_id": "waits", "states": ["running"], "run_ids": ["r1"]},
+        },
+        # A row in a trigger queue: not this triggerer's (it serves no queue).
+        {**file_wait, "task_id": "queued", "queue": "elsewhere"},
+        # Kwargs encrypted with a key this deployment does not have.
+        {
+            **file_wait,
+            "task_id": "badkey",
+            "args": {"filepath": str(dep.inbox / "never")},
+            "fernet_key": other_key,
+        },
+    ]
+    spec = {
+        "dag_id": "waits",
+        "run_id": "r1",
+        "tasks": tasks,
+        "connections": {"dw": "postgres://bob:pw@dw.example:6543/dw"},
+    }
+    ids = dep.helper("defer", spec)
+    assert set(ids) == set(TASKS)
+    assert all(s["state"] == "deferred" for s in dep.states("r1").values())
+
+    port = free_port()
+    log = tmp_path / "triggerer.log"
+    proc = dep.start_triggerer(log, "--metrics-port", str(port), "--interval", "0.5")
+    try:
+
+        def settled(names: list[str]) -> dict[str, Any] | None:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            if not dep.left_deferred("r1", names):
+                return None
+            states = dep.states("r1")
+            # Put back as Airflow's triggerer does: SCHEDULED, no trigger.
+            assert all(states[n]["state"] == "scheduled" for n in names), states
+            assert all(states[n]["trigger_id"] is None for n in names), states
+            return states
+
+        states = wait_until(
+            lambda: settled(["delta", "conn", "raises", "unknown", "badkey", "dagstate"]),
+            timeout=90,
+            interval=0.5,
+            what="the moment, the connection, the DAG state and three failures to resume",
+        )
+        # The moment: resumed with DateTimeTrigger's own payload, next_kwargs kept.
+        delta = states["delta"]
+        assert delta["next_method"] == "execute_complete"
+        assert delta["next_kwargs"]["asked"] == "delta"
+        assert delta["next_kwargs"]["event"].startswith("20")
+        assert delta["trigger_id"] is None
+        # The Task SDK's calls to the supervisor answered: this run is running.
+        dagstate = states["dagstate"]["next_kwargs"]["event"]
+        assert dagstate[0] == f"{STD}.external_task.DagStateTrigger"
+        assert dagstate[1]["r1"] == "running"
+        conn = states["conn"]["next_kwargs"]["event"]
+        assert conn == {"host": "dw.example", "login": "bob", "port": 6543}
+        # Each failure is its own task instance's, through submit_failure, with its error.
+        for name, said in [
+            ("raises", "the source said no"),
+            ("unknown", "nowhere.triggers.Gone"),
+            ("badkey", "fernet_key"),
+        ]:
+            s = states[name]
+            assert s["next_method"] == "__fail__", (name, s)
+            assert s["next_kwargs"]["error"] == "Trigger failure"
+            assert said in "".join(s["next_kwargs"]["traceback"]), (name, s)
+        # The rest still wait, and the process is up.
+        assert all(states[n]["state"] == "deferred" for n in [*FILES, "flag", "queued"])
+        assert proc.poll() is None
+
+        # Five task instances on one file: one check, at its interval.
+        wait_until(
+            lambda: _metrics(port).get("slotless_airflow_triggers") == 7,
+            timeout=30,
+            what="the six waiting rows and the asset watcher's held",
+        )
+        m = _metrics(port)
+        assert m['slotless_airflow_waiting{dag_id="waits"}'] == 6
+        assert m['slotless_airflow_checks{kind="file"}'] == 1
+        assert m['slotless_airflow_checks{kind="adapter"}'] == 2
+        first = m['slotless_airflow_native_checks_total{kind="file"}']
+        began = time.monotonic()
+        wait_until(
+            lambda: (
+                _metrics(port)['slotless_airflow_native_checks_total{kind="file"}'] >= first + 4
+            ),
+            timeout=30,
+            interval=0.05,
+            what="four more file checks",
+        )
+        assert time.monotonic() - began >= 1.2  # >= 3 intervals of 0.5 s between 4 checks
+
+        # Airflow sees a healthy triggerer.
+        check = dep.run(str(dep.bin / "airflow"), "jobs", "check", "--job-type", "TriggererJob")
+        assert check.returncode == 0, check.stdout + check.stderr
+
+        Path(data).write_text("a,b\n")
+        Path(flag).write_text("go")
+        states = wait_until(
+            lambda: settled([*FILES, "flag"]),
+            timeout=60,
+            interval=0.5,
+            what="the file's and the flag's task instances to resume",
+        )
+        for name in FILES:
+            assert states[name]["next_method"] == "execute_complete"
+            assert states[name]["next_kwargs"] == {"asked": name, "event": True}
+        assert states["flag"]["next_kwargs"]["event"] == {"path": flag, "content": "go"}
+        m = _metrics(port)
+        assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 4
+
+        # The asset watcher: each file that lands is an asset event, and it keeps watching.
+        landed = dep.inbox / "landed"
+
+        def asset_events(want: int) -> bool:
+            return len(asyncio.run(_fetch(dep.pg_url, "SELECT id FROM asset_event"))) == want
+
+        for n in (1, 2):
+            landed.write_text(str(n))
+            wait_until(
+                functools.partial(asset_events, n),
+                timeout=30,
+                interval=0.2,
+                what=f"asset event {n}",
+            )
+        events = asyncio.run(_fetch(dep.pg_url, "SELECT extra FROM asset_event"))
+        expected = {"from_trigger": True, "payload": True}  # FileDeleteTrigger's event: True
+        assert all(json.loads(e["extra"]) == expected for e in events)
+        assert proc.poll() is None
+        assert m['slotless_airflow_submitted_total{outcome="failure"}'] == 3
+        # The queued row was never taken.
+        assert dep.states("r1")["queued"]["state"] == "deferred"
+    finally:
+        code = stop_process(proc)
+    assert code == 0, log.read_text()[-3000:]
+    # The Job ended with the process: Airflow's check no longer finds it alive.
+    check = dep.run(str(dep.bin / "airflow"), "jobs", "check", "--job-type", "TriggererJob")
+    assert check.returncode != 0
+
+
+def test_refuses_to_start_in_one_line(deployment: Deployment) -> None:
+    dep = deployment
+    version = "SELECT version_num FROM alembic_version"
+    was = asyncio.run(_fetch(dep.pg_url, version))[0]["version_num"]
+    # 3.2.0's head: a database Airflow 3.3 has not migrated yet.
+    set_to = "UPDATE alembic_version SET version_num = $1"
+    asyncio.run(_fetch(dep.pg_url, set_to, "1d6611b6ab7c"))
+    try:
+        done = dep.run(str(dep.bin / "slotless"), "airflow-triggerer", timeout=120)
+    finally:
+        asyncio.run(_fetch(dep.pg_url, set_to, was))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[-1].startswith("slotless: error: Airflow's metadata database at ")
+    assert "1d6611b6ab7c" in lines[-1] and "airflow db migrate" in lines[-1]
+
+    # --queues where Airflow writes no queues: refused as `airflow triggerer` refuses it.
+    done = dep.run(str(dep.bin / "slotless"), "airflow-triggerer", "--queues", "q1", timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "slotless: error: --queues may only be used when Airflow's [triggerer] queues_enabled "
+        "is True (AIRFLOW__TRIGGERER__QUEUES_ENABLED=True), as for `airflow triggerer --queues`"
+    ]
+
+
+def test_rollback_to_airflows_triggerer_loses_nothing(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Stop slotless airflow-triggerer while it holds a wait, start `airflow triggerer`: the
+    wait is taken over and its task instance resumes when its file lands. Both serve the
+    trigger queue the row is in (`--queues`, with Airflow's queues enabled)."""
+    dep = deployment
+    env = {**dep.env, "AIRFLOW__TRIGGERER__QUEUES_ENABLED": "True"}
+    data = str(dep.inbox / "rollback.csv")
+    task = {
+        "task_id": "file0",
+        "classpath": f"{STD}.file.FileTrigger",
+        "args": {"filepath": data, "poke_interval": 0.5},
+        "queue": "q1",
+    }
+    dep.helper("defer", {"dag_id": "waits", "run_id": "r2", "tasks": [task]})
+    port = free_port()
+    log = tmp_path / "slotless.log"
+    args = ["--metrics-port", str(port), "--interval", "0.5", "--queues", "q1"]
+    ours = dep.start_triggerer(log, *args, env=env)
+    try:
+        wait_until(
+            lambda: _metrics(port).get("slotless_airflow_triggers") == 1,
+            timeout=60,
+            interval=0.2,
+            what="slotless airflow-triggerer to hold the wait",
+        )
+    finally:
+        code = stop_process(ours)
+    assert code == 0, log.read_text()[-3000:]
+    assert dep.states("r2")["file0"]["state"] == "deferred"
+
+    with open(tmp_path / "airflow.log", "w") as out:
+        theirs = subprocess.Popen(
+            [str(dep.bin / "airflow"), "triggerer", "--skip-serve-logs", "--queues", "q1"],
+            env=env,
+            cwd=dep.tmp,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        Path(data).write_text("x\n")
+        wait_until(
+            lambda: dep.left_deferred("r2", ["file0"]),
+            timeout=90,
+            interval=0.5,
+            what="Airflow's triggerer to resume the task instance",
+        )
+    finally:
+        stop_process(theirs, timeout=30)
+    state = dep.states("r2")["file0"]
+    assert state["state"] == "scheduled"
+    assert state["next_method"] == "execute_complete"
+    assert state["next_kwargs"] == {"asked": "file0", "event": True}

@@ -1,0 +1,299 @@
+"""The engine: Airflow's trigger rows in, one check per distinct wait, outcomes back out.
+
+Three loops on one event loop, each touching Airflow's database only in a thread:
+
+- assigning: every ``interval`` s, take triggers (``assign_unassigned``), list ours
+  (``ids_for_triggerer``), load the new ones (``bulk_fetch``, decrypted), drop the ones
+  no longer ours, and ``clean_unused``; as Airflow's triggerer does each second;
+- submitting: an outcome is written as soon as its check finds it (``submit_event`` /
+  ``submit_failure`` for every trigger id in the check's group, one transaction);
+- heartbeating: the Job's heartbeat at Airflow's own heartrate. It is scheduled from the
+  event loop, so a loop blocked by a trigger stops it, and Airflow hands our triggers to
+  a healthy triggerer, as it does when its own runner deadlocks.
+
+A group is the rows equal in what they wait for (:mod:`.plans`); its check runs once
+however many task instances wait on it. A task instance's row leaves its group when the
+check fires (its outcome is submitted); an asset watcher's row stays, as in Airflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from triggers.airflow import airflow_events, airflow_trigger_class
+from triggers.context import to_thread
+from triggers.registry import in_import_thread
+
+from . import comms, native
+from .plans import Plan, plan, poke_interval
+from .rows import AirflowRows, Outcome, Row
+
+log = logging.getLogger("slotless.airflow")
+
+
+@dataclass(eq=False)
+class Group:
+    """Rows equal in what they wait for, and the one check that serves them all."""
+
+    plan: Plan
+    classpath: str
+    kwargs: dict[str, Any]
+    rows: dict[int, Row] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+    events: int = 0
+
+    def describe(self) -> str:
+        return f"{self.classpath.rsplit('.', 1)[-1]} {self.plan.key[1:]!r}"
+
+
+class Engine:
+    def __init__(self, rows: AirflowRows, *, interval: float = 1.0) -> None:
+        self.rows = rows
+        self.interval = interval
+        self.job_id: int | None = None
+        self.groups: dict[Any, Group] = {}
+        self.member: dict[int, Group] = {}  # trigger id -> the group checking for it
+        # Trigger ids whose outcome is found (submitted or about to be): not loaded again
+        # while Airflow still lists them as ours, before clean_unused removes their rows.
+        self.done: set[int] = set()
+        self.outbox: asyncio.Queue[Outcome] = asyncio.Queue()
+        self.stopping = asyncio.Event()
+        self.checks: Counter[str] = Counter()  # native checks made, by kind
+        self.submitted: Counter[str] = Counter()  # "event" / "failure", per trigger id
+        self.cycles = 0
+        self._classes: dict[str, type] = {}
+
+    # -- the loops -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`; then the checks end, what they found is written, and
+        the Job ends."""
+        self.job_id = await to_thread(self.rows.start_job)
+        log.info("slotless airflow-triggerer started as TriggererJob %s", self.job_id)
+        loops = [
+            asyncio.create_task(self._assigning()),
+            asyncio.create_task(self._submitting()),
+            asyncio.create_task(self._every(1.0, self._heartbeat, "the Job's heartbeat")),
+        ]
+        try:
+            await self.stopping.wait()
+        finally:
+            for t in loops:
+                t.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._stop_groups()
+            await self._flush()
+            await to_thread(self.rows.end_job)
+            log.info("slotless airflow-triggerer stopped (TriggererJob %s ended)", self.job_id)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def _every(self, seconds: float, step: Callable[[], Any], what: str) -> None:
+        while not self.stopping.is_set():
+            try:
+                await step()
+            except Exception as exc:
+                # The database gone for a while: said, and tried again; the process stays.
+                log.warning("%s failed (%s: %s); trying again", what, type(exc).__name__, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), seconds)
+
+    async def _assigning(self) -> None:
+        """A cycle every ``interval``; at once again while a cycle took as many new rows as
+        Airflow lets one query take (``[triggerer] max_trigger_to_select_per_loop``): a
+        burst of deferred tasks is taken in a few quick cycles, not one batch a second."""
+        while not self.stopping.is_set():
+            more = False
+            try:
+                more = await self._cycle()
+            except Exception as exc:
+                log.warning(
+                    "assigning triggers failed (%s: %s); trying again", type(exc).__name__, exc
+                )
+            if more:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.interval)
+
+    async def _heartbeat(self) -> None:
+        await to_thread(self.rows.heartbeat)
+
+    async def _cycle(self) -> bool:
+        """One cycle; True when it took a full batch of new rows (more may be waiting)."""
+        assigned = await to_thread(self.rows.assigned)
+        for tid in [t for t in self.member if t not in assigned]:
+            self._leave(tid)
+        self.done &= assigned
+        new = assigned - self.member.keys() - self.done
+        if new:
+            loaded, bad = await to_thread(self.rows.load, new)
+            for outcome in bad:
+                log.warning("trigger %s failed: %s", outcome.ids, outcome.error)
+                self.done.update(outcome.ids)
+                self.outbox.put_nowait(outcome)
+            for row in loaded:
+                if row.id not in self.member and row.id not in self.done:
+                    self._join(row)
+        await to_thread(self.rows.clean_unused)
+        self.cycles += 1
+        return len(new) >= self.rows.select_limit
+
+    async def _submitting(self) -> None:
+        while True:
+            batch = [await self.outbox.get()]
+            while not self.outbox.empty():
+                batch.append(self.outbox.get_nowait())
+            await self._submit(batch)
+
+    async def _submit(self, batch: list[Outcome]) -> None:
+        while True:
+            try:
+                await to_thread(self.rows.submit, batch)
+            except Exception as exc:
+                log.warning("submitting %d outcomes failed (%s); again in 1 s", len(batch), exc)
+                await asyncio.sleep(1.0)
+                continue
+            for o in batch:
+                self.submitted["failure" if o.error is not None else "event"] += len(o.ids)
+            return
+
+    async def _flush(self) -> None:
+        """What was found before the stop is still written (the rows would be checked
+        again by the next triggerer otherwise: no loss, but a second event)."""
+        batch: list[Outcome] = []
+        while not self.outbox.empty():
+            batch.append(self.outbox.get_nowait())
+        if batch:
+            with contextlib.suppress(Exception):
+                await to_thread(self.rows.submit, batch)
+
+    # -- groups ----------------------------------------------------------------------
+
+    def _join(self, row: Row) -> None:
+        p = plan(row.classpath, row.kwargs)
+        group = self.groups.get(p.key)
+        if group is None:
+            group = Group(p, row.classpath, row.kwargs)
+            self.groups[p.key] = group
+            group.task = asyncio.create_task(self._check(group), name=f"airflow {row.name}")
+        group.rows[row.id] = row
+        self.member[row.id] = group
+
+    def _leave(self, tid: int) -> None:
+        """Not ours any more (its task instance was cleared, or another triggerer took it)."""
+        group = self.member.pop(tid)
+        group.rows.pop(tid, None)
+        if not group.rows:
+            self._drop(group)
+
+    def _drop(self, group: Group) -> None:
+        if self.groups.get(group.plan.key) is group:
+            del self.groups[group.plan.key]
+        if group.task is not None and group.task is not asyncio.current_task():
+            group.task.cancel()
+
+    async def _stop_groups(self) -> None:
+        tasks = [g.task for g in self.groups.values() if g.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.groups.clear()
+        self.member.clear()
+
+    async def _check(self, group: Group) -> None:
+        try:
+            async with contextlib.aclosing(self._events(group)) as events:
+                async for event in events:
+                    self._fired(group, event)
+                    if not group.rows:
+                        return
+            if group.rows and group.events == 0:
+                self._failed(group, f"Trigger {group.classpath} exited without sending an event")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(group, exc)
+        finally:
+            # Rows still here (an asset watcher's, after its run() ended) are loaded again
+            # at the next cycle: a watcher keeps watching, as in Airflow.
+            for tid in list(group.rows):
+                self.member.pop(tid, None)
+            self._drop(group)
+
+    def _fired(self, group: Group, event: Any) -> None:
+        group.events += 1
+        ids = list(group.rows)
+        names = [r.name for r in group.rows.values()]
+        for tid in [t for t, r in group.rows.items() if r.for_task]:
+            del group.rows[tid]
+            self.member.pop(tid, None)
+            self.done.add(tid)
+        log.info("%s fired for %d trigger(s): %s", group.describe(), len(ids), ", ".join(names))
+        self.outbox.put_nowait(Outcome(ids, event=event, names=names))
+
+    def _failed(self, group: Group, error: BaseException | str) -> None:
+        ids = list(group.rows)
+        names = [r.name for r in group.rows.values()]
+        for tid in ids:
+            self.member.pop(tid, None)
+            self.done.add(tid)
+        group.rows.clear()
+        log.warning("%s failed for %s: %s", group.describe(), ", ".join(names), error)
+        self.outbox.put_nowait(Outcome(ids, error=error, names=names))
+
+    def _events(self, group: Group) -> AsyncGenerator[Any, None]:
+        if group.plan.kind == "file":
+            _, path, recursive = group.plan.key
+            return native.file_events(
+                path, recursive, functools.partial(self._file_interval, group), self._file_check
+            )
+        if group.plan.kind == "time":
+            end = bool(group.plan.key[2])
+            return native.time_events(group.kwargs["moment"], end)
+        return self._adapted(group)
+
+    def _file_interval(self, group: Group) -> float:
+        return min((poke_interval(r.kwargs) for r in group.rows.values()), default=5.0)
+
+    def _file_check(self) -> None:
+        self.checks["file"] += 1
+
+    async def _adapted(self, group: Group) -> AsyncGenerator[Any, None]:
+        """Any other class, unmodified, through the adapter: its own ``run()``, held."""
+        cls = await self._class(group.classpath)
+        await comms.portal()
+        trigger = cls(**group.kwargs)
+        # What Airflow's runner sets on an instance before run(); one instance serves
+        # every row of the group, so it carries the first row's id.
+        trigger.trigger_id = next(iter(group.rows))
+        trigger.triggerer_job_id = self.job_id
+        trigger.task_instance = None
+        async with contextlib.aclosing(airflow_events(trigger, group.classpath)) as events:
+            async for event in events:
+                yield event
+
+    async def _class(self, classpath: str) -> type:
+        cls = self._classes.get(classpath)
+        if cls is None:
+            module = classpath.rpartition(".")[0]
+            load = functools.partial(airflow_trigger_class, classpath)
+            cls = self._classes[classpath] = await in_import_thread(module, load)
+        return cls
+
+    # -- what it holds ---------------------------------------------------------------
+
+    def held(self) -> dict[str, int]:
+        kinds: Counter[str] = Counter(g.plan.kind for g in self.groups.values())
+        return {
+            "triggers": len(self.member),
+            "checks": len(self.groups),
+            **{f"checks_{k}": n for k, n in kinds.items()},
+        }

@@ -1,0 +1,167 @@
+"""Running ``slotless airflow-triggerer``: checks at start, signals, metrics, the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from executor.metrics import MetricsServer
+from triggers.airflow import airflow_trigger_class
+from triggers.context import to_thread
+
+from ..watchdog import LoopWatch
+from . import boot, comms
+from .engine import Engine
+from .plans import DATETIME
+from .rows import AirflowRows
+
+log = logging.getLogger("slotless.airflow")
+
+
+async def serve(
+    *,
+    capacity: int,
+    interval: float,
+    queues: set[str] | None = None,
+    metrics_host: str = "127.0.0.1",
+    metrics_port: int | None = None,
+) -> int:
+    """Serve until SIGTERM or SIGINT; 2 (after one line on stderr) when it cannot start."""
+    _log_to_stderr()
+    # What Airflow's own triggerer process declares (its supervisor; its runner subprocess
+    # asks the supervisor instead): Airflow's secrets backends then include its connection
+    # table, so a trigger's hook finds connections stored there. This process is both.
+    os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
+    try:
+        version = await to_thread(boot.import_airflow)
+        await to_thread(boot.check_database)
+        if queues:
+            await to_thread(boot.check_queues_enabled)
+        await to_thread(_preload)
+        # Airflow's triggerer supervisor answers its triggers' Task SDK calls; here, this.
+        await to_thread(comms.install)
+    except boot.Refused as refused:
+        print(f"slotless: error: {refused}", file=sys.stderr, flush=True)
+        return 2
+    rows = await to_thread(AirflowRows, capacity, queues)
+    engine = Engine(rows, interval=interval)
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        # As Airflow's triggerer: the first signal stops cleanly, a second one at once.
+        if engine.stopping.is_set():
+            log.warning("second signal: exiting now, without waiting for cleanup")
+            os._exit(1)
+        engine.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    server = None
+    if metrics_port is not None:
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(engine))
+        server = MetricsServer(registry, metrics_host, metrics_port)
+        await server.start()
+    log.info("serving Airflow %s's triggers (capacity %d)", version, capacity)
+    # The triggerer's loop watchdog: a trigger that blocks the loop is logged, with where.
+    watching = asyncio.create_task(LoopWatch().run())
+    try:
+        await engine.run()
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        if server is not None:
+            await server.stop()
+    return 0
+
+
+def _preload() -> None:
+    """The natively checked classes' module, imported before the loop needs it (a native
+    timer builds Airflow's DateTimeTrigger for its payload)."""
+    if importlib.util.find_spec("airflow.providers.standard") is not None:
+        airflow_trigger_class(DATETIME)
+    if importlib.util.find_spec("greenback") is not None:
+        importlib.import_module("greenback")  # here, not on the loop at the first trigger
+
+
+def _log_to_stderr() -> None:
+    """This process's own lines (and the loop watchdog's) at INFO on stderr, whatever
+    Airflow's logging config does to the root logger."""
+    for name in ("slotless.airflow", "slotless.triggerer"):
+        logger = logging.getLogger(name)
+        if logger.handlers:
+            continue
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+class EngineCollector(Collector):
+    """What the engine holds and has done, read at each scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.engine
+        held = GaugeMetricFamily(
+            "slotless_airflow_triggers", "Airflow trigger rows held (one per waiting row)"
+        )
+        held.add_metric([], len(e.member))
+        yield held
+        by_dag = GaugeMetricFamily(
+            "slotless_airflow_waiting",
+            "task instances waiting on a trigger held here, by DAG",
+            labels=["dag_id"],
+        )
+        counts: dict[str, int] = {}
+        for group in list(e.groups.values()):
+            for row in list(group.rows.values()):
+                if row.dag_id is not None:
+                    counts[row.dag_id] = counts.get(row.dag_id, 0) + 1
+        for dag_id, n in sorted(counts.items()):
+            by_dag.add_metric([dag_id], n)
+        yield by_dag
+        checks = GaugeMetricFamily(
+            "slotless_airflow_checks",
+            "distinct checks held: rows equal in what they wait for are one",
+            labels=["kind"],
+        )
+        kinds = {"file": 0, "time": 0, "adapter": 0}
+        for g in e.groups.values():
+            kinds[g.plan.kind] = kinds.get(g.plan.kind, 0) + 1
+        for kind, n in kinds.items():
+            checks.add_metric([kind], n)
+        yield checks
+        made = CounterMetricFamily(
+            "slotless_airflow_native_checks",
+            "native checks made (one per group per interval)",
+            labels=["kind"],
+        )
+        made.add_metric(["file"], e.checks["file"])
+        yield made
+        submitted = CounterMetricFamily(
+            "slotless_airflow_submitted",
+            "outcomes written to Airflow, per trigger id",
+            labels=["outcome"],
+        )
+        for outcome in ("event", "failure"):
+            submitted.add_metric([outcome], e.submitted[outcome])
+        yield submitted
+        cycles = CounterMetricFamily(
+            "slotless_airflow_cycles", "assignment cycles done against Airflow's database"
+        )
+        cycles.add_metric([], e.cycles)
+        yield cycles
