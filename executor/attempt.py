@@ -156,6 +156,8 @@ class Attempts:
         self.running[row.id] = ctx
         scope = info.scope(row.run_id, row.task_id, ctx.params)
         if spec.sensor is not None:
+            if row.next_method == sensing.SENSED:
+                return self._sensed(row, owner, spec, ctx, release)
             return await self._sense(row, owner, spec, spec.sensor, ctx, scope, release)
         if spec.templates:
             # In a thread: a template is its author's code (and a first use compiles it).
@@ -232,7 +234,10 @@ class Attempts:
             try:
                 deferral = sensing.deferral(
                     trigger,
-                    method=None,
+                    # A sensor with outlets comes back to a worker when its condition
+                    # holds: its SUCCESS and its asset events are written together, from
+                    # the DAG's own outlets, which only a process holding the DAG knows.
+                    method=sensing.SENSED if spec.outlets else None,
                     method_kwargs={},
                     wait_started_at=started,
                     timeout=sensor.timeout,
@@ -286,6 +291,20 @@ class Attempts:
         o.slot_kind = "poke" if mode == "poke" else "execute"
         o.logs = ctx.lines
         return o
+
+    def _sensed(
+        self, row: MovedTask, owner: str, spec: TaskSpec, ctx: TaskContext, release: asyncio.Event
+    ) -> Outcome:
+        """A deferred sensor with outlets whose condition held on the triggerer: its success,
+        with the event as its output and its outlets' asset events."""
+        release.set()
+        ctx.log("condition held; recording its outlets' asset events")
+        return Succeeded(
+            **_base(row, owner),
+            output_json=row.event if row.event is not None else "null",
+            asset_events=[(row.task_id, a.uri, None) for a in spec.outlets],
+            logs=ctx.lines,
+        )
 
     async def run_dag(self, run_id: str) -> tuple[DAG | None, str, date | None, str | None]:
         """The run's DAG as its attempts find it (the worker's, else its file), its id, its

@@ -25,6 +25,11 @@ from .dag import SensorSpec
 from .outcomes import Deferral
 from .templating import Scope, render_trigger
 
+# The resume point of a deferred sensor that has outlets: the worker's cue to record the
+# sensor's success with its asset events (attempt.py). It names no method: a sensor's
+# attempt never dispatches to the task's resume methods, whatever they are called.
+SENSED = "__sensed__"
+
 
 async def rendered(trigger: BaseTrigger, scope: Scope) -> BaseTrigger:
     """``trigger`` with its templates rendered for ``scope``: in a thread (a template is

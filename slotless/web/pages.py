@@ -17,6 +17,7 @@ from typing import Any
 
 from executor.rows import TaskRow
 from executor.runnames import logical_shown
+from executor.sensing import SENSED
 from executor.states import RUN_TERMINAL
 from executor.store.grid import TaskRunTime
 from executor.store.inspecting import INSTANCES_SHOWN, RUNS_PER_DAG, DagsPage, RunGraph, TaskDetail
@@ -271,11 +272,12 @@ def _deferred(d: TaskDetail) -> list[Item]:
             items.append(("shard", f"{g.shard}, checked by {g.lease_owner or ''}", ""))
         else:
             items.append(("shard", f"{g.shard}: no live triggerer holds this shard", "warn"))
-    fires = (
-        f"resumes at {row.next_method}"
-        if row.next_method
-        else "the sensor succeeds (no worker needed)"
-    )
+    if row.next_method == SENSED:
+        fires = "the sensor succeeds on a worker, which records its outlets' asset events"
+    elif row.next_method:
+        fires = f"resumes at {row.next_method}"
+    else:
+        fires = "the sensor succeeds (no worker needed)"
     items.append(("when it fires", fires, ""))
     return items
 

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 from support import backends
 from support.catalogued import all_runs, catalogue_file
-from support.helpers import FakeClock, loaded_waits, ops, run_to_end, write_dag
+from support.helpers import (
+    FakeClock,
+    async_wait_until,
+    loaded_waits,
+    ops,
+    run_to_end,
+    write_dag,
+)
+from support.triggers import serving
 
 from executor.assets import Asset, AssetError, holds, to_tree
 from executor.loader import load_dag
@@ -147,6 +155,63 @@ async def test_task_success_records_the_event_and_its_extra(
     assert event["run_id"] == started.run_id and event["task_id"] == "write"
     [asset] = [a for a in await store.assets.list_assets() if a.uri == A]
     assert asset.producers == [("producer", "write")] and asset.consumers == ["consumer"]
+
+
+async def test_a_deferred_sensors_success_records_its_outlets_event(
+    store: Store, tmp_path: Path
+) -> None:
+    """A deferrable sensor whose condition holds on the triggerer: it comes back to a worker,
+    which writes its SUCCESS and its outlets' event together, and the consumer starts. A
+    sensor without outlets still ends on the triggerer, with no worker round trip."""
+    flag = tmp_path / "landed.flag"
+    path = write_dag(
+        tmp_path,
+        f"""
+        from executor import DAG
+        from executor.assets import Asset
+        from triggers.files import FileTrigger
+
+        landed = Asset("{A}")
+        producer = DAG("producer")
+        producer.sensor("wait", FileTrigger(path="{flag}", poke_interval=0.05), outlets=[landed])
+        producer.sensor("plain", FileTrigger(path="{flag}", poke_interval=0.05))
+        consumer = DAG("consumer", schedule=[landed])
+
+        @consumer.task
+        def read(ctx):
+            return ctx.triggering_asset_events
+        """,
+    )
+    await catalogue_file(store, path)
+    producer = load_dag(path, "producer")
+    started = await store.runs.start_run(producer, date(2026, 11, 26), dag_file=str(path))
+    async with serving(store, producer):
+        await async_wait_until(
+            lambda: store_states(store, started.run_id, {"wait": "DEFERRED", "plain": "DEFERRED"})
+        )
+        assert await runs_of(store, "consumer") == []
+        flag.write_text("here")
+        await async_wait_until(
+            lambda: store_states(store, started.run_id, {"wait": "SUCCESS", "plain": "SUCCESS"})
+        )
+    [run] = await runs_of(store, "consumer")
+    assert run["run_type"] == "asset"
+    events = json.loads(run["start_event"])["triggering_asset_events"][A]
+    assert [(e["source"], e["run_id"], e["task_id"]) for e in events] == [
+        ("task", started.run_id, "wait")
+    ]
+    tasks = {t["task_id"]: t for t in await store.views.run_tasks(started.run_id)}
+    # Both outputs are the trigger's event; only the one with outlets had a worker resume it.
+    assert json.loads(tasks["wait"]["output"]) == json.loads(tasks["plain"]["output"])
+    assert tasks["wait"]["attempt"] == tasks["plain"]["attempt"] == 1
+    said = {t: " ".join(str(dict(r)) for r in await store.views.task_log(started.run_id, t) or [])
+            for t in tasks}  # fmt: skip
+    assert "recording its outlets' asset events" in said["wait"], said["wait"]
+    assert "recording its outlets" not in said["plain"], said["plain"]
+
+
+async def store_states(store: Store, run_id: str, want: dict[str, str]) -> bool:
+    return {t["task_id"]: t["state"] for t in await store.views.run_tasks(run_id)} == want
 
 
 async def test_concurrent_writers_start_one_run_per_set(
