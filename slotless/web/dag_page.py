@@ -256,9 +256,8 @@ class RunParts:
 
     @classmethod
     def of(cls, run: GridRun) -> RunParts:
-        shown, href = logical_shown(run), run_href(run.run_id)
-        esc = escape
-        return cls(run.run_id, shown, href, str(esc(shown)), str(esc(href)), str(esc(run.run_id)))
+        shown, href, run_id = logical_shown(run), run_href(run.run_id), run.run_id
+        return cls(run_id, shown, href, str(escape(shown)), str(escape(href)), str(escape(run_id)))
 
 
 def run_parts(grid: Grid) -> list[RunParts]:
