@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from typing import NamedTuple, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from executor.rows import _FromRow, _typed
@@ -44,6 +45,11 @@ CALENDAR_WEEKS = 53
 _GOING = frozenset({"RUNNING", "DEFERRED", "SENSING"})
 # A run that has not ended, as the calendar colours its day.
 _UNFINISHED = frozenset({"RUNNING", "QUEUED", "PAUSED"})
+
+
+# A row of grid_task_rows, in its columns' order: run_id, task_id, state, attempt,
+# max_attempts, started_at, ended_at, map_total, expand_from, id.
+_TaskRow = tuple[str, str, str, int, int, float | None, float | None, int | None, object, int]
 
 
 class BadRunKey(ValueError):
@@ -100,10 +106,12 @@ class GridRun(_FromRow):
         return RunKey(self.created_at, self.run_id)
 
 
-@dataclass(frozen=True, slots=True)
-class GridCell:
+class GridCell(NamedTuple):
     """A task in a run: its state, when it started and ended (a mapped task: from its first
-    instance's start to its last one's end), and a mapped task's instances by state."""
+    instance's start to its last one's end), and a mapped task's instances by state.
+
+    A named tuple, not a dataclass: a page reads 5,000 of them, and a frozen dataclass's
+    construction (a guarded setattr per field) cost several times a tuple's."""
 
     run_id: str
     task_id: str
@@ -332,6 +340,7 @@ class Grids(Part):
         first_seen: dict[str, tuple[int, int]] = {}
         instances: dict[str, dict[tuple[str, int], GridCell]] = {}
         map_indexes: dict[str, list[int]] = {}
+        mapped_tasks: set[str] = set()  # tasks mapped in a run shown
         if run_ids:
             order = {run_id: i for i, run_id in enumerate(reversed(run_ids))}  # newest: 0
             spans: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
@@ -344,27 +353,32 @@ class Grids(Part):
                     starts[key] = min(starts.get(key, r["started_at"]), r["started_at"])
                 if r["ended_at"] is not None:
                     ends[key] = max(ends.get(key, r["ended_at"]), r["ended_at"])
-            for r in await tx.fetch("grid_task_rows", run_ids=run_ids):
-                key = (r["run_id"], r["task_id"])
-                mapped = r["map_total"] is not None or r["expand_from"] is not None
-                if mapped:
+            # The rows unpacked by position (grid_task_rows' column order): a page reads
+            # 5,000 of them, and a sqlite3.Row's lookup by name compares the names one by
+            # one. Both drivers' rows (sqlite3.Row, asyncpg.Record) are sequences too.
+            task_rows = cast(list[_TaskRow], await tx.fetch("grid_task_rows", run_ids=run_ids))
+            for (
+                run_id, task_id, state, attempt, max_attempts, started_at, ended_at, map_total,
+                expand_from, row_id,
+            ) in task_rows:  # fmt: skip
+                key = (run_id, task_id)
+                if map_total is not None or expand_from is not None:
                     counts = spans.get(key, {})
-                    done = not (counts.keys() - TERMINAL) and r["state"] in TERMINAL
-                    cell = GridCell(
-                        r["run_id"], r["task_id"], r["state"],
-                        starts.get(key, r["started_at"]),
-                        ends.get(key, r["ended_at"]) if done else None,
-                        r["attempt"], r["max_attempts"], -1, dict(counts),
+                    done = not (counts.keys() - TERMINAL) and state in TERMINAL
+                    cells[key] = GridCell(
+                        run_id, task_id, state, starts.get(key, started_at),
+                        ends.get(key, ended_at) if done else None,
+                        attempt, max_attempts, -1, dict(counts),
                     )  # fmt: skip
+                    mapped_tasks.add(task_id)
                 else:
-                    cell = GridCell(
-                        r["run_id"], r["task_id"], r["state"], r["started_at"], r["ended_at"],
-                        r["attempt"], r["max_attempts"],
-                    )  # fmt: skip
-                cells[key] = cell
-                seen = (order[r["run_id"]], r["id"])
-                if r["task_id"] not in first_seen or seen < first_seen[r["task_id"]]:
-                    first_seen[r["task_id"]] = seen
+                    cells[key] = GridCell(
+                        run_id, task_id, state, started_at, ended_at, attempt, max_attempts
+                    )
+                seen = (order[run_id], row_id)
+                first = first_seen.get(task_id)
+                if first is None or seen < first:
+                    first_seen[task_id] = seen
             for task_id in list(dict.fromkeys(expand))[:MAX_EXPANDED]:
                 if not any(cells[(run_id, task_id)].mapped for run_id in run_ids
                            if (run_id, task_id) in cells):  # fmt: skip
@@ -385,7 +399,7 @@ class Grids(Part):
             dag_id, dag, shape, runs, tasks, cells, instances, map_indexes, older, newer,
             at_newest, now, None if found is None else found["max_active_runs"],
             None if found is None else found["file_mtime"],
-            frozenset(c.task_id for c in cells.values() if c.mapped),
+            frozenset(mapped_tasks),
         )  # fmt: skip
 
     async def _calendar(self, tx: Tx, dag_id: str, timezone: str | None) -> Calendar:

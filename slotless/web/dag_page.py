@@ -20,12 +20,13 @@ ended, the page's poll renders them again. Everything is read in one read transa
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from markupsafe import Markup, escape
@@ -193,22 +194,16 @@ def _schedule(dag: DagRow) -> ScheduleShown | None:
 # -- the grid ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class CellShown:
+class CellShown(NamedTuple):
+    """A square of the grid: what it says (``state``, ``href``, ``title``: text) and
+    ``html``, its ``<td>`` as the page writes it."""
+
     state: str
     href: str
     title: str
-    style: str = ""  # a mapped cell's mix of its instances' states
-    mixed: bool = False
-    # The class and the mark, made once here: a state is one of a fixed set of names (no
-    # markup), so the template writes them as they are instead of escaping 5,000 of each.
-    cls: Markup = field(init=False)
-    mark: Markup = field(init=False)
-
-    def __post_init__(self) -> None:
-        mixed = " mixed" if self.mixed else ""
-        object.__setattr__(self, "cls", Markup(f"cell st-{escape(self.state)}{mixed}"))
-        object.__setattr__(self, "mark", Markup(escape(MARKS.get(self.state, ""))))
+    style: str  # a mapped cell's mix of its instances' states ("": one colour)
+    mixed: bool
+    html: str  # markup: every text in it escaped
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +217,13 @@ class RowShown:
     instance: bool = False  # a map index's row under its expanded task
     group: bool = False  # a task group's row: its tasks' states together, per run
     depth: int = 0  # how many groups it is in (its indent)
+    # Its cells' <td>s as one string, made here: 5,000 cells drawn by a template loop (a
+    # dozen attributes escaped per cell) cost a quarter of the page's time.
+    html: Markup = field(init=False)
+
+    def __post_init__(self) -> None:
+        tds = "".join(NO_CELL if c is None else c.html for c in self.cells)
+        object.__setattr__(self, "html", Markup(tds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +240,48 @@ class GridShown:
     columns: list[ColumnShown]
     rows: list[RowShown]
     instances_shown: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunParts:
+    """A run's parts of its cells' links and titles (and its durations' labels), worked
+    out and escaped once per page rather than once per cell."""
+
+    run_id: str
+    shown: str  # its logical time for people
+    href: str  # its page
+    shown_html: str  # the same, escaped
+    href_html: str
+    id_html: str
+
+    @classmethod
+    def of(cls, run: GridRun) -> RunParts:
+        shown, href, run_id = logical_shown(run), run_href(run.run_id), run.run_id
+        return cls(run_id, shown, href, str(escape(shown)), str(escape(href)), str(escape(run_id)))
+
+
+def run_parts(grid: Grid) -> list[RunParts]:
+    return [RunParts.of(r) for r in grid.runs]
+
+
+NO_CELL = '<td><span class="cell none" title="not in this run"></span></td>'
+
+
+@functools.cache
+def _state_html(state: str) -> tuple[str, str]:
+    """A state and its mark, escaped: a handful of names, escaped once each."""
+    return str(escape(state)), str(escape(MARKS.get(state, "")))
+
+
+def _td(state: str, href_html: str, title_html: str, style: str, mixed: bool) -> str:
+    """A cell's <td>; ``href_html`` and ``title_html`` are escaped already."""
+    st, mark = _state_html(state)
+    cls = " mixed" if mixed else ""
+    css = f' style="{escape(style)}"' if style else ""
+    return (
+        f'<td><a class="cell st-{st}{cls}" href="{href_html}" title="{title_html}" '
+        f'data-state="{st}"{css}>{mark}</a></td>'
+    )
 
 
 def counts_text(counts: dict[str, int]) -> str:
@@ -265,34 +309,58 @@ def mix_style(counts: dict[str, int]) -> str:
     return f"background: linear-gradient(to top, {', '.join(stops)})"
 
 
-def _cell(c: GridCell, run: GridRun, shown: str, now: float) -> CellShown:
+class TaskParts(NamedTuple):
+    """A row's parts of its cells' titles and links, made and escaped once per row."""
+
+    name: str  # the task id, and a map index as "[3]"
+    name_html: str
+    path: str  # the cell's href after its run's page: /tasks/<id>[/<index>]
+    path_html: str
+
+    @classmethod
+    def of(cls, task_id: str, map_index: int = -1) -> TaskParts:
+        name = task_id if map_index < 0 else f"{task_id}[{map_index}]"
+        path = task_href("", task_id, map_index).removeprefix(run_href(""))
+        return cls(name, str(escape(name)), path, str(escape(path)))
+
+
+def _cell(c: GridCell, run: RunParts, task: TaskParts, now: float) -> CellShown:
+    """``c`` as its square, in ``run``'s column and ``task``'s row."""
     seconds = c.seconds(now)
+    # human_seconds writes digits, letters, dots and spaces, attempts are numbers: nothing
+    # in them to escape, so the title's escaped form is its escaped parts put together.
     took = "" if seconds is None else f" \u00b7 {human_seconds(seconds)}"
-    name = c.task_id if c.map_index < 0 else f"{c.task_id}[{c.map_index}]"
-    head = f"{name} \u00b7 {shown} \u00b7 "
-    tries = f" \u00b7 attempt {c.attempt} of {c.max_attempts}" if c.max_attempts > 1 else ""
-    href = task_href(run.run_id, c.task_id, c.map_index)
+    href, href_html = run.href + task.path, run.href_html + task.path_html
+    head = f"{task.name} \u00b7 {run.shown} \u00b7 "
+    head_html = f"{task.name_html} \u00b7 {run.shown_html} \u00b7 "
     if c.counts is not None:
-        title = f"{head}{c.state}: {counts_text(c.counts)}{took}"
-        return CellShown(c.state, href, title, mix_style(c.counts), len(c.counts) > 1)
-    return CellShown(c.state, href, f"{head}{c.state}{took}{tries}")
+        counted = f"{c.state}: {counts_text(c.counts)}{took}"
+        style, mixed = mix_style(c.counts), len(c.counts) > 1
+        td = _td(c.state, href_html, head_html + str(escape(counted)), style, mixed)
+        return CellShown(c.state, href, head + counted, style, mixed, td)
+    tries = f" \u00b7 attempt {c.attempt} of {c.max_attempts}" if c.max_attempts > 1 else ""
+    st, _ = _state_html(c.state)
+    td = _td(c.state, href_html, f"{head_html}{st}{took}{tries}", "", False)
+    return CellShown(c.state, href, f"{head}{c.state}{took}{tries}", "", False, td)
 
 
 def grid_shown(grid: Grid, q: Query) -> GridShown:
     """The grid as the template draws it: a column per run, a row per task (and per map
     index of an expanded task), each cell with its colour, link and hover text."""
-    shown = names(grid)
+    parts = run_parts(grid)
+    shown = {p.run_id: p.shown for p in parts}
     columns = [
         ColumnShown(
-            r.run_id, run_href(r.run_id), r.state, shown[r.run_id],
-            f"{r.run_id} \u00b7 {shown[r.run_id]} \u00b7 {r.state}"
+            r.run_id, p.href, r.state, p.shown,
+            f"{r.run_id} \u00b7 {p.shown} \u00b7 {r.state}"
             + (f" \u00b7 {human_seconds(r.ended_at - r.created_at)}" if r.ended_at else ""),
         )
-        for r in grid.runs
+        for r, p in zip(grid.runs, parts, strict=True)
     ]  # fmt: skip
     rows: list[RowShown] = []
     chains = group_chains(grid)
     opened: set[str] = set()
+    now, cells_of = grid.now, grid.cells.get
     for task_id in grouped_order(grid.tasks, chains):
         chain = chains.get(task_id, ())
         folded = next((g for g in chain if g in q.fold), None)
@@ -303,10 +371,11 @@ def grid_shown(grid: Grid, q: Query) -> GridShown:
                     rows.append(_group_row(grid, q, g, depth, chains, shown))
         if folded is not None:
             continue  # drawn by its group's row
+        task = TaskParts.of(task_id)
         cells: list[CellShown | None] = []
-        for r in grid.runs:
-            c = grid.cells.get((r.run_id, task_id))
-            cells.append(None if c is None else _cell(c, r, shown[r.run_id], grid.now))
+        for p in parts:
+            c = cells_of((p.run_id, task_id))
+            cells.append(None if c is None else _cell(c, p, task, now))
         mapped = grid.mapped(task_id)
         expanded = task_id in grid.instances
         toggle = ""
@@ -317,10 +386,11 @@ def grid_shown(grid: Grid, q: Query) -> GridShown:
         if expanded:
             got = grid.instances[task_id]
             for i in grid.map_indexes[task_id]:
+                instance = TaskParts.of(task_id, i)
                 row: list[CellShown | None] = []
-                for r in grid.runs:
-                    ic = got.get((r.run_id, i))
-                    row.append(None if ic is None else _cell(ic, r, shown[r.run_id], grid.now))
+                for p in parts:
+                    ic = got.get((p.run_id, i))
+                    row.append(None if ic is None else _cell(ic, p, instance, now))
                 rows.append(RowShown(task_id, f"[{i}]", row, instance=True, depth=len(chain)))
     return GridShown(columns, rows, INSTANCES_SHOWN)
 
@@ -385,7 +455,9 @@ def _group_row(
         state = next((s for s in GROUP_STATE if s in counts), next(iter(counts)))
         title = f"{group_id} \u00b7 {shown[r.run_id]} \u00b7 {len(members)} tasks: "
         text = title + counts_text(counts)
-        cells.append(CellShown(state, run_href(r.run_id), text, mix_style(counts), len(counts) > 1))
+        href, style, mixed = run_href(r.run_id), mix_style(counts), len(counts) > 1
+        td = _td(state, str(escape(href)), str(escape(text)), style, mixed)
+        cells.append(CellShown(state, href, text, style, mixed, td))
     label = group_id.rpartition(".")[2]
     return RowShown(
         group_id, label, cells, expanded=not folded, toggle=toggle, group=True, depth=depth
@@ -407,26 +479,26 @@ def paging(grid: Grid, q: Query) -> dict[str, str]:
 # -- durations ---------------------------------------------------------------------------
 
 
-def names(grid: Grid) -> dict[str, str]:
-    """Each run's logical time as people read it, worked out once per run, not per cell."""
-    return {r.run_id: logical_shown(r) for r in grid.runs}
-
-
 def durations_shown(grid: Grid) -> list[tuple[str, Chart]]:
     """Per task, a chart of its durations over the runs shown, oldest on the left (a run it
     is not in, or did not run in, a grey tick)."""
-    shown = names(grid)
+    parts = run_parts(grid)
+    now, cells_of = grid.now, grid.cells.get
     out = []
     for task_id in grid.tasks:
+        task = TaskParts.of(task_id)
         bars: list[Bar] = []
-        for r in grid.runs:
-            c = grid.cells.get((r.run_id, task_id))
-            label = f"{task_id} \u00b7 {shown[r.run_id]} \u00b7 {r.run_id}"
+        for p in parts:
+            c = cells_of((p.run_id, task_id))
+            # HTML already (bar_chart(escaped=True)): each run's and task's parts escaped
+            # once, not 5,000 labels.
+            label = f"{task.name_html} \u00b7 {p.shown_html} \u00b7 {p.id_html}"
             if c is None:
-                bars.append((label, None, "NONE", run_href(r.run_id)))
+                bars.append((label, None, "NONE", p.href_html))
             else:
-                bars.append((label, c.seconds(grid.now), c.state, task_href(r.run_id, task_id)))
-        out.append((task_id, bar_chart(bars, links=False)))  # the grid's cells link each run
+                bars.append((label, c.seconds(now), c.state, p.href_html + task.path_html))
+        # links off: the grid's cells above link each run's task already
+        out.append((task_id, bar_chart(bars, links=False, escaped=True)))
     return out
 
 
@@ -446,6 +518,7 @@ def calendar_shown(cal: Calendar) -> dict[str, Any]:
     over the week its first day falls in."""
     weeks: list[list[DayShown | None]] = []
     months: list[str] = []
+    runs_of = with_query("/", {"dag": cal.dag_id})  # the DAG quoted once, not per day
     for i, d in enumerate(cal.every_day()):
         if i % 7 == 0:
             weeks.append([])
@@ -453,7 +526,7 @@ def calendar_shown(cal: Calendar) -> dict[str, Any]:
         n = d.runs
         said = ", ".join(f"{k} {s.lower()}" for s, k in sorted(d.states.items()))
         title = f"{d.day}: {n} run{'s' if n != 1 else ''}" + (f" ({said})" if said else "")
-        href = with_query("/", {"dag": cal.dag_id, "from": d.day, "to": d.day})
+        href = f"{runs_of}&from={d.day}&to={d.day}"  # a date (YYYY-MM-DD): nothing to quote
         weeks[-1].append(DayShown(d.day, d.status, title, href))
         day = date.fromisoformat(d.day)
         # The first week is named for its month unless a new month starts within two weeks
