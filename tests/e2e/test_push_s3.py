@@ -4,6 +4,7 @@ fails nothing (polling takes over, with a log line)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -102,6 +103,24 @@ def checked_and_resting(trig: Any) -> bool:
     return all(not c.running and c.due - trig.clock() > 60 for c in trig.table.by_hash.values())
 
 
+def not_resting(trig: Any) -> str:
+    """What keeps :func:`checked_and_resting` false, for a failure to say."""
+    now = trig.clock()
+    busy = [
+        f"{c.poke_hash[:8]} running={c.running} due_in={c.due - now:.2f} failures={c.failures}"
+        for c in trig.table.by_hash.values()
+        if c.running or c.due - now <= 60
+    ]
+    return f"{len(busy)} checks not resting ({'; '.join(busy[:5])}); sources {trig.push.sources}"
+
+
+async def wait_resting(trig: Any, moto: MotoS3Server, what: str) -> None:
+    try:
+        await async_wait_until(lambda: checked_and_resting(trig), what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {not_resting(trig)}; moto saw {moto.counts()}") from None
+
+
 def all_in(db_path: Path, run_id: str, state: str, n: int) -> bool:
     rows = [r for r in task_rows(db_path, run_id, "wait") if r["map_index"] >= 0]
     return len(rows) == n and all(r["state"] == state for r in rows)
@@ -141,7 +160,7 @@ async def test_one_consumer_wakes_every_wait_and_no_listing_while_idle(
         await async_wait_until(lambda: trig.push.live(key), what="the consumer is live")
         assert list(trig.push.sources) == [key]  # one consumer for 40 waits
         # After the checks the source's start asked for, nothing lists: idle is silent.
-        await async_wait_until(lambda: checked_and_resting(trig), what="the start's checks")
+        await wait_resting(trig, moto, "the start's checks")
         listed, polls = moto.count("ListObjectsV2"), moto.count("sqs:ReceiveMessage")
         await async_wait_until(
             lambda: moto.count("sqs:ReceiveMessage") >= polls + 2, what="two more long polls"
@@ -171,12 +190,16 @@ async def test_a_notified_key_is_answered_by_its_notification_not_a_listing(
         await async_wait_until(lambda: trig.push.live(key), what="the consumer is live")
         q, url = sqs(moto), events[1]
 
-        def drained() -> bool:  # the seed's notifications read, every wait checked since
+        async def drained() -> bool:  # the seed's notifications read
             names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-            got = q.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
-            return checked_and_resting(trig) and all(int(got[n]) == 0 for n in names)
+            # In a thread: a blocking call on the loop would starve the triggerer it watches.
+            got = await asyncio.to_thread(
+                q.get_queue_attributes, QueueUrl=url, AttributeNames=names
+            )
+            return all(int(got["Attributes"][n]) == 0 for n in names)
 
-        await async_wait_until(drained, what="idle")
+        await async_wait_until(drained, what="the seed's notifications read")
+        await wait_resting(trig, moto, "idle")  # every wait checked since
         moto.reset()
         moto.put(bucket, keys[3])
         await async_wait_until(
