@@ -57,8 +57,7 @@ def test_every_process_computes_the_same_owner() -> None:
     """No salted ``hash()``: another interpreter, another hash seed, the same weights."""
     key = ("adapter", "x.Trigger", '{"a":1}')
     code = (
-        "from triggerer.airflow.owners import weight;"
-        f"print(weight({key!r}, 3), weight({key!r}, 4))"
+        f"from triggerer.airflow.owners import weight;print(weight({key!r}, 3), weight({key!r}, 4))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
