@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import secrets
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -727,3 +728,81 @@ def test_a_mixed_deployment_neither_loses_nor_double_fires(
         if ours is not None:
             stop_process(ours)
         stop_process(theirs, timeout=30)
+
+
+def test_an_instance_that_stalls_and_comes_back_fires_nothing_twice(
+    audited: Deployment, tmp_path: Path
+) -> None:
+    """The checking instance stops (SIGSTOP) with its check under way: the other takes its
+    condition within 3 s and resumes the task instances when the file lands. The stalled
+    one then continues (SIGCONT), finds the same file at once and owns the condition again
+    (its rendezvous weight is the higher): what it writes under the trigger rows' lock
+    changes nothing, and each task instance was resumed exactly once."""
+    dep = audited
+    data = str(dep.inbox / "stall.csv")
+    names = FILES[:4]
+    _defer_files(dep, "many3", data, names)
+    ports = [free_port(), free_port()]
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs = [
+        dep.start_triggerer(log, "--metrics-port", str(port), "--interval", "0.5")
+        for log, port in zip(logs, ports, strict=True)
+    ]
+    key = 'slotless_airflow_native_checks_total{kind="file"}'
+    try:
+
+        def checker() -> tuple[int] | None:
+            ms = [_metrics(p) for p in ports]
+            if not all(m.get("slotless_airflow_instances") == 2 for m in ms):
+                return None
+            files = [m.get('slotless_airflow_checks{kind="file"}') for m in ms]
+            return (files.index(1),) if sorted(files) == [0, 1] else None  # type: ignore[type-var]
+
+        (stalled,) = wait_until(checker, timeout=90, interval=0.2, what="one checker")
+        other = 1 - stalled
+        seen = _metrics(ports[other])[key]
+        procs[stalled].send_signal(signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            wait_until(
+                lambda: _metrics(ports[other])[key] > seen,
+                timeout=10,
+                interval=0.05,
+                what="the other instance to take the stalled one's condition",
+            )
+            assert time.monotonic() - stopped < 3.0
+            Path(data).write_text("x\n")
+            wait_until(
+                lambda: dep.left_deferred("many3", names),
+                timeout=30,
+                interval=0.2,
+                what="the task instances to resume",
+            )
+        finally:
+            procs[stalled].send_signal(signal.SIGCONT)
+        # Back, it beats again, and its check (under way when it stopped) either fires on
+        # the file or is dropped once the rows are gone; either way it ends.
+        wait_until(
+            lambda: _metrics(ports[stalled]).get("slotless_airflow_instances") == 2,
+            timeout=30,
+            interval=0.2,
+            what="the stalled instance to be live again",
+        )
+        wait_until(
+            lambda: _metrics(ports[stalled]).get('slotless_airflow_checks{kind="file"}') == 0,
+            timeout=30,
+            interval=0.2,
+            what="the stalled instance's check to end",
+        )
+        cycles = _metrics(ports[stalled])["slotless_airflow_cycles_total"]
+        wait_until(
+            lambda: _metrics(ports[stalled])["slotless_airflow_cycles_total"] >= cycles + 2,
+            timeout=30,
+            interval=0.2,
+            what="two more cycles (what it found is written or dropped by then)",
+        )
+        _moved_once(dep, "many3", names)
+        assert all(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            stop_process(p)

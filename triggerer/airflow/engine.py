@@ -214,12 +214,12 @@ class Engine:
                 if any(o is s for s in skipped):
                     # Another instance checks this condition now: its rows are loaded
                     # again, and checked wherever they are owned.
-                    log.info("%s is checked by another instance now; not written", o.names)
+                    log.info("not written, another instance checks it now: %s", ", ".join(o.names))
                     for tid in o.ids:
                         self.done.discard(tid)
                         self.known.pop(tid, None)
                     continue
-                self.submitted["failure" if o.error is not None else "event"] += len(o.ids)
+                self.submitted["failure" if o.error is not None else "event"] += o.written
             return
 
     async def _flush(self) -> None:

@@ -46,6 +46,7 @@ class Outcome:
     names: list[str] = field(default_factory=list)
     # The condition's key (who checks it, :mod:`.owners`); None: submitted whoever owns it.
     key: Any = None
+    written: int = 0  # trigger ids it was written to (set by AirflowRows.submit)
 
 
 @dataclass
@@ -232,6 +233,7 @@ class AirflowRows:
             among = candidates(self.peers(session), time.time())
             me = int(self.job.id)
             for outcome in outcomes:
+                outcome.written = 0  # a retried batch counts afresh
                 # Nobody live at all (this instance's own beat late too): nobody else checks
                 # it either, so it is written rather than lost.
                 checker = None if outcome.key is None else owner(outcome.key, among)
@@ -245,6 +247,7 @@ class AirflowRows:
                         Trigger.submit_failure(tid, outcome.error, session=session)
                     else:
                         Trigger.submit_event(tid, outcome.event, session=session)
+                    outcome.written += 1
         return skipped
 
     def clean_unused(self) -> None:
