@@ -73,6 +73,9 @@ class Engine:
         self.assigned: set[int] = set()  # what Airflow assigns to this instance's Job
         self.live: list[int] = []  # the slotless instances checking conditions now
         self.wake = asyncio.Event()  # a cycle at once: the live instances changed
+        # Each condition's owner among ``live`` (cleared when they change): a cycle looks
+        # every held row up, and hashing each one each cycle would cost the loop.
+        self._owners: dict[Any, int | None] = {}
         # Trigger ids whose outcome is found (submitted or about to be): not loaded again
         # while Airflow still lists them as ours, before clean_unused removes their rows.
         self.done: set[int] = set()
@@ -161,11 +164,14 @@ class Engine:
         if live != self.live:
             log.info("slotless instances checking conditions: TriggererJobs %s", live)
             self.live = live
+            self._owners.clear()
+        elif len(self._owners) > 2 * len(self.known) + 1024:
+            self._owners.clear()  # the keys of conditions long gone
         if new:
             loaded, bad, gone = await to_thread(self.rows.load, new)
             self.done |= gone
             for outcome in bad:
-                if owners.owner(outcome.key, self.live) in (self.job_id, None):
+                if self._owner(outcome.key) in (self.job_id, None):
                     log.warning("trigger %s failed: %s", outcome.names, outcome.error)
                     self.done.update(outcome.ids)
                     self.outbox.put_nowait(outcome)
@@ -182,11 +188,16 @@ class Engine:
         waiting on them; leave the ones another instance owns now."""
         self.assigned = {t for t, job in seen.held.items() if job == self.job_id}
         for tid, (row, p) in self.known.items():
-            mine = owners.owner(p.key, self.live) == self.job_id
+            mine = self._owner(p.key) == self.job_id
             if mine and tid not in self.member:
                 self._join(row, p)
             elif not mine and tid in self.member:
                 self._leave(tid)
+
+    def _owner(self, key: Any) -> int | None:
+        if key not in self._owners:
+            self._owners[key] = owners.owner(key, self.live)
+        return self._owners[key]
 
     def _forget(self, tid: int) -> None:
         """No slotless instance of the pool holds it any more (resumed, cleared, or taken
