@@ -115,12 +115,18 @@ class Engine:
         self.stopping.set()
 
     async def _every(self, seconds: float, step: Callable[[], Any], what: str) -> None:
+        # When a failure was last said: a step run 4 times a second must not fill the log
+        # while the database is away (said at first, then each minute).
+        said: float | None = None
         while not self.stopping.is_set():
             try:
                 await step()
+                said = None
             except Exception as exc:
                 # The database gone for a while: said, and tried again; the process stays.
-                log.warning("%s failed (%s: %s); trying again", what, type(exc).__name__, exc)
+                if said is None or time.monotonic() - said >= 60.0:
+                    said = time.monotonic()
+                    log.warning("%s failed (%s: %s); trying again", what, type(exc).__name__, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), seconds)
 
