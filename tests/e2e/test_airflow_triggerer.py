@@ -579,8 +579,9 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
     """Six task instances on one FileTrigger path, three assigned by Airflow to each of two
     slotless instances: one instance checks the path for all six (one check per interval
     in total). SIGKILLed, the other checks it within 3 s, long before Airflow's health
-    threshold (30 s) hands the killed instance's rows on; the file then resumes each task
-    instance exactly once."""
+    threshold (30 s) hands the killed instance's rows on. That one killed too, a new
+    instance checks both dead ones' rows at once. The file then resumes each task instance
+    exactly once."""
     dep = audited
     data = str(dep.inbox / "many.csv")
     _defer_files(dep, "many1", data, WAITERS)
@@ -659,6 +660,27 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
         # is 30 s): they are checked where they stand.
         assert killed_job in {job for job, _ in _holders(dep, "many1").values()}
 
+        # The survivor killed too, and a new instance started: it checks both dead
+        # instances' rows at once, where Airflow still has them, without waiting out
+        # Airflow's threshold.
+        procs[other].kill()
+        procs[other].wait(timeout=10)
+        port = free_port()
+        procs.append(
+            dep.start_triggerer(
+                tmp_path / "c.log", "--metrics-port", str(port), "--interval", "0.5"
+            )
+        )
+        wait_until(
+            lambda: _metrics(port).get(key, 0) > 0,
+            timeout=60,
+            interval=0.1,
+            what="a new instance to check the dead instances' path",
+        )
+        assert _metrics(port)["slotless_airflow_triggers"] >= 6
+        new_job = _job_id(tmp_path / "c.log")
+        assert new_job not in {job for job, _ in _holders(dep, "many1").values()}
+
         Path(data).write_text("x\n")
         wait_until(
             lambda: dep.left_deferred("many1", WAITERS),
@@ -667,7 +689,7 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
             what="the six task instances to resume",
         )
         _moved_once(dep, "many1", WAITERS)
-        assert procs[other].poll() is None
+        assert procs[-1].poll() is None
     finally:
         for p in procs:
             if p.poll() is None:
