@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import secrets
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -463,3 +464,368 @@ def test_rollback_to_airflows_triggerer_loses_nothing(
     assert state["state"] == "scheduled"
     assert state["next_method"] == "execute_complete"
     assert state["next_kwargs"] == {"asked": "file0", "event": True}
+
+
+# -- many instances ------------------------------------------------------------------
+#
+# Two `slotless airflow-triggerer` processes (or one beside `airflow triggerer`) on the
+# same rows. Every change to a waiting task instance is recorded by a PostgreSQL trigger
+# on Airflow's task_instance table (the test's, dropped after it), so a second
+# submit_event racing the first would show as a second update of the same task instance.
+
+_AUDIT = """
+CREATE TABLE IF NOT EXISTS slotless_ti_moves (
+    task_id text, run_id text, old_state text, new_state text, next_kwargs text
+);
+CREATE OR REPLACE FUNCTION slotless_ti_moved() RETURNS trigger AS $$
+BEGIN
+    IF NEW.run_id LIKE 'many%' THEN
+        INSERT INTO slotless_ti_moves VALUES (
+            NEW.task_id, NEW.run_id, OLD.state, NEW.state, NEW.next_kwargs::text
+        );
+    END IF;
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS slotless_ti_moved ON task_instance;
+CREATE TRIGGER slotless_ti_moved AFTER UPDATE ON task_instance
+    FOR EACH ROW EXECUTE FUNCTION slotless_ti_moved();
+"""
+
+_HOLDERS = """
+SELECT ti.task_id, t.triggerer_id, j.executor_class
+FROM task_instance ti JOIN trigger t ON t.id = ti.trigger_id
+LEFT JOIN job j ON j.id = t.triggerer_id
+WHERE ti.dag_id = 'waits' AND ti.run_id = $1
+"""
+
+
+def _holders(dep: Deployment, run_id: str) -> dict[str, tuple[int | None, str | None]]:
+    """Each waiting task instance's triggerer (Job id, its executor_class)."""
+    rows = asyncio.run(_fetch(dep.pg_url, _HOLDERS, run_id))
+    return {r["task_id"]: (r["triggerer_id"], r["executor_class"]) for r in rows}
+
+
+def _moved_once(dep: Deployment, run_id: str, names: list[str]) -> None:
+    """Each task instance was updated exactly once since deferral: DEFERRED to SCHEDULED
+    with the file's event, and never again (a second submit_event would be a second row)."""
+    query = "SELECT * FROM slotless_ti_moves WHERE run_id = $1"
+    # Not the deferral itself (the test's helper sets each task instance DEFERRED).
+    moves = [m for m in asyncio.run(_fetch(dep.pg_url, query, run_id)) if m["old_state"]]
+    by_task: dict[str, list[Any]] = {}
+    for m in moves:
+        by_task.setdefault(m["task_id"], []).append(m)
+    assert sorted(by_task) == sorted(names), moves
+    for name, ms in by_task.items():
+        assert len(ms) == 1, (name, ms)
+        assert (ms[0]["old_state"], ms[0]["new_state"]) == ("deferred", "scheduled"), ms
+    states = dep.states(run_id)
+    for name in names:
+        assert states[name]["next_method"] == "execute_complete", states[name]
+        assert states[name]["next_kwargs"] == {"asked": name, "event": True}, states[name]
+
+
+def _defer_files(dep: Deployment, run_id: str, path: str, names: list[str]) -> None:
+    tasks = [
+        {
+            "task_id": name,
+            "classpath": f"{STD}.file.FileTrigger",
+            "args": {"filepath": path, "poke_interval": 0.5},
+        }
+        for name in names
+    ]
+    dep.helper("defer", {"dag_id": "waits", "run_id": run_id, "tasks": tasks})
+
+
+@pytest.fixture
+def audited(deployment: Deployment) -> Iterator[Deployment]:
+    asyncio.run(_fetch_script(deployment.pg_url, _AUDIT))
+    try:
+        yield deployment
+    finally:
+        asyncio.run(
+            _fetch_script(
+                deployment.pg_url,
+                "DROP TRIGGER IF EXISTS slotless_ti_moved ON task_instance;"
+                "DROP FUNCTION IF EXISTS slotless_ti_moved();"
+                "DROP TABLE IF EXISTS slotless_ti_moves;",
+            )
+        )
+
+
+async def _fetch_script(url: str, script: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(script)
+    finally:
+        await conn.close()
+
+
+def _job_id(log: Path) -> int:
+    """The TriggererJob id an instance said it started as."""
+    for line in log.read_text().splitlines():
+        if "started as TriggererJob " in line:
+            return int(line.rsplit(" ", 1)[-1])
+    raise AssertionError(f"no TriggererJob in {log}:\n{log.read_text()[-2000:]}")
+
+
+WAITERS = [*FILES, "flag"]  # six task instances of the "waits" DAG
+
+
+def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
+    audited: Deployment, tmp_path: Path
+) -> None:
+    """Six task instances on one FileTrigger path, three assigned by Airflow to each of two
+    slotless instances: one instance checks the path for all six (one check per interval
+    in total). SIGKILLed, the other checks it within 3 s, long before Airflow's health
+    threshold (30 s) hands the killed instance's rows on. That one killed too, a new
+    instance checks both dead ones' rows at once. The file then resumes each task instance
+    exactly once."""
+    dep = audited
+    data = str(dep.inbox / "many.csv")
+    _defer_files(dep, "many1", data, WAITERS)
+    ports = [free_port(), free_port()]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        # The first takes three rows (Airflow's assignment takes task instances' rows
+        # before the asset watcher's), the second the rest.
+        procs.append(
+            dep.start_triggerer(
+                tmp_path / "a.log",
+                *("--metrics-port", str(ports[0]), "--interval", "0.5", "--capacity", "3"),
+            )
+        )
+        wait_until(
+            lambda: _metrics(ports[0]).get("slotless_airflow_assigned") == 3,
+            timeout=60,
+            interval=0.2,
+            what="the first instance to take three rows",
+        )
+        procs.append(
+            dep.start_triggerer(
+                tmp_path / "b.log", "--metrics-port", str(ports[1]), "--interval", "0.5"
+            )
+        )
+        wait_until(
+            lambda: all(_metrics(p).get("slotless_airflow_instances") == 2 for p in ports),
+            timeout=60,
+            interval=0.2,
+            what="both instances to see each other",
+        )
+        holders = _holders(dep, "many1")
+        assert len({job for job, _ in holders.values()}) == 2, holders  # spread over both
+        assert all(mark == "slotless airflow-triggerer" for _, mark in holders.values())
+
+        def owner() -> tuple[int] | None:
+            """The one instance checking the path (for all six rows); None until settled."""
+            ms = [_metrics(p) for p in ports]
+            files = [m.get('slotless_airflow_checks{kind="file"}') for m in ms]
+            if sorted(files) != [0, 1]:  # type: ignore[type-var]
+                return None
+            which = files.index(1)
+            return (which,) if ms[which].get("slotless_airflow_triggers", 0) >= 6 else None
+
+        (checker,) = wait_until(owner, timeout=30, what="one instance to check the path")
+        other = 1 - checker
+        killed_job = _job_id(tmp_path / ("a.log", "b.log")[checker])
+        key = 'slotless_airflow_native_checks_total{kind="file"}'
+        before = [_metrics(p)[key] for p in ports]
+        began = time.monotonic()
+        wait_until(
+            lambda: _metrics(ports[checker])[key] >= before[checker] + 4,
+            timeout=30,
+            interval=0.05,
+            what="four more file checks",
+        )
+        assert time.monotonic() - began >= 1.2  # one check per 0.5 s interval, not six
+        assert _metrics(ports[other])[key] == before[other]  # the other checks nothing
+
+        # SIGKILL the checking instance: the other checks the path within 3 s.
+        seen = _metrics(ports[other])[key]
+        procs[checker].kill()
+        procs[checker].wait(timeout=10)
+        killed = time.monotonic()
+        wait_until(
+            lambda: _metrics(ports[other])[key] > seen,
+            timeout=10,
+            interval=0.05,
+            what="the survivor to check the killed instance's path",
+        )
+        took = time.monotonic() - killed
+        print(f"a SIGKILLed instance's condition checked again after {took:.2f} s")
+        assert took < 3.0, f"took over in {took:.2f} s"
+        assert _metrics(ports[other])["slotless_airflow_triggers"] >= 6
+        # Airflow still counts the killed instance's rows as assigned to it (its threshold
+        # is 30 s): they are checked where they stand.
+        assert killed_job in {job for job, _ in _holders(dep, "many1").values()}
+
+        # The survivor killed too, and a new instance started: it checks both dead
+        # instances' rows at once, where Airflow still has them, without waiting out
+        # Airflow's threshold.
+        procs[other].kill()
+        procs[other].wait(timeout=10)
+        port = free_port()
+        procs.append(
+            dep.start_triggerer(
+                tmp_path / "c.log", "--metrics-port", str(port), "--interval", "0.5"
+            )
+        )
+        wait_until(
+            lambda: _metrics(port).get(key, 0) > 0,
+            timeout=60,
+            interval=0.1,
+            what="a new instance to check the dead instances' path",
+        )
+        assert _metrics(port)["slotless_airflow_triggers"] >= 6
+        new_job = _job_id(tmp_path / "c.log")
+        assert new_job not in {job for job, _ in _holders(dep, "many1").values()}
+
+        Path(data).write_text("x\n")
+        wait_until(
+            lambda: dep.left_deferred("many1", WAITERS),
+            timeout=30,
+            interval=0.2,
+            what="the six task instances to resume",
+        )
+        _moved_once(dep, "many1", WAITERS)
+        assert procs[-1].poll() is None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                stop_process(p)
+
+
+def test_a_mixed_deployment_neither_loses_nor_double_fires(
+    audited: Deployment, tmp_path: Path
+) -> None:
+    """`airflow triggerer` and `slotless airflow-triggerer` at once (a migration under way):
+    Airflow's assignment gives each some of six rows waiting on one file; each checks only
+    the rows Airflow gave it, and every task instance resumes exactly once."""
+    dep = audited
+    data = str(dep.inbox / "mixed.csv")
+    _defer_files(dep, "many2", data, WAITERS)
+    env = {**dep.env, "AIRFLOW__TRIGGERER__CAPACITY": "3"}
+    with open(tmp_path / "airflow.log", "w") as out:
+        theirs = subprocess.Popen(
+            [str(dep.bin / "airflow"), "triggerer", "--skip-serve-logs"],
+            env=env,
+            cwd=dep.tmp,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    port = free_port()
+    ours: subprocess.Popen[str] | None = None
+    try:
+        wait_until(
+            lambda: sum(job is not None for job, _ in _holders(dep, "many2").values()) == 3,
+            timeout=90,
+            interval=0.5,
+            what="Airflow's triggerer to take three rows",
+        )
+        ours = dep.start_triggerer(
+            tmp_path / "slotless.log", "--metrics-port", str(port), "--interval", "0.5"
+        )
+        wait_until(
+            lambda: _metrics(port).get('slotless_airflow_waiting{dag_id="waits"}') == 3,
+            timeout=60,
+            interval=0.2,
+            what="slotless to check the other three",
+        )
+        holders = _holders(dep, "many2")
+        marks = sorted(str(mark) for _, mark in holders.values())
+        assert marks == ["None"] * 3 + ["slotless airflow-triggerer"] * 3, holders
+        assert _metrics(port)['slotless_airflow_checks{kind="file"}'] == 1
+
+        Path(data).write_text("x\n")
+        wait_until(
+            lambda: dep.left_deferred("many2", WAITERS),
+            timeout=60,
+            interval=0.2,
+            what="the six task instances to resume",
+        )
+        _moved_once(dep, "many2", WAITERS)
+        assert _metrics(port)['slotless_airflow_submitted_total{outcome="event"}'] == 3
+        assert ours.poll() is None and theirs.poll() is None
+    finally:
+        if ours is not None:
+            stop_process(ours)
+        stop_process(theirs, timeout=30)
+
+
+def test_an_instance_that_stalls_and_comes_back_fires_nothing_twice(
+    audited: Deployment, tmp_path: Path
+) -> None:
+    """The checking instance stops (SIGSTOP) with its check under way: the other takes its
+    condition within 3 s and resumes the task instances when the file lands. The stalled
+    one then continues (SIGCONT), finds the same file at once and owns the condition again
+    (its rendezvous weight is the higher): what it writes under the trigger rows' lock
+    changes nothing, and each task instance was resumed exactly once."""
+    dep = audited
+    data = str(dep.inbox / "stall.csv")
+    names = FILES[:4]
+    _defer_files(dep, "many3", data, names)
+    ports = [free_port(), free_port()]
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs = [
+        dep.start_triggerer(log, "--metrics-port", str(port), "--interval", "0.5")
+        for log, port in zip(logs, ports, strict=True)
+    ]
+    key = 'slotless_airflow_native_checks_total{kind="file"}'
+    try:
+
+        def checker() -> tuple[int] | None:
+            ms = [_metrics(p) for p in ports]
+            if not all(m.get("slotless_airflow_instances") == 2 for m in ms):
+                return None
+            files = [m.get('slotless_airflow_checks{kind="file"}') for m in ms]
+            return (files.index(1),) if sorted(files) == [0, 1] else None  # type: ignore[type-var]
+
+        (stalled,) = wait_until(checker, timeout=90, interval=0.2, what="one checker")
+        other = 1 - stalled
+        seen = _metrics(ports[other])[key]
+        procs[stalled].send_signal(signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            wait_until(
+                lambda: _metrics(ports[other])[key] > seen,
+                timeout=10,
+                interval=0.05,
+                what="the other instance to take the stalled one's condition",
+            )
+            assert time.monotonic() - stopped < 3.0
+            Path(data).write_text("x\n")
+            wait_until(
+                lambda: dep.left_deferred("many3", names),
+                timeout=30,
+                interval=0.2,
+                what="the task instances to resume",
+            )
+        finally:
+            procs[stalled].send_signal(signal.SIGCONT)
+        # Back, it beats again, and its check (under way when it stopped) either fires on
+        # the file or is dropped once the rows are gone; either way it ends.
+        wait_until(
+            lambda: _metrics(ports[stalled]).get("slotless_airflow_instances") == 2,
+            timeout=30,
+            interval=0.2,
+            what="the stalled instance to be live again",
+        )
+        wait_until(
+            lambda: _metrics(ports[stalled]).get('slotless_airflow_checks{kind="file"}') == 0,
+            timeout=30,
+            interval=0.2,
+            what="the stalled instance's check to end",
+        )
+        cycles = _metrics(ports[stalled])["slotless_airflow_cycles_total"]
+        wait_until(
+            lambda: _metrics(ports[stalled])["slotless_airflow_cycles_total"] >= cycles + 2,
+            timeout=30,
+            interval=0.2,
+            what="two more cycles (what it found is written or dropped by then)",
+        )
+        _moved_once(dep, "many3", names)
+        assert all(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            stop_process(p)

@@ -11,6 +11,7 @@ never on the event loop. Airflow is imported only here, lazily, where it is inst
 - :mod:`.plans`: trigger rows equal in what they wait for become one check; which classes
   run natively.
 - :mod:`.native`: the native checks (a file's glob, a moment).
+- :mod:`.owners`: which of several live instances checks a condition.
 - :mod:`.engine`: the loop: assignment, the checks, submitting what they found.
 - :mod:`.comms`: the Task SDK's calls to Airflow's triggerer supervisor, answered here.
 - :mod:`.service`: the command: start-up checks, signals, metrics.

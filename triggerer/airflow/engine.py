@@ -7,9 +7,15 @@ Three loops on one event loop, each touching Airflow's database only in a thread
   no longer ours, and ``clean_unused``; as Airflow's triggerer does each second;
 - submitting: an outcome is written as soon as its check finds it (``submit_event`` /
   ``submit_failure`` for every trigger id in the check's group, one transaction);
-- heartbeating: the Job's heartbeat at Airflow's own heartrate. It is scheduled from the
-  event loop, so a loop blocked by a trigger stops it, and Airflow hands our triggers to
-  a healthy triggerer, as it does when its own runner deadlocks.
+- heartbeating: the Job's heartbeat, every :data:`.owners.BEAT_S`, reading the other
+  slotless instances' Job rows with it; when the live ones change, a cycle runs at once
+  (a killed instance's conditions are taken over without waiting for the next one). It
+  is scheduled from the event loop, so a loop blocked by a trigger stops it, and Airflow
+  hands our triggers to a healthy triggerer, as it does when its own runner deadlocks.
+
+Several instances: each cycle sees every row held by a slotless instance of its pool (its
+own and the others'), and checks the conditions it owns among the live instances
+(:mod:`.owners`), for every row waiting on them wherever Airflow assigned the row.
 
 A group is the rows equal in what they wait for (:mod:`.plans`); its check runs once
 however many task instances wait on it. A task instance's row leaves its group when the
@@ -22,6 +28,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
@@ -31,9 +38,9 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import comms, native
+from . import comms, native, owners
 from .plans import Plan, plan, poke_interval
-from .rows import AirflowRows, Outcome, Row
+from .rows import AirflowRows, Outcome, Row, Seen
 
 log = logging.getLogger("slotless.airflow")
 
@@ -60,6 +67,15 @@ class Engine:
         self.job_id: int | None = None
         self.groups: dict[Any, Group] = {}
         self.member: dict[int, Group] = {}  # trigger id -> the group checking for it
+        # Every row held by a slotless instance of this pool, loaded (id -> row, its plan);
+        # the ones whose condition this instance owns are in groups.
+        self.known: dict[int, tuple[Row, Plan]] = {}
+        self.assigned: set[int] = set()  # what Airflow assigns to this instance's Job
+        self.live: list[int] = []  # the slotless instances checking conditions now
+        self.wake = asyncio.Event()  # a cycle at once: the live instances changed
+        # Each condition's owner among ``live`` (cleared when they change): a cycle looks
+        # every held row up, and hashing each one each cycle would cost the loop.
+        self._owners: dict[Any, int | None] = {}
         # Trigger ids whose outcome is found (submitted or about to be): not loaded again
         # while Airflow still lists them as ours, before clean_unused removes their rows.
         self.done: set[int] = set()
@@ -80,7 +96,9 @@ class Engine:
         loops = [
             asyncio.create_task(self._assigning()),
             asyncio.create_task(self._submitting()),
-            asyncio.create_task(self._every(1.0, self._heartbeat, "the Job's heartbeat")),
+            asyncio.create_task(
+                self._every(owners.BEAT_S / 2, self._heartbeat, "the Job's heartbeat")
+            ),
         ]
         try:
             await self.stopping.wait()
@@ -97,12 +115,18 @@ class Engine:
         self.stopping.set()
 
     async def _every(self, seconds: float, step: Callable[[], Any], what: str) -> None:
+        # When a failure was last said: a step run 4 times a second must not fill the log
+        # while the database is away (said at first, then each minute).
+        said: float | None = None
         while not self.stopping.is_set():
             try:
                 await step()
+                said = None
             except Exception as exc:
                 # The database gone for a while: said, and tried again; the process stays.
-                log.warning("%s failed (%s: %s); trying again", what, type(exc).__name__, exc)
+                if said is None or time.monotonic() - said >= 60.0:
+                    said = time.monotonic()
+                    log.warning("%s failed (%s: %s); trying again", what, type(exc).__name__, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), seconds)
 
@@ -120,31 +144,73 @@ class Engine:
                 )
             if more:
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), self.interval)
+            self.wake.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in (self.stopping, self.wake)]
+            try:
+                await asyncio.wait(waits, timeout=self.interval, return_when="FIRST_COMPLETED")
+            finally:
+                for w in waits:
+                    w.cancel()
 
     async def _heartbeat(self) -> None:
-        await to_thread(self.rows.heartbeat)
+        peers = await to_thread(self.rows.heartbeat)
+        live = owners.candidates(peers, time.time())
+        if live != self.live:
+            self.wake.set()
 
     async def _cycle(self) -> bool:
         """One cycle; True when it took a full batch of new rows (more may be waiting)."""
-        assigned = await to_thread(self.rows.assigned)
-        for tid in [t for t in self.member if t not in assigned]:
-            self._leave(tid)
-        self.done &= assigned
-        new = assigned - self.member.keys() - self.done
+        seen = await to_thread(self.rows.cycle)
+        held = seen.held.keys()
+        for tid in [t for t in self.known if t not in held]:
+            self._forget(tid)
+        self.done &= held
+        new = held - self.known.keys() - self.done
+        live = owners.candidates(seen.peers, seen.now)
+        if live != self.live:
+            log.info("slotless instances checking conditions: TriggererJobs %s", live)
+            self.live = live
+            self._owners.clear()
+        elif len(self._owners) > 2 * len(self.known) + 1024:
+            self._owners.clear()  # the keys of conditions long gone
         if new:
-            loaded, bad = await to_thread(self.rows.load, new)
+            loaded, bad, gone = await to_thread(self.rows.load, new)
+            self.done |= gone
             for outcome in bad:
-                log.warning("trigger %s failed: %s", outcome.ids, outcome.error)
-                self.done.update(outcome.ids)
-                self.outbox.put_nowait(outcome)
+                if self._owner(outcome.key) in (self.job_id, None):
+                    log.warning("trigger %s failed: %s", outcome.names, outcome.error)
+                    self.done.update(outcome.ids)
+                    self.outbox.put_nowait(outcome)
             for row in loaded:
-                if row.id not in self.member and row.id not in self.done:
-                    self._join(row)
+                if row.id not in self.known and row.id not in self.done:
+                    self.known[row.id] = (row, plan(row.classpath, row.kwargs))
+        self._own(seen)
         await to_thread(self.rows.clean_unused)
         self.cycles += 1
         return len(new) >= self.rows.select_limit
+
+    def _own(self, seen: Seen) -> None:
+        """Check the conditions this instance owns among the live ones, for every row
+        waiting on them; leave the ones another instance owns now."""
+        self.assigned = {t for t, job in seen.held.items() if job == self.job_id}
+        for tid, (row, p) in self.known.items():
+            mine = self._owner(p.key) == self.job_id
+            if mine and tid not in self.member:
+                self._join(row, p)
+            elif not mine and tid in self.member:
+                self._leave(tid)
+
+    def _owner(self, key: Any) -> int | None:
+        if key not in self._owners:
+            self._owners[key] = owners.owner(key, self.live)
+        return self._owners[key]
+
+    def _forget(self, tid: int) -> None:
+        """No slotless instance of the pool holds it any more (resumed, cleared, or taken
+        by another kind of triggerer)."""
+        self.known.pop(tid, None)
+        if tid in self.member:
+            self._leave(tid)
 
     async def _submitting(self) -> None:
         while True:
@@ -156,13 +222,21 @@ class Engine:
     async def _submit(self, batch: list[Outcome]) -> None:
         while True:
             try:
-                await to_thread(self.rows.submit, batch)
+                skipped = await to_thread(self.rows.submit, batch)
             except Exception as exc:
                 log.warning("submitting %d outcomes failed (%s); again in 1 s", len(batch), exc)
                 await asyncio.sleep(1.0)
                 continue
             for o in batch:
-                self.submitted["failure" if o.error is not None else "event"] += len(o.ids)
+                if any(o is s for s in skipped):
+                    # Another instance checks this condition now: its rows are loaded
+                    # again, and checked wherever they are owned.
+                    log.info("not written, another instance checks it now: %s", ", ".join(o.names))
+                    for tid in o.ids:
+                        self.done.discard(tid)
+                        self.known.pop(tid, None)
+                    continue
+                self.submitted["failure" if o.error is not None else "event"] += o.written
             return
 
     async def _flush(self) -> None:
@@ -177,8 +251,7 @@ class Engine:
 
     # -- groups ----------------------------------------------------------------------
 
-    def _join(self, row: Row) -> None:
-        p = plan(row.classpath, row.kwargs)
+    def _join(self, row: Row, p: Plan) -> None:
         group = self.groups.get(p.key)
         if group is None:
             group = Group(p, row.classpath, row.kwargs)
@@ -235,19 +308,21 @@ class Engine:
         for tid in [t for t, r in group.rows.items() if r.for_task]:
             del group.rows[tid]
             self.member.pop(tid, None)
+            self.known.pop(tid, None)
             self.done.add(tid)
         log.info("%s fired for %d trigger(s): %s", group.describe(), len(ids), ", ".join(names))
-        self.outbox.put_nowait(Outcome(ids, event=event, names=names))
+        self.outbox.put_nowait(Outcome(ids, event=event, names=names, key=group.plan.key))
 
     def _failed(self, group: Group, error: BaseException | str) -> None:
         ids = list(group.rows)
         names = [r.name for r in group.rows.values()]
         for tid in ids:
             self.member.pop(tid, None)
+            self.known.pop(tid, None)
             self.done.add(tid)
         group.rows.clear()
         log.warning("%s failed for %s: %s", group.describe(), ", ".join(names), error)
-        self.outbox.put_nowait(Outcome(ids, error=error, names=names))
+        self.outbox.put_nowait(Outcome(ids, error=error, names=names, key=group.plan.key))
 
     def _events(self, group: Group) -> AsyncGenerator[Any, None]:
         if group.plan.kind == "file":

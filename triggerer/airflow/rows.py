@@ -10,9 +10,13 @@ Airflow's triggerer does the same sequence in its ``TriggerRunnerSupervisor``
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
+
+from .owners import BEAT_S, RECENT_S, Peer, candidates, mark, owner
 
 log = logging.getLogger("slotless.airflow")
 
@@ -40,6 +44,19 @@ class Outcome:
     event: Any = None
     error: BaseException | str | None = None
     names: list[str] = field(default_factory=list)
+    # The condition's key (who checks it, :mod:`.owners`); None: submitted whoever owns it.
+    key: Any = None
+    written: int = 0  # trigger ids it was written to (set by AirflowRows.submit)
+
+
+@dataclass
+class Seen:
+    """One cycle's look at Airflow's tables: every trigger id held by a slotless instance of
+    this pool (id -> its triggerer's Job id), and those instances' Job rows."""
+
+    held: dict[int, int]
+    peers: list[Peer]
+    now: float
 
 
 class UndecryptableKwargs(ValueError):
@@ -61,6 +78,9 @@ class AirflowRows:
         self.job: Any = None
         # How many unassigned rows one of Airflow's assignment queries takes at most.
         self.select_limit = conf.getint("triggerer", "max_trigger_to_select_per_loop", fallback=50)
+        # Written in the Job's executor_class (unused by Airflow's triggerer): how slotless
+        # instances of one pool find each other among Airflow's TriggererJobs.
+        self.mark = mark(queues)
 
     # -- the job ---------------------------------------------------------------------
 
@@ -68,17 +88,49 @@ class AirflowRows:
         """A running Job of type TriggererJob, as ``airflow triggerer`` registers."""
         from airflow.jobs.job import Job
 
-        job = Job()
+        # Airflow's heartrate for a TriggererJob is [triggerer] job_heartbeat_sec (5 s); this
+        # one beats every BEAT_S so the other slotless instances notice its death in time
+        # to check its conditions within seconds. Airflow's health test is unchanged.
+        job = Job(heartrate=BEAT_S, executor_class=self.mark)
         job.job_type = "TriggererJob"
         job.prepare_for_execution()
         self.job = job
         return int(job.id)
 
-    def heartbeat(self) -> None:
-        """Airflow's heartbeat, only when its heartrate says one is due (never sleeps)."""
+    def heartbeat(self) -> list[Peer]:
+        """Airflow's heartbeat when one is due (never sleeps), then the pool's Job rows."""
         from airflow.jobs.job import perform_heartbeat
 
         perform_heartbeat(self.job, heartbeat_callback=_no_callback, only_if_necessary=True)
+        return self.peers()
+
+    def peers(self, session: Any = None) -> list[Peer]:
+        """The TriggererJobs of this pool's slotless instances heard from recently, alive or
+        not (a dead one's rows are still assigned to it until Airflow hands them on)."""
+        from airflow._shared.timezones import timezone
+        from airflow.jobs.job import Job, JobState
+        from airflow.utils.session import create_session
+        from sqlalchemy import select  # type: ignore[import-not-found]
+
+        since = timezone.utcnow() - timedelta(seconds=RECENT_S)
+        query = select(Job.id, Job.latest_heartbeat, Job.state, Job.end_date).where(
+            Job.job_type == "TriggererJob",
+            Job.executor_class == self.mark,
+            Job.latest_heartbeat > since,
+        )
+        if session is None:
+            with create_session() as own:
+                found = own.execute(query).all()
+        else:
+            found = session.execute(query).all()
+        return [
+            Peer(
+                int(jid),
+                beat.timestamp(),
+                state == JobState.RUNNING and end is None,
+            )
+            for jid, beat, state, end in found
+        ]
 
     def end_job(self) -> None:
         """The Job ends (its end_date set): its triggers are free for another triggerer at
@@ -92,56 +144,111 @@ class AirflowRows:
 
     # -- the triggers ----------------------------------------------------------------
 
-    def assigned(self) -> set[int]:
-        """Take unassigned (or orphaned) triggers up to capacity, then list ours."""
+    def cycle(self) -> Seen:
+        """Take unassigned (or orphaned) triggers up to capacity, then list the rows every
+        slotless instance of this pool holds (ours among them): which of them this
+        instance checks is decided by key, not by assignment (:mod:`.owners`)."""
         from airflow.models.trigger import Trigger
+        from airflow.utils.session import create_session
 
         Trigger.assign_unassigned(
             self.job.id, self.capacity, self.health_check_threshold, queues=self.queues
         )
-        return set(Trigger.ids_for_triggerer(self.job.id, queues=self.queues))
+        held: dict[int, int] = {}
+        with create_session() as session:
+            peers = self.peers(session)
+            for peer in peers:
+                for tid in Trigger.ids_for_triggerer(
+                    peer.job_id, queues=self.queues, session=session
+                ):
+                    held[int(tid)] = peer.job_id
+        return Seen(held, peers, time.time())
 
-    def load(self, ids: Iterable[int]) -> tuple[list[Row], list[Outcome]]:
+    def load(self, ids: Iterable[int]) -> tuple[list[Row], list[Outcome], set[int]]:
         """The rows for ``ids``, decrypted; a row that cannot be is a failure for its own
-        task instance. A row nobody waits on any more (resumed meanwhile) is left out."""
+        task instance. A row nobody waits on any more (resumed meanwhile) is left out, and
+        its id returned as gone."""
         from airflow.models.trigger import Trigger
         from airflow.serialization.decoders import smart_decode_trigger_kwargs
         from airflow.utils.session import create_session
 
         rows: list[Row] = []
         bad: list[Outcome] = []
+        gone: set[int] = set()
         with create_session() as session:
             fetched = Trigger.bulk_fetch(list(ids), session=session)
             others = Trigger.fetch_trigger_ids_with_non_task_associations(session=session)
             for tid, trigger in fetched.items():
                 ti = trigger.task_instance
                 if ti is None and tid not in others:
+                    gone.add(tid)
                     continue
                 name = _name(tid, ti)
                 try:
                     raw = Trigger._decrypt_kwargs(trigger.encrypted_kwargs)
                     kwargs = {k: smart_decode_trigger_kwargs(v) for k, v in raw.items()}
                 except Exception as exc:
-                    bad.append(Outcome([tid], error=_undecryptable(trigger.classpath, exc)))
+                    error = _undecryptable(trigger.classpath, exc)
+                    bad.append(Outcome([tid], error=error, names=[name], key=("bad", tid)))
                     continue
                 dag_id = None if ti is None else str(ti.dag_id)
                 rows.append(Row(tid, trigger.classpath, kwargs, ti is not None, name, dag_id))
-        return rows, bad
+        return rows, bad, gone
 
-    def submit(self, outcomes: Sequence[Outcome]) -> None:
+    def submit(self, outcomes: Sequence[Outcome]) -> list[Outcome]:
         """Each outcome to each of its trigger ids, in one transaction: an event resumes the
         trigger's task instances (and reaches its assets, its callback); a failure fails
-        them, with the error in their log."""
+        them, with the error in their log. Returns the outcomes not written because another
+        instance checks their condition now.
+
+        The trigger rows are locked first (``FOR UPDATE``, in id order, with Airflow's own
+        ``with_row_locks``, as its ``clean_unused`` locks them), so two instances writing
+        one trigger id follow each other: the second's ``submit_event`` finds its task
+        instances no longer DEFERRED and does nothing. Under the lock, who checks each
+        condition is decided again from the Job rows read then, and a row that another
+        kind of triggerer (Airflow's own, in a mixed deployment) has taken meanwhile is left
+        to it: Airflow's assignment skips locked rows, so it cannot take one mid-write."""
+        from airflow.jobs.job import Job
         from airflow.models.trigger import Trigger
         from airflow.utils.session import create_session
+        from airflow.utils.sqlalchemy import with_row_locks
+        from sqlalchemy import select
 
+        ids = sorted({tid for o in outcomes for tid in o.ids})
+        skipped: list[Outcome] = []
         with create_session() as session:
+            query = select(Trigger.id, Trigger.triggerer_id).where(Trigger.id.in_(ids))
+            locked = {
+                int(tid): holder
+                for tid, holder in session.execute(
+                    with_row_locks(query.order_by(Trigger.id), session, of=Trigger, key_share=False)
+                ).all()
+            }
+            holders = {h for h in locked.values() if h is not None}
+            ours = set(
+                session.scalars(
+                    select(Job.id).where(Job.id.in_(holders), Job.executor_class == self.mark)
+                )
+            )
+            among = candidates(self.peers(session), time.time())
+            me = int(self.job.id)
             for outcome in outcomes:
+                outcome.written = 0  # a retried batch counts afresh
+                # Nobody live at all (this instance's own beat late too): nobody else checks
+                # it either, so it is written rather than lost.
+                checker = None if outcome.key is None else owner(outcome.key, among)
+                if checker is not None and checker != me:
+                    skipped.append(outcome)
+                    continue
                 for tid in outcome.ids:
+                    if locked.get(tid) not in ours:
+                        continue  # gone, or another kind of triggerer's now
                     if outcome.error is not None:
                         Trigger.submit_failure(tid, outcome.error, session=session)
                     else:
                         Trigger.submit_event(tid, outcome.event, session=session)
+                    outcome.written += 1
+        return skipped
 
     def clean_unused(self) -> None:
         from airflow.models.trigger import Trigger

@@ -117,10 +117,24 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         e = self.engine
         held = GaugeMetricFamily(
-            "slotless_airflow_triggers", "Airflow trigger rows held (one per waiting row)"
+            "slotless_airflow_triggers",
+            "Airflow trigger rows checked here (whichever slotless instance Airflow "
+            "assigned them to)",
         )
         held.add_metric([], len(e.member))
         yield held
+        assigned = GaugeMetricFamily(
+            "slotless_airflow_assigned",
+            "Airflow trigger rows Airflow assigns to this instance's TriggererJob",
+        )
+        assigned.add_metric([], len(e.assigned))
+        yield assigned
+        live = GaugeMetricFamily(
+            "slotless_airflow_instances",
+            "live slotless instances sharing the conditions (this one included)",
+        )
+        live.add_metric([], len(e.live))
+        yield live
         by_dag = GaugeMetricFamily(
             "slotless_airflow_waiting",
             "task instances waiting on a trigger held here, by DAG",
