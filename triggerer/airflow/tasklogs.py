@@ -1,0 +1,71 @@
+"""A trigger's lines in its task instance's log, where Airflow's UI reads them.
+
+Airflow's triggerer writes each task instance's trigger lines to
+``<base_log_folder>/<log_filename_template rendered for the TI>.trigger.<job id>.log``
+(``TriggerLoggingFactory``), JSON lines as ``airflow.sdk.log`` writes task logs. Airflow's
+``FileTaskHandler`` reads every file beside the task's log whose name starts with it, so
+those lines appear in the task instance's log in the UI (local files: an api-server on
+this host, or a ``base_log_folder`` shared with it). This writes the same files, with the
+same names, through Airflow's own ``init_log_file`` (its folder and file permissions).
+
+What is written: when this instance starts checking the row (the check, and how many task
+instances share it), and its outcome (the event, or the failure). Writes are batched and
+made in a thread, never on the event loop; a file that cannot be written is said once on
+stderr and skipped (the check goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+
+from triggers.context import to_thread
+
+log = logging.getLogger("slotless.airflow")
+
+
+class TaskLogs:
+    """Lines queued per task instance log file, written by :meth:`flush` in a thread."""
+
+    def __init__(self) -> None:
+        self.job_id: int | None = None
+        self.pending: dict[str, list[bytes]] = {}
+        self.written = 0  # lines written, for /metrics and the tests
+        self._failed_said = False
+
+    def add(self, log_path: str | None, level: str, event: str) -> None:
+        if log_path is None or self.job_id is None:
+            return
+        line = {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "level": level,
+            "event": event,
+            "logger": "slotless.airflow_triggerer",
+        }
+        path = f"{log_path}.trigger.{self.job_id}.log"
+        self.pending.setdefault(path, []).append(json.dumps(line).encode() + b"\n")
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, {}
+        await to_thread(self._write, batch)
+
+    def _write(self, batch: dict[str, list[bytes]]) -> None:
+        from airflow.sdk.log import init_log_file
+
+        for path, lines in batch.items():
+            try:
+                with init_log_file(path).open("ab") as f:
+                    f.write(b"".join(lines))
+                self.written += len(lines)
+            except OSError as exc:
+                if not self._failed_said:
+                    self._failed_said = True
+                    log.warning(
+                        "cannot write the trigger log %s (%s); trigger lines stay on stderr "
+                        "(said once)",
+                        path,
+                        exc,
+                    )
