@@ -19,7 +19,6 @@ from typing import Any
 
 import aiohttp
 from rich.console import Console
-from rich.table import Table
 
 MARK = "airflow-triggerer"
 TIMEOUT_S = 5.0
@@ -69,7 +68,7 @@ async def airflow_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"instances": snapshots}))
     else:
-        render(snapshots, Console())
+        render(snapshots, Console(), args.limit, args.tasks)
     return 0
 
 
@@ -117,11 +116,13 @@ async def read(http: aiohttp.ClientSession, url: str, checks: int, tasks: int) -
     return data
 
 
-def render(snapshots: list[dict[str, Any]], console: Console) -> None:
+def render(
+    snapshots: list[dict[str, Any]], console: Console, limit: int = 20, tasks: int = 5
+) -> None:
     now = time.time()
     jobs = ", ".join(f"TriggererJob {s.get('job_id')} ({s['url']})" for s in snapshots)
     live = sorted({j for s in snapshots for j in s.get("live", [])})
-    console.print(f"[bold]slotless airflow-triggerer[/bold]: {jobs}")
+    console.print(f"[bold]slotless airflow-triggerer[/bold]: {jobs}", soft_wrap=True)
     console.print(
         f"live instances: {', '.join(map(str, live)) or 'none'}; "
         f"held: {sum(s.get('triggers', 0) for s in snapshots)} trigger rows in "
@@ -131,32 +132,28 @@ def render(snapshots: list[dict[str, Any]], console: Console) -> None:
     checks.sort(key=lambda c: -int(c.get("waiting", 0)))
     if not checks:
         console.print("no checks held")
-    else:
-        table = Table(show_edge=False, pad_edge=False)
-        for col in ("check", "waiting", "since", "interval", "last check", "checked by"):
-            table.add_column(col)
-        for c in checks:
-            dags = ", ".join(f"{d} ({n})" for d, n in sorted(c.get("dags", {}).items()))
-            tasks = [_ti(t) for t in c.get("tasks", [])]
-            more = int(c.get("waiting", 0)) - len(tasks)
-            if more > 0:
-                tasks.append(f"... and {more} more")
-            what = "\n".join(
-                [f"{c.get('check')}", f"  {c.get('classpath')}", *[f"  {t}" for t in tasks]]
-            )
-            table.add_row(
-                what,
-                f"{c.get('waiting')}\n{dags}",
-                _ago(c.get("since"), now),
-                _interval(c),
-                _last(c, now),
-                f"TriggererJob {c.get('checked_by')}",
-            )
-        console.print(table)
-        shown = len(checks)
-        total = sum(int(s.get("check_count", 0)) for s in snapshots)
-        if shown < total:
-            console.print(f"({shown} of {total} checks shown, the most waited on; --limit N)")
+    # Lines, not a table: a check's key and its task instances' keys are long, and a
+    # table would wrap them into unreadable (and ungreppable) cells.
+    for c in checks[:limit]:
+        dags = ", ".join(f"{d}: {n}" for d, n in sorted(c.get("dags", {}).items()))
+        console.print(f"[bold]{c.get('check')}[/bold]  {c.get('classpath')}", soft_wrap=True)
+        console.print(
+            f"  {c.get('waiting')} waiting ({dags or 'no task instance'}), since "
+            f"{_ago(c.get('since'), now)}; {_interval(c)}; last check {_last(c, now)}; "
+            f"checked by TriggererJob {c.get('checked_by')}",
+            soft_wrap=True,
+        )
+        shown = list(c.get("tasks", []))[:tasks]
+        for t in shown:
+            console.print(f"    {_ti(t)}", soft_wrap=True, highlight=False)
+        more = int(c.get("waiting", 0)) - len(shown)
+        if more > 0:
+            console.print(f"    ... and {more} more", highlight=False)
+    total = sum(int(s.get("check_count", 0)) for s in snapshots)
+    if 0 < min(len(checks), limit) < total:
+        console.print(
+            f"({min(len(checks), limit)} of {total} checks shown, the most waited on; --limit N)"
+        )
     recent = sorted(
         (r for s in snapshots for r in s.get("recent", [])), key=lambda r: -float(r["at"])
     )
@@ -164,7 +161,9 @@ def render(snapshots: list[dict[str, Any]], console: Console) -> None:
         console.print("[bold]recent outcomes[/bold]")
         for r in recent[:10]:
             at = datetime.fromtimestamp(float(r["at"])).strftime("%H:%M:%S")
-            console.print(f"  {at} {r.get('said')} ({r.get('trigger_count')} trigger(s))")
+            console.print(
+                f"  {at} {r.get('said')} ({r.get('trigger_count')} trigger(s))", soft_wrap=True
+            )
 
 
 def _ti(t: dict[str, Any]) -> str:
@@ -187,7 +186,7 @@ def _ago(at: Any, now: float) -> str:
 
 def _interval(c: dict[str, Any]) -> str:
     if c.get("interval") is not None:
-        return f"{float(c['interval']):g}s"
+        return f"every {float(c['interval']):g}s"
     if c.get("fires_at"):
         return f"timer: {c['fires_at']}"
     return "its run()"
