@@ -838,7 +838,8 @@ def test_status_and_metrics_name_airflows_dags_and_the_task_log_shows_the_trigge
     `slotless status --airflow` lists them under their one check (its task instances, its
     interval, its last check, the TriggererJob checking it), as text and JSON; once the
     file lands, each task instance's log, read through Airflow's own TaskLogReader (what
-    the UI shows), has the trigger's lines."""
+    the UI shows), has the trigger's lines; an adapted trigger's own line is in its
+    task's log too."""
     dep = deployment
     data = dep.inbox / "obs.csv"
     names = FILES[:3]
@@ -851,6 +852,16 @@ def test_status_and_metrics_name_airflows_dags_and_the_task_log_shows_the_trigge
         }
         for name in names
     ]
+    # An adapted class, whose own log line (its self.log) reaches the task's log too.
+    flag = dep.inbox / "obsflag"
+    tasks.append(
+        {
+            "task_id": "flag",
+            "classpath": f"{HERE}.FlagTrigger",
+            "args": {"path": str(flag)},
+            "try_number": 1,
+        }
+    )
     dep.helper("defer", {"dag_id": "waits", "run_id": "obs1", "tasks": tasks})
     port = free_port()
     log = tmp_path / "triggerer.log"
@@ -896,14 +907,15 @@ def test_status_and_metrics_name_airflows_dags_and_the_task_log_shows_the_trigge
         assert m['slotless_airflow_oldest_wait_seconds{dag_id="waits"}'] >= 0, m
 
         data.write_text("x\n")
+        flag.write_text("go")
         wait_until(
-            lambda: dep.left_deferred("obs1", names),
+            lambda: dep.left_deferred("obs1", [*names, "flag"]),
             timeout=60,
             interval=0.2,
-            what="the three task instances to resume",
+            what="the four task instances to resume",
         )
         wait_until(
-            lambda: _metrics(port).get("slotless_airflow_task_log_lines_total", 0) >= 6,
+            lambda: _metrics(port).get("slotless_airflow_task_log_lines_total", 0) >= 9,
             timeout=10,
             interval=0.2,
             what="the trigger log lines written",
@@ -918,6 +930,12 @@ def test_status_and_metrics_name_airflows_dags_and_the_task_log_shows_the_trigge
         said = "\n".join(events)
         assert f"TriggererJob {job}) checks this task's trigger" in said, said
         assert "FileTrigger" in said and "fired: event True" in said, said
+        flagged = dep.helper(
+            "log", {"dag_id": "waits", "run_id": "obs1", "task_id": "flag", "try_number": 1}
+        )["events"]
+        said = "\n".join(flagged)
+        assert f"waiting for the flag {flag}" in said, said
+        assert "FlagTrigger" in said and "fired: event" in said, said
         assert proc.poll() is None
     finally:
         stop_process(proc)

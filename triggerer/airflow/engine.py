@@ -38,7 +38,7 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import comms, native, owners
+from . import comms, native, owners, tasklogs
 from .plans import Plan, plan, poke_interval
 from .rows import AirflowRows, Outcome, Row, Seen
 from .tasklogs import TaskLogs
@@ -405,6 +405,8 @@ class Engine:
     async def _adapted(self, group: Group) -> AsyncGenerator[Any, None]:
         """Any other class, unmodified, through the adapter: its own ``run()``, held."""
         cls = await self._class(group.classpath)
+        # Its own log lines go to the log of every task instance it serves, as well.
+        tasklogs.SINK.set(functools.partial(self._trigger_said, group))
         await comms.portal()
         trigger = cls(**group.kwargs)
         # What Airflow's runner sets on an instance before run(); one instance serves
@@ -415,6 +417,10 @@ class Engine:
         async with contextlib.aclosing(airflow_events(trigger, group.classpath)) as events:
             async for event in events:
                 yield event
+
+    def _trigger_said(self, group: Group, level: str, text: str) -> None:
+        for row in list(group.rows.values()):
+            self.tasklogs.add(row.log_path, level, text)
 
     async def _class(self, classpath: str) -> type:
         cls = self._classes.get(classpath)

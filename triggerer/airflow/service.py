@@ -23,7 +23,7 @@ from triggers.airflow import airflow_trigger_class
 from triggers.context import to_thread
 
 from ..watchdog import LoopWatch
-from . import boot, comms, status
+from . import boot, comms, status, tasklogs
 from .engine import Engine
 from .plans import DATETIME
 from .rows import AirflowRows
@@ -53,6 +53,9 @@ async def serve(
         await to_thread(_preload)
         # Airflow's triggerer supervisor answers its triggers' Task SDK calls; here, this.
         await to_thread(comms.install)
+        # An adapted trigger's own lines, copied to its task instances' trigger logs (after
+        # everything that may configure Airflow's logging, which would drop it).
+        tasklogs.capture_trigger_lines()
     except boot.Refused as refused:
         print(f"slotless: error: {refused}", file=sys.stderr, flush=True)
         return 2

@@ -9,7 +9,9 @@ this host, or a ``base_log_folder`` shared with it). This writes the same files,
 same names, through Airflow's own ``init_log_file`` (its folder and file permissions).
 
 What is written: when this instance starts checking the row (the check, and how many task
-instances share it), and its outcome (the event, or the failure). Writes are batched and
+instances share it), its outcome (the event, or the failure), and an adapted trigger's
+own lines (what its ``self.log`` says, through structlog, as Airflow's ``BaseTrigger``
+logs), copied to every task instance its one ``run()`` serves. Writes are batched and
 made in a thread, never on the event loop; a file that cannot be written is said once on
 stderr and skipped (the check goes on).
 """
@@ -18,11 +20,46 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, MutableMapping
+from contextvars import ContextVar
 from datetime import UTC, datetime
+from typing import Any
 
 from triggers.context import to_thread
 
 log = logging.getLogger("slotless.airflow")
+
+
+# Where a log call made by the running trigger goes: set in each adapted check's own task
+# (so in its run() and in the threads it starts with a copied context), unset elsewhere.
+Sink = Callable[[str, str], None]  # (level, text)
+SINK: ContextVar[Sink | None] = ContextVar("slotless_trigger_sink", default=None)
+
+
+def capture_trigger_lines() -> None:
+    """A structlog processor in front of Airflow's: a line logged inside an adapted check
+    is also given to its SINK. Airflow's triggers log through structlog (``LoggingMixin``),
+    not the logging module; the level filter runs before processors, so only lines at the
+    configured level are copied. Then Airflow's own processors render it as before."""
+    import structlog
+
+    processors = list(structlog.get_config()["processors"])
+    if _capture not in processors:
+        structlog.configure(processors=[_capture, *processors])
+
+
+def _capture(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    sink = SINK.get()
+    if sink is not None:
+        text = str(event.get("event", ""))
+        args = event.get("positional_args")
+        if args:
+            try:
+                text = text % tuple(args)
+            except (TypeError, ValueError):
+                text = f"{text} {args!r}"
+        sink(method, text)
+    return event
 
 
 class TaskLogs:
