@@ -41,7 +41,7 @@ def capture_trigger_lines() -> None:
     is also given to its SINK. Airflow's triggers log through structlog (``LoggingMixin``),
     not the logging module; the level filter runs before processors, so only lines at the
     configured level are copied. Then Airflow's own processors render it as before."""
-    import structlog
+    import structlog  # type: ignore[import-not-found]
 
     processors = list(structlog.get_config()["processors"])
     if _capture not in processors:
