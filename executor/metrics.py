@@ -66,8 +66,11 @@ class MetricsServer:
         host: str = "127.0.0.1",
         port: int = 9100,
         refreshers: list[Refresher] | None = None,
+        routes: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] | None = None,
     ) -> None:
         self.registry = registry
+        # Other GET paths served beside /metrics (the Airflow triggerer's /status snapshot).
+        self.routes = dict(routes or {})
         self.host = host
         self.port = port
         self.refreshers = list(refreshers or [])
@@ -77,6 +80,8 @@ class MetricsServer:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/", self._index)
+        for path, handler in self.routes.items():
+            app.router.add_get(path, handler)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)

@@ -28,6 +28,7 @@ from executor.store.viewrows import AttentionRow, DeferredRow, HeldRow, Retrying
 from executor.taskgroups import GroupNode, group_tree, tree_from_ids
 from triggers.base import SHARDS, clip
 
+from . import airflow_status
 from .options import db_opt
 from .views import (
     WAITING,
@@ -78,10 +79,13 @@ def add_commands(sub: Any) -> None:
     status.add_argument(
         "--run", metavar="RUN_ID", help="that run's tasks and their states, in their task groups"
     )
+    airflow_status.add_options(status)
     status.set_defaults(func=status_command)
 
 
 async def status_command(args: argparse.Namespace) -> int:
+    if args.airflow:
+        return await airflow_status.airflow_command(args)
     store = await open_store(args.db, create=False)
     try:
         if args.run:

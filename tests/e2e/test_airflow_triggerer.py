@@ -829,3 +829,113 @@ def test_an_instance_that_stalls_and_comes_back_fires_nothing_twice(
     finally:
         for p in procs:
             stop_process(p)
+
+
+def test_status_and_metrics_name_airflows_dags_and_the_task_log_shows_the_trigger(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """Three task instances on one FileTrigger path: /metrics counts them by DAG and class;
+    `slotless status --airflow` lists them under their one check (its task instances, its
+    interval, its last check, the TriggererJob checking it), as text and JSON; once the
+    file lands, each task instance's log, read through Airflow's own TaskLogReader (what
+    the UI shows), has the trigger's lines; an adapted trigger's own line is in its
+    task's log too."""
+    dep = deployment
+    data = dep.inbox / "obs.csv"
+    names = FILES[:3]
+    tasks = [
+        {
+            "task_id": name,
+            "classpath": f"{STD}.file.FileTrigger",
+            "args": {"filepath": str(data), "poke_interval": 0.5},
+            "try_number": 1,
+        }
+        for name in names
+    ]
+    # An adapted class, whose own log line (its self.log) reaches the task's log too.
+    flag = dep.inbox / "obsflag"
+    tasks.append(
+        {
+            "task_id": "flag",
+            "classpath": f"{HERE}.FlagTrigger",
+            "args": {"path": str(flag)},
+            "try_number": 1,
+        }
+    )
+    dep.helper("defer", {"dag_id": "waits", "run_id": "obs1", "tasks": tasks})
+    port = free_port()
+    log = tmp_path / "triggerer.log"
+    proc = dep.start_triggerer(log, "--metrics-port", str(port), "--interval", "0.5")
+    url = f"http://127.0.0.1:{port}"
+    file_class = f"{STD}.file.FileTrigger"
+
+    def ours() -> dict[str, Any] | None:
+        done = dep.run(str(dep.bin / "slotless"), "status", "--airflow", "--url", url, "--json")
+        if done.returncode != 0:
+            return None
+        [instance] = json.loads(done.stdout)["instances"]
+        for check in instance["checks"]:
+            if "obs.csv" in check["check"] and check["last_result"] is not None:
+                return {"instance": instance, "check": check}
+        return None
+
+    try:
+        wait_until(lambda: ours() is not None, timeout=90, interval=0.5, what="the check in status")
+        job = _job_id(log)
+        found = ours()
+        assert found is not None
+        check = found["check"]
+        assert found["instance"]["job_id"] == job
+        assert check["classpath"] == file_class and check["kind"] == "file"
+        assert check["waiting"] == 3 and check["dags"] == {"waits": 3}
+        assert check["checked_by"] == job and check["interval"] == 0.5
+        assert check["last_result"] == "no match yet" and check["since"] is not None
+        assert sorted(t["task_id"] for t in check["tasks"]) == names
+        assert {(t["run_id"], t["map_index"]) for t in check["tasks"]} == {("obs1", -1)}
+
+        text = dep.run(str(dep.bin / "slotless"), "status", "--airflow", "--url", url)
+        assert text.returncode == 0, text.stderr
+        out = " ".join(text.stdout.split())
+        assert "obs.csv" in out and f"TriggererJob {job}" in out, text.stdout
+        for name in names:
+            assert f"waits.{name} obs1 -1" in out, text.stdout
+
+        m = _metrics(port)
+        key = f'slotless_airflow_waiting_by_class{{classpath="{file_class}",dag_id="waits"}}'
+        assert m[key] >= 3, m
+        assert m[f'slotless_airflow_checks_by_class{{classpath="{file_class}"}}'] >= 1, m
+        assert m['slotless_airflow_oldest_wait_seconds{dag_id="waits"}'] >= 0, m
+
+        data.write_text("x\n")
+        flag.write_text("go")
+        wait_until(
+            lambda: dep.left_deferred("obs1", [*names, "flag"]),
+            timeout=60,
+            interval=0.2,
+            what="the four task instances to resume",
+        )
+        wait_until(
+            lambda: _metrics(port).get("slotless_airflow_task_log_lines_total", 0) >= 9,
+            timeout=10,
+            interval=0.2,
+            what="the trigger log lines written",
+        )
+        trigger_log = (
+            dep.tmp / "home" / "logs" / "dag_id=waits" / "run_id=obs1" / "task_id=file0"
+        ) / f"attempt=1.log.trigger.{job}.log"
+        assert trigger_log.exists(), sorted(str(p) for p in (dep.tmp / "home").rglob("*obs1*"))
+        events = dep.helper(
+            "log", {"dag_id": "waits", "run_id": "obs1", "task_id": "file0", "try_number": 1}
+        )["events"]
+        said = "\n".join(events)
+        assert f"TriggererJob {job}) checks this task's trigger" in said, said
+        assert "FileTrigger" in said and "fired: event True" in said, said
+        flagged = dep.helper(
+            "log", {"dag_id": "waits", "run_id": "obs1", "task_id": "flag", "try_number": 1}
+        )["events"]
+        said = "\n".join(flagged)
+        assert f"waiting for the flag {flag}" in said, said
+        assert "FlagTrigger" in said and "fired: event" in said, said
+        assert proc.poll() is None
+    finally:
+        stop_process(proc)

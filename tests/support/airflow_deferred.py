@@ -6,6 +6,7 @@ the environment (AIRFLOW_HOME, AIRFLOW__DATABASE__SQL_ALCHEMY_CONN, ...):
     python -m support.airflow_deferred sync DAGS_DIR
     python -m support.airflow_deferred defer < {"dag_id", "run_id", "tasks": [...]}
     python -m support.airflow_deferred states < {"dag_id", "run_id"}
+    python -m support.airflow_deferred log < {"dag_id", "run_id", "task_id", "try_number"}
 
 ``defer`` creates a DagRun of the (synced) DAG through Airflow's own ``create_dagrun``, then
 defers each task as Airflow's worker and execution API do: the worker builds the trigger
@@ -93,6 +94,8 @@ def defer(spec: dict[str, Any]) -> dict[str, int]:
                         task.get("next_kwargs", {"asked": task["task_id"]})
                     ),
                     trigger_timeout=None,
+                    # A deferred task has run once (its worker deferred it); 0 unless asked.
+                    try_number=task.get("try_number", 0),
                 )
             )
             out[task["task_id"]] = row.id
@@ -122,6 +125,27 @@ def states(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def task_log(spec: dict[str, Any]) -> dict[str, Any]:
+    """A task instance's log as Airflow's UI gets it (its TaskLogReader, the configured
+    task handler): each message's event text, and the sources it read."""
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.utils.log.log_reader import TaskLogReader
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        ti = session.scalars(
+            select(TI).where(
+                TI.dag_id == spec["dag_id"],
+                TI.run_id == spec["run_id"],
+                TI.task_id == spec["task_id"],
+            )
+        ).one()
+        stream, _ = TaskLogReader().read_log_chunks(ti, spec["try_number"], {})
+        events = [str(getattr(m, "event", m)) for m in stream]
+    return {"events": events}
+
+
 def _build(classpath: str, args: dict[str, Any]) -> Any:
     module, _, name = classpath.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
@@ -136,7 +160,8 @@ def main() -> None:
         sync(sys.argv[2])
         return
     spec = json.load(sys.stdin)
-    result = defer(spec) if command == "defer" else states(spec)
+    commands = {"defer": defer, "states": states, "log": task_log}
+    result = commands[command](spec)
     print("RESULT " + json.dumps(result), flush=True)
 
 

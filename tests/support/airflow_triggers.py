@@ -35,6 +35,8 @@ class FlagTrigger(BaseTrigger):
         # held may not have started its run() yet: its class may still be importing).
         with open(self.path + ".runs", "a") as f:
             f.write(f"{os.getpid()}\n")
+        # A line of the trigger's own, through Airflow's logger (the task's log shows it).
+        self.log.info("waiting for the flag %s", self.path)
         while not os.path.exists(self.path):
             await asyncio.sleep(self.poke_interval)
         yield TriggerEvent({"path": self.path, "content": Path(self.path).read_text()})

@@ -29,7 +29,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +38,22 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import comms, native, owners
+from . import comms, native, owners, tasklogs
 from .plans import Plan, plan, poke_interval
 from .rows import AirflowRows, Outcome, Row, Seen
+from .tasklogs import TaskLogs
 
 log = logging.getLogger("slotless.airflow")
+
+RECENT = 50  # outcomes kept for `slotless status --airflow`
+TASKS_SHOWN = 5  # task instances named per outcome there
+TASKLOG_EVERY_S = 0.5  # how often queued trigger-log lines are written
+
+
+def _payload(event: Any) -> str:
+    """An event as said in the task's log: Airflow's TriggerEvent payload, clipped."""
+    text = repr(getattr(event, "payload", event))
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 @dataclass(eq=False)
@@ -55,6 +66,11 @@ class Group:
     rows: dict[int, Row] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     events: int = 0
+    # For `slotless status --airflow`: when this instance started checking it, and its
+    # last native check (epoch s) with what that check found.
+    started: float = field(default_factory=time.time)
+    last_check: float | None = None
+    last_result: str | None = None
 
     def describe(self) -> str:
         return f"{self.classpath.rsplit('.', 1)[-1]} {self.plan.key[1:]!r}"
@@ -85,6 +101,9 @@ class Engine:
         self.submitted: Counter[str] = Counter()  # "event" / "failure", per trigger id
         self.cycles = 0
         self._classes: dict[str, type] = {}
+        # The last outcomes found here, newest last, for `slotless status --airflow`.
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self.tasklogs = TaskLogs()
 
     # -- the loops -------------------------------------------------------------------
 
@@ -93,11 +112,15 @@ class Engine:
         the Job ends."""
         self.job_id = await to_thread(self.rows.start_job)
         log.info("slotless airflow-triggerer started as TriggererJob %s", self.job_id)
+        self.tasklogs.job_id = self.job_id
         loops = [
             asyncio.create_task(self._assigning()),
             asyncio.create_task(self._submitting()),
             asyncio.create_task(
                 self._every(owners.BEAT_S / 2, self._heartbeat, "the Job's heartbeat")
+            ),
+            asyncio.create_task(
+                self._every(TASKLOG_EVERY_S, self.tasklogs.flush, "writing trigger logs")
             ),
         ]
         try:
@@ -108,6 +131,8 @@ class Engine:
             await asyncio.gather(*loops, return_exceptions=True)
             await self._stop_groups()
             await self._flush()
+            with contextlib.suppress(Exception):
+                await self.tasklogs.flush()
             await to_thread(self.rows.end_job)
             log.info("slotless airflow-triggerer stopped (TriggererJob %s ended)", self.job_id)
 
@@ -259,6 +284,13 @@ class Engine:
             group.task = asyncio.create_task(self._check(group), name=f"airflow {row.name}")
         group.rows[row.id] = row
         self.member[row.id] = group
+        self.tasklogs.add(
+            row.log_path,
+            "info",
+            f"slotless airflow-triggerer (TriggererJob {self.job_id}) checks this task's "
+            f"trigger {row.id}: {group.describe()}, one check for every task instance "
+            f"waiting on it ({len(group.rows)} so far)",
+        )
 
     def _leave(self, tid: int) -> None:
         """Not ours any more (its task instance was cleared, or another triggerer took it)."""
@@ -303,32 +335,58 @@ class Engine:
 
     def _fired(self, group: Group, event: Any) -> None:
         group.events += 1
+        group.last_check, group.last_result = time.time(), "fired"
         ids = list(group.rows)
         names = [r.name for r in group.rows.values()]
+        said = f"{group.describe()} fired: event {_payload(event)}"
+        for row in group.rows.values():
+            self.tasklogs.add(row.log_path, "info", said)
         for tid in [t for t, r in group.rows.items() if r.for_task]:
             del group.rows[tid]
             self.member.pop(tid, None)
             self.known.pop(tid, None)
             self.done.add(tid)
         log.info("%s fired for %d trigger(s): %s", group.describe(), len(ids), ", ".join(names))
+        self._recent(group, "event", names, said)
         self.outbox.put_nowait(Outcome(ids, event=event, names=names, key=group.plan.key))
 
     def _failed(self, group: Group, error: BaseException | str) -> None:
         ids = list(group.rows)
         names = [r.name for r in group.rows.values()]
+        said = f"{group.describe()} failed: {error}"
+        for row in group.rows.values():
+            self.tasklogs.add(row.log_path, "error", said)
         for tid in ids:
             self.member.pop(tid, None)
             self.known.pop(tid, None)
             self.done.add(tid)
         group.rows.clear()
+        group.last_check, group.last_result = time.time(), "failed"
         log.warning("%s failed for %s: %s", group.describe(), ", ".join(names), error)
+        self._recent(group, "failure", names, said)
         self.outbox.put_nowait(Outcome(ids, error=error, names=names, key=group.plan.key))
+
+    def _recent(self, group: Group, outcome: str, names: list[str], said: str) -> None:
+        self.recent.append(
+            {
+                "at": time.time(),
+                "outcome": outcome,
+                "check": group.describe(),
+                "classpath": group.classpath,
+                "trigger_count": len(names),
+                "tasks": names[:TASKS_SHOWN],
+                "said": said,
+            }
+        )
 
     def _events(self, group: Group) -> AsyncGenerator[Any, None]:
         if group.plan.kind == "file":
             _, path, recursive = group.plan.key
             return native.file_events(
-                path, recursive, functools.partial(self._file_interval, group), self._file_check
+                path,
+                recursive,
+                functools.partial(self._file_interval, group),
+                functools.partial(self._file_check, group),
             )
         if group.plan.kind == "time":
             end = bool(group.plan.key[2])
@@ -338,12 +396,17 @@ class Engine:
     def _file_interval(self, group: Group) -> float:
         return min((poke_interval(r.kwargs) for r in group.rows.values()), default=5.0)
 
-    def _file_check(self) -> None:
+    def _file_check(self, group: Group) -> None:
         self.checks["file"] += 1
+        # Said before the event is yielded: a check that finds the file fires at once (and
+        # its result becomes "fired"), so a result kept here is one that found nothing.
+        group.last_check, group.last_result = time.time(), "no match yet"
 
     async def _adapted(self, group: Group) -> AsyncGenerator[Any, None]:
         """Any other class, unmodified, through the adapter: its own ``run()``, held."""
         cls = await self._class(group.classpath)
+        # Its own log lines go to the log of every task instance it serves, as well.
+        tasklogs.SINK.set(functools.partial(self._trigger_said, group))
         await comms.portal()
         trigger = cls(**group.kwargs)
         # What Airflow's runner sets on an instance before run(); one instance serves
@@ -354,6 +417,10 @@ class Engine:
         async with contextlib.aclosing(airflow_events(trigger, group.classpath)) as events:
             async for event in events:
                 yield event
+
+    def _trigger_said(self, group: Group, level: str, text: str) -> None:
+        for row in list(group.rows.values()):
+            self.tasklogs.add(row.log_path, level, text)
 
     async def _class(self, classpath: str) -> type:
         cls = self._classes.get(classpath)

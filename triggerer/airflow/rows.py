@@ -34,6 +34,15 @@ class Row:
     for_task: bool
     name: str  # dag/run/task/map/try (ID n), as Airflow's triggerer names it in its log
     dag_id: str | None = None  # the waiting task instance's DAG (None: not a task's)
+    # The rest of the task instance's key, for `slotless status --airflow`.
+    task_id: str | None = None
+    run_id: str | None = None
+    map_index: int = -1
+    try_number: int = 0
+    since: float | None = None  # when the trigger row was made (the deferral), epoch s
+    # The task instance's log file, relative to [logging] base_log_folder, as Airflow's
+    # log_filename_template renders it (its trigger log is this plus .trigger.<job>.log).
+    log_path: str | None = None
 
 
 @dataclass
@@ -170,8 +179,10 @@ class AirflowRows:
         its id returned as gone."""
         from airflow.models.trigger import Trigger
         from airflow.serialization.decoders import smart_decode_trigger_kwargs
+        from airflow.utils.helpers import log_filename_template_renderer
         from airflow.utils.session import create_session
 
+        render_log_fname = log_filename_template_renderer()
         rows: list[Row] = []
         bad: list[Outcome] = []
         gone: set[int] = set()
@@ -191,8 +202,26 @@ class AirflowRows:
                     error = _undecryptable(trigger.classpath, exc)
                     bad.append(Outcome([tid], error=error, names=[name], key=("bad", tid)))
                     continue
-                dag_id = None if ti is None else str(ti.dag_id)
-                rows.append(Row(tid, trigger.classpath, kwargs, ti is not None, name, dag_id))
+                since = None if trigger.created_date is None else trigger.created_date.timestamp()
+                if ti is None:
+                    rows.append(Row(tid, trigger.classpath, kwargs, False, name, since=since))
+                    continue
+                rows.append(
+                    Row(
+                        tid,
+                        trigger.classpath,
+                        kwargs,
+                        True,
+                        name,
+                        str(ti.dag_id),
+                        str(ti.task_id),
+                        str(ti.run_id),
+                        int(ti.map_index),
+                        int(ti.try_number or 0),
+                        since,
+                        _log_path(render_log_fname, ti),
+                    )
+                )
         return rows, bad, gone
 
     def submit(self, outcomes: Sequence[Outcome]) -> list[Outcome]:
@@ -264,6 +293,16 @@ def _name(tid: int, ti: Any) -> str:
     if ti is None:
         return f"ID {tid}"
     return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}/{ti.try_number} (ID {tid})"
+
+
+def _log_path(render: Any, ti: Any) -> str | None:
+    """The task instance's log path as Airflow's triggerer renders it; None when the
+    template cannot be rendered for it (its trigger's lines then stay on stderr only)."""
+    try:
+        return str(render(ti=ti))
+    except Exception as exc:
+        log.warning("cannot render the log path of %s: %s", ti, exc)
+        return None
 
 
 def _undecryptable(classpath: str, exc: Exception) -> UndecryptableKwargs:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -20,7 +23,7 @@ from triggers.airflow import airflow_trigger_class
 from triggers.context import to_thread
 
 from ..watchdog import LoopWatch
-from . import boot, comms
+from . import boot, comms, status, tasklogs
 from .engine import Engine
 from .plans import DATETIME
 from .rows import AirflowRows
@@ -50,6 +53,9 @@ async def serve(
         await to_thread(_preload)
         # Airflow's triggerer supervisor answers its triggers' Task SDK calls; here, this.
         await to_thread(comms.install)
+        # An adapted trigger's own lines, copied to its task instances' trigger logs (after
+        # everything that may configure Airflow's logging, which would drop it).
+        tasklogs.capture_trigger_lines()
     except boot.Refused as refused:
         print(f"slotless: error: {refused}", file=sys.stderr, flush=True)
         return 2
@@ -70,7 +76,12 @@ async def serve(
     if metrics_port is not None:
         registry = CollectorRegistry()
         registry.register(EngineCollector(engine))
-        server = MetricsServer(registry, metrics_host, metrics_port)
+        server = MetricsServer(
+            registry,
+            metrics_host,
+            metrics_port,
+            routes={"/status": functools.partial(_status, engine)},
+        )
         await server.start()
     log.info("serving Airflow %s's triggers (capacity %d)", version, capacity)
     # The triggerer's loop watchdog: a trigger that blocks the loop is logged, with where.
@@ -83,6 +94,19 @@ async def serve(
         if server is not None:
             await server.stop()
     return 0
+
+
+async def _status(engine: Engine, request: web.Request) -> web.Response:
+    """What this instance holds, grouped by check (``slotless status --airflow``)."""
+    try:
+        checks = status.bounded(request.query.get("checks"), status.CHECKS_SHOWN)
+        tasks = status.bounded(request.query.get("tasks"), status.TASKS_SHOWN)
+    except ValueError:
+        return web.json_response(
+            {"error": "checks and tasks must be whole numbers, e.g. /status?checks=100&tasks=5"},
+            status=400,
+        )
+    return web.json_response(status.snapshot(engine, checks=checks, tasks=tasks))
 
 
 def _preload() -> None:
@@ -148,6 +172,43 @@ class EngineCollector(Collector):
         for dag_id, n in sorted(counts.items()):
             by_dag.add_metric([dag_id], n)
         yield by_dag
+        by_class = GaugeMetricFamily(
+            "slotless_airflow_waiting_by_class",
+            "task instances waiting on a trigger held here, by DAG and trigger class",
+            labels=["dag_id", "classpath"],
+        )
+        classes = GaugeMetricFamily(
+            "slotless_airflow_checks_by_class",
+            "distinct checks held, by trigger class",
+            labels=["classpath"],
+        )
+        oldest = GaugeMetricFamily(
+            "slotless_airflow_oldest_wait_seconds",
+            "seconds since the oldest deferral still waiting on a trigger held here, by DAG",
+            labels=["dag_id"],
+        )
+        pairs: dict[tuple[str, str], int] = {}
+        per_class: dict[str, int] = {}
+        first: dict[str, float] = {}
+        for group in list(e.groups.values()):
+            per_class[group.classpath] = per_class.get(group.classpath, 0) + 1
+            for row in list(group.rows.values()):
+                if row.dag_id is None:
+                    continue
+                pair = (row.dag_id, group.classpath)
+                pairs[pair] = pairs.get(pair, 0) + 1
+                if row.since is not None and row.since < first.get(row.dag_id, float("inf")):
+                    first[row.dag_id] = row.since
+        for (dag_id, classpath), n in sorted(pairs.items()):
+            by_class.add_metric([dag_id, classpath], n)
+        yield by_class
+        for classpath, n in sorted(per_class.items()):
+            classes.add_metric([classpath], n)
+        yield classes
+        now = time.time()
+        for dag_id, since in sorted(first.items()):
+            oldest.add_metric([dag_id], max(0.0, now - since))
+        yield oldest
         checks = GaugeMetricFamily(
             "slotless_airflow_checks",
             "distinct checks held: rows equal in what they wait for are one",
@@ -179,3 +240,9 @@ class EngineCollector(Collector):
         )
         cycles.add_metric([], e.cycles)
         yield cycles
+        lines = CounterMetricFamily(
+            "slotless_airflow_task_log_lines",
+            "lines written to task instances' trigger logs (read by Airflow's UI)",
+        )
+        lines.add_metric([], e.tasklogs.written)
+        yield lines
