@@ -52,8 +52,17 @@ def airflow_python(venv: Path = VENV, *, what: str = "the Airflow test environme
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         done = subprocess.run(
-            # psycopg: Airflow's metadata database on PostgreSQL (tests/store/airflow_db.py)
-            [*pip, "-c", str(CONSTRAINTS), "-e", f"{REPO}[airflow]", "psycopg[binary]"],
+            # psycopg: Airflow's metadata database on PostgreSQL (tests/store/airflow_db.py);
+            # the Amazon provider: the S3KeySensor of tests/e2e/test_airflow_deployment.py
+            [
+                *pip,
+                "-c",
+                str(CONSTRAINTS),
+                "-e",
+                f"{REPO}[airflow]",
+                "psycopg[binary]",
+                "apache-airflow-providers-amazon[aiobotocore]",
+            ],
             capture_output=True,
             text=True,
         )
