@@ -20,6 +20,7 @@ served by the triggerer that finishes the run.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import signal
 import time
@@ -185,6 +186,7 @@ class Run:
         self.setup = setup
         self.dep = setup.dep
         self.run_id = run_id
+        self.delay = delay
         self.seen: dict[str, set[str | None]] = {t: set() for t in SENSORS}
         self.dep.trigger(DAG_ID, run_id, {"delay": delay})
 
@@ -208,6 +210,13 @@ class Run:
             timeout=120,
             interval=0.2,
             what=f"{SENSORS} of run {self.run_id} to be DEFERRED",
+        )
+
+    def assert_all_deferred(self, when: str) -> None:
+        states = self.states()
+        assert states == {t: "deferred" for t in SENSORS}, (
+            f"{states} when {when}: the time sensor fires {self.delay:g} s after the run was "
+            "made, and this machine took longer than that to get here"
         )
 
     def land(self) -> None:
@@ -234,6 +243,10 @@ class Run:
         assert all("deferred" in self.seen[t] for t in SENSORS), self.seen
 
 
+def _cycled(port: int) -> bool:
+    return _metrics(port).get("slotless_airflow_cycles_total", 0) >= 1
+
+
 def _holds(port: int, n: int, proc: Any, name: str, dep: AirflowDeployment) -> bool:
     assert proc.poll() is None, f"{name} exited:\n{dep.log(name)}"
     return _metrics(port).get("slotless_airflow_triggers") == n
@@ -245,7 +258,7 @@ def test_deferred_sensors_run_with_slotless_and_no_airflow_triggerer(setup: Setu
     name = "slotless-solo"
     ours = dep.slotless(name, "--interval", "0.5", "--metrics-port", str(port))
     try:
-        run = Run(setup, "solo", delay=20)
+        run = Run(setup, "solo", delay=15)
         run.wait_deferred((name, ours))
         wait_until(
             lambda: _holds(port, 3, ours, name, dep),
@@ -253,11 +266,8 @@ def test_deferred_sensors_run_with_slotless_and_no_airflow_triggerer(setup: Setu
             interval=0.2,
             what="slotless airflow-triggerer to hold the three rows",
         )
-        # No Airflow triggerer anywhere: only slotless's Job is a live TriggererJob.
-        jobs = dep.query(
-            "SELECT count(*) AS n FROM job WHERE job_type = 'TriggererJob' AND state = 'running'"
-        )
-        assert jobs[0]["n"] == 1
+        # No Airflow triggerer anywhere: slotless's Job is the one live TriggererJob.
+        assert dep.live_triggerer_jobs() == 1
         run.land()
         run.wait_success((name, ours))
         m = _metrics(port)
@@ -274,7 +284,7 @@ def test_rollback_to_airflows_triggerer_mid_run_loses_nothing(setup: Setup) -> N
     name = "slotless-rollback"
     ours = dep.slotless(name, "--interval", "0.5", "--metrics-port", str(port))
     try:
-        run = Run(setup, "rollback", delay=30)
+        run = Run(setup, "rollback", delay=25)
         run.wait_deferred((name, ours))
         wait_until(
             lambda: _holds(port, 3, ours, name, dep),
@@ -286,7 +296,7 @@ def test_rollback_to_airflows_triggerer_mid_run_loses_nothing(setup: Setup) -> N
         code = dep.stop(ours)
     assert code == 0, dep.log(name)
     # Stopped while all three wait; nothing of theirs was fired.
-    assert run.states() == {t: "deferred" for t in SENSORS}
+    run.assert_all_deferred("slotless airflow-triggerer was stopped")
 
     theirs = dep.airflow("airflow-triggerer", "triggerer", "--skip-serve-logs")
     try:
@@ -310,12 +320,12 @@ def test_one_of_two_slotless_instances_sigkilled_mid_run(setup: Setup) -> None:
     try:
         for name, port in ports.items():
             wait_until(
-                lambda port=port: _metrics(port).get("slotless_airflow_cycles_total", 0) >= 1,
+                functools.partial(_cycled, port),
                 timeout=120,
                 interval=0.2,
                 what=f"{name} to run its first cycle",
             )
-        run = Run(setup, "takeover", delay=40)
+        run = Run(setup, "takeover", delay=30)
         run.wait_deferred(*watch)
 
         def held() -> dict[str, float] | None:
@@ -336,7 +346,7 @@ def test_one_of_two_slotless_instances_sigkilled_mid_run(setup: Setup) -> None:
         took = time.monotonic() - killed_at
         print(f"\n{counts}: {victim} SIGKILLed, its rows taken over {took:.1f} s later")
         # Taken over while all three still wait: the survivor fires them.
-        assert run.states() == {t: "deferred" for t in SENSORS}
+        run.assert_all_deferred(f"{survivor} took over")
         run.land()
         run.wait_success((survivor, procs[survivor]))
         m = _metrics(ports[survivor])

@@ -184,6 +184,16 @@ class AirflowDeployment:
         )
         return rows[0]["state"] if rows else None
 
+    def live_triggerer_jobs(self) -> int:
+        """TriggererJobs running with a heartbeat within the health threshold, as Airflow
+        counts a triggerer alive (a SIGKILLed one stays 'running', its heartbeat old)."""
+        rows = self.query(
+            "SELECT count(*) AS n FROM job WHERE job_type = 'TriggererJob'"
+            " AND state = 'running' AND latest_heartbeat > now() - make_interval(secs => $1)",
+            float(HEALTH_THRESHOLD),
+        )
+        return int(rows[0]["n"])
+
     def dag_ready(self, dag_id: str) -> bool:
         """Parsed by the dag-processor and unpaused: the scheduler will run it."""
         self.assert_components_up()
