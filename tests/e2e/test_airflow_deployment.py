@@ -12,6 +12,11 @@ and waits until the run succeeds:
 - two slotless instances, the one holding the three SIGKILLed: the other takes them over
   once Airflow's health threshold (set to a few seconds here) has passed.
 
+"All three DEFERRED" also waits until the scheduler has handled the executor events of
+the workers that exited on ``defer()``: Airflow 3.3.2's scheduler fails a resumed task if
+it handles that event late (apache/airflow#72716; see
+``AirflowDeployment.executor_events_seen``), which a loaded machine made happen here.
+
 The time sensor's moment is ``run_after`` plus the run's ``conf["delay"]`` seconds: long
 enough to be seen DEFERRED before the triggerer is stopped or killed, so its row too is
 served by the triggerer that finishes the run.
@@ -202,14 +207,17 @@ class Run:
         self.dep.assert_components_up()
         states = self.states()
         assert not any(s in ("failed", "upstream_failed") for s in states.values()), states
-        return all(states.get(t) == "deferred" for t in SENSORS)
+        if not all(states.get(t) == "deferred" for t in SENSORS):
+            return False
+        # The scheduler has handled the deferring workers' exits (see executor_events_seen).
+        return self.dep.executor_events_seen(DAG_ID, self.run_id) >= set(SENSORS)
 
     def wait_deferred(self, *watch: tuple[str, Any]) -> None:
         wait_until(
             lambda: self.all_deferred(*watch),
             timeout=120,
             interval=0.2,
-            what=f"{SENSORS} of run {self.run_id} to be DEFERRED",
+            what=f"{SENSORS} of run {self.run_id} to be DEFERRED, their workers' exits handled",
         )
 
     def assert_all_deferred(self, when: str) -> None:
@@ -258,7 +266,7 @@ def test_deferred_sensors_run_with_slotless_and_no_airflow_triggerer(setup: Setu
     name = "slotless-solo"
     ours = dep.slotless(name, "--interval", "0.5", "--metrics-port", str(port))
     try:
-        run = Run(setup, "solo", delay=15)
+        run = Run(setup, "solo", delay=20)
         run.wait_deferred((name, ours))
         wait_until(
             lambda: _holds(port, 3, ours, name, dep),

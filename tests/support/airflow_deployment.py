@@ -27,6 +27,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -81,6 +82,8 @@ class AirflowDeployment:
         for conn_id, conn in connections.items():
             self.env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
         self.procs: list[subprocess.Popen[bytes]] = []
+        self._scheduler_read = 0
+        self._finished: set[tuple[str, str, str]] = set()
 
     # processes
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
@@ -166,6 +169,27 @@ class AirflowDeployment:
                 with contextlib.suppress(AssertionError):
                     self.stop(proc, timeout=20)
 
+    def executor_events_seen(self, dag_id: str, run_id: str) -> set[str]:
+        """The run's tasks for which the scheduler has handled an executor event (its
+        "TaskInstance Finished" line): for a task that deferred, the event of the worker
+        that exited on ``defer()``.
+
+        Airflow 3.3.2's scheduler fails a task instance whose trigger fired and whose resumed
+        attempt is already RUNNING when that stale event is handled ("state mismatch",
+        apache/airflow#72716; 3.3.2 guards only SCHEDULED and QUEUED). A loaded machine
+        delays the event by seconds, so a test lands what a sensor waits for only after
+        this, as a deployment whose sources change later than that never sees the race.
+        """
+        path = self.logs / "scheduler.log"
+        with open(path, "rb") as f:
+            f.seek(self._scheduler_read)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1  # whole lines only; the rest is read next time
+        self._scheduler_read += end
+        for m in _FINISHED.finditer(chunk[:end].decode(errors="replace")):
+            self._finished.add((m["dag"], m["run"], m["task"]))
+        return {task for dag, run, task in self._finished if (dag, run) == (dag_id, run_id)}
+
     # the database
     def query(self, query: str, *args: Any) -> list[Any]:
         return asyncio.run(_fetch(self.pg_url, query, *args))
@@ -212,6 +236,11 @@ class AirflowDeployment:
             json.dumps(conf),
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+_FINISHED = re.compile(
+    r"TaskInstance Finished: dag_id=(?P<dag>[^,]+), task_id=(?P<task>[^,]+), run_id=(?P<run>[^,]+),"
+)
 
 
 def _group_alive(pgid: int) -> bool:
