@@ -31,6 +31,7 @@ import re
 import secrets
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,12 +163,21 @@ class AirflowDeployment:
             raise AssertionError(f"process {proc.args!r} ignored signal {sig} for {timeout:g} s")
         return code
 
-    def close(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None or _group_alive(proc.pid):
-                # Killed if it ignores SIGTERM: what is left to say is in its log.
-                with contextlib.suppress(AssertionError):
-                    self.stop(proc, timeout=20)
+    def close(self, timeout: float = 20) -> None:
+        """Every process group started here: SIGTERM to all at once (each takes seconds to
+        shut down), then SIGKILL to whatever is left after ``timeout``."""
+        left = [p for p in self.procs if p.poll() is None or _group_alive(p.pid)]
+        for proc in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in left:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
 
     def executor_events_seen(self, dag_id: str, run_id: str) -> set[str]:
         """The run's tasks for which the scheduler has handled an executor event (its
@@ -215,6 +225,14 @@ class AirflowDeployment:
             "SELECT count(*) AS n FROM job WHERE job_type = 'TriggererJob'"
             " AND state = 'running' AND latest_heartbeat > now() - make_interval(secs => $1)",
             float(HEALTH_THRESHOLD),
+        )
+        return int(rows[0]["n"])
+
+    def deferred_rows(self) -> int:
+        """Trigger rows that DEFERRED task instances wait on."""
+        rows = self.query(
+            "SELECT count(DISTINCT trigger_id) AS n FROM task_instance"
+            " WHERE state = 'deferred' AND trigger_id IS NOT NULL"
         )
         return int(rows[0]["n"])
 
