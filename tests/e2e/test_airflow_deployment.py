@@ -318,6 +318,16 @@ def test_rollback_to_airflows_triggerer_mid_run_loses_nothing(setup: Setup) -> N
 
     theirs = dep.airflow("airflow-triggerer", "triggerer", "--skip-serve-logs")
     try:
+        # Airflow's triggerer takes the three rows at its first cycle (slotless's Job ended
+        # at the stop: no health threshold to wait out), before anything lands.
+        gone = {job for job, _ in dep.holders(DAG_ID, "rollback").values()}
+
+        def taken() -> bool:
+            assert theirs.poll() is None, dep.log("airflow-triggerer")
+            held = dep.holders(DAG_ID, "rollback").values()
+            return len(held) == 3 and all(s == "running" and j not in gone for j, s in held)
+
+        wait_until(taken, timeout=120, interval=0.2, what="airflow triggerer to take the rows")
         run.land()
         run.wait_success(("airflow-triggerer", theirs))
     finally:

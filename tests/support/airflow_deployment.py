@@ -236,6 +236,19 @@ class AirflowDeployment:
         )
         return int(rows[0]["n"])
 
+    def holders(self, dag_id: str, run_id: str) -> dict[int, tuple[int | None, str | None]]:
+        """Each trigger row the run's task instances wait on: the triggerer Job holding it
+        (``trigger.triggerer_id``) and that Job's state."""
+        rows = self.query(
+            "SELECT t.id, t.triggerer_id, j.state FROM trigger t"
+            " JOIN task_instance ti ON ti.trigger_id = t.id"
+            " LEFT JOIN job j ON j.id = t.triggerer_id"
+            " WHERE ti.dag_id = $1 AND ti.run_id = $2",
+            dag_id,
+            run_id,
+        )
+        return {r["id"]: (r["triggerer_id"], r["state"]) for r in rows}
+
     def dag_ready(self, dag_id: str) -> bool:
         """Parsed by the dag-processor and unpaused: the scheduler will run it."""
         self.assert_components_up()
