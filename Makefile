@@ -23,9 +23,10 @@ demo: $(STAMP)
 # shared server in one process): most of the suite's wall time is processes starting and
 # waiting on each other, so a second worker nearly halves it on two cores. Each test owns
 # its temporary directory, free ports and PostgreSQL schema, so the two never share state.
+# The 25 slowest are listed at the end: where the 15-minute budget goes, in every CI log.
 test: lint
 	./scripts/test-servers.sh
-	$(BIN)/pytest -n 2 --dist loadfile
+	$(BIN)/pytest -n 2 --dist loadfile --durations=25
 
 # The static checks alone: lint, formatting, the import layers (pyproject.toml's
 # [tool.importlinter]), types (its [tool.mypy]).
