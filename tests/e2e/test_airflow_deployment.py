@@ -26,22 +26,17 @@ triggerer that finishes the run.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import secrets
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.error import URLError
-from urllib.parse import urlsplit, urlunsplit
-from urllib.request import urlopen
 
 import pytest
-from support.airflow_deployment import HEALTH_THRESHOLD, AirflowDeployment
+from support.airflow_deployment import HEALTH_THRESHOLD, AirflowDeployment, slotless_metrics
 from support.helpers import free_port, wait_until
-from support.pg import configured_dsn, probe, unavailable
+from support.pg import private_database
 from support.servers import MotoS3Server
 
 from benchmarks.airflow_env import airflow_python
@@ -96,23 +91,6 @@ with DAG(
 """
 
 
-def _database_urls(name: str) -> tuple[str, str]:
-    """The server's URL for the new database: as asyncpg takes it, and as Airflow does."""
-    parts = urlsplit(configured_dsn())
-    ours = urlunsplit(parts._replace(path=f"/{name}", query=""))
-    return ours, ours.replace("postgresql://", "postgresql+psycopg://", 1)
-
-
-async def _admin(statement: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(configured_dsn())
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
 class Setup:
     def __init__(self, dep: AirflowDeployment, s3: Any, inbox: Path) -> None:
         self.dep = dep
@@ -122,9 +100,6 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    reason = probe(configured_dsn())
-    if reason is not None:
-        unavailable(reason)
     python = airflow_python()
     import boto3
 
@@ -155,40 +130,23 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             },
         },
     }
-    name = f"slotless_airflow_dep_{secrets.token_hex(4)}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
     dep: AirflowDeployment | None = None
     try:
-        pg_url, url = _database_urls(name)
-        dep = AirflowDeployment(python, home, url, pg_url, connections)
-        dep.start()
-        wait_until(
-            lambda: dep is not None and dep.dag_ready(DAG_ID),
-            timeout=180,
-            interval=0.5,
-            what="the dag-processor to parse the DAG",
-        )
-        yield Setup(dep, s3, inbox)
+        with private_database("slotless_airflow_dep") as (pg_url, url):
+            dep = AirflowDeployment(python, home, url, pg_url, connections)
+            try:
+                dep.start()
+                wait_until(
+                    lambda: dep is not None and dep.dag_ready(DAG_ID),
+                    timeout=180,
+                    interval=0.5,
+                    what="the dag-processor to parse the DAG",
+                )
+                yield Setup(dep, s3, inbox)
+            finally:
+                dep.close()  # before the database is dropped under it
     finally:
-        if dep is not None:
-            dep.close()
         moto.stop()
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-def _metrics(port: int) -> dict[str, float]:
-    """A slotless process's slotless_airflow_* samples; none while it is still starting."""
-    try:
-        with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-    except (URLError, OSError):
-        return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("slotless_airflow_"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 class Run:
@@ -259,7 +217,7 @@ class Run:
 
 
 def _cycled(port: int) -> bool:
-    return _metrics(port).get("slotless_airflow_cycles_total", 0) >= 1
+    return slotless_metrics(port).get("slotless_airflow_cycles_total", 0) >= 1
 
 
 def _holds(port: int, proc: Any, name: str, dep: AirflowDeployment) -> bool:
@@ -267,7 +225,7 @@ def _holds(port: int, proc: Any, name: str, dep: AirflowDeployment) -> bool:
     after a failed test, what its run left waiting)."""
     assert proc.poll() is None, f"{name} exited:\n{dep.log(name)}"
     want = dep.deferred_rows()
-    return want >= len(SENSORS) and _metrics(port).get("slotless_airflow_triggers") == want
+    return want >= len(SENSORS) and slotless_metrics(port).get("slotless_airflow_triggers") == want
 
 
 def test_deferred_sensors_run_with_slotless_and_no_airflow_triggerer(setup: Setup) -> None:
@@ -288,7 +246,7 @@ def test_deferred_sensors_run_with_slotless_and_no_airflow_triggerer(setup: Setu
         assert dep.live_triggerer_jobs() == 1
         run.land()
         run.wait_success((name, ours))
-        m = _metrics(port)
+        m = slotless_metrics(port)
         assert m['slotless_airflow_submitted_total{outcome="event"}'] == 3, m
         assert m.get('slotless_airflow_submitted_total{outcome="failure"}', 0) == 0, m
     finally:
@@ -357,7 +315,9 @@ def test_one_of_two_slotless_instances_sigkilled_mid_run(setup: Setup) -> None:
         run.wait_deferred(*watch)
 
         def held() -> dict[str, float] | None:
-            counts = {n: _metrics(p).get("slotless_airflow_triggers", 0) for n, p in ports.items()}
+            counts = {
+                n: slotless_metrics(p).get("slotless_airflow_triggers", 0) for n, p in ports.items()
+            }
             want = dep.deferred_rows()
             return counts if want >= 3 and sum(counts.values()) == want else None
 
@@ -378,7 +338,7 @@ def test_one_of_two_slotless_instances_sigkilled_mid_run(setup: Setup) -> None:
         run.assert_all_deferred(f"{survivor} took over")
         run.land()
         run.wait_success((survivor, procs[survivor]))
-        m = _metrics(ports[survivor])
+        m = slotless_metrics(ports[survivor])
         assert m['slotless_airflow_submitted_total{outcome="event"}'] == 3, m
     finally:
         codes = {name: dep.stop(proc) for name, proc in procs.items()}

@@ -20,20 +20,17 @@ import base64
 import functools
 import json
 import os
-import secrets
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.error import URLError
-from urllib.parse import urlsplit, urlunsplit
-from urllib.request import urlopen
 
 import pytest
+from support.airflow_deployment import slotless_metrics
 from support.helpers import free_port, stop_process, wait_until
-from support.pg import configured_dsn, probe, unavailable
+from support.pg import fetch, private_database
 
 from benchmarks.airflow_env import REPO, airflow_python
 
@@ -128,7 +125,7 @@ class Deployment:
     def left_deferred(self, run_id: str, names: list[str]) -> bool:
         """All of ``names`` out of DEFERRED: read with one query, not a Python with Airflow
         started per poll."""
-        rows = asyncio.run(_fetch(self.pg_url, _STATE_QUERY, run_id))
+        rows = asyncio.run(fetch(self.pg_url, _STATE_QUERY, run_id))
         states = {r["task_id"]: r["state"] for r in rows}
         return all(states.get(n) not in (None, "deferred") for n in names)
 
@@ -146,46 +143,13 @@ class Deployment:
             )
 
 
-def _database_urls(name: str) -> tuple[str, str]:
-    """The server's URL for the new database: as asyncpg takes it, and as Airflow does."""
-    parts = urlsplit(configured_dsn())
-    ours = urlunsplit(parts._replace(path=f"/{name}", query=""))
-    return ours, ours.replace("postgresql://", "postgresql+psycopg://", 1)
-
-
 _STATE_QUERY = "SELECT task_id, state FROM task_instance WHERE dag_id = 'waits' AND run_id = $1"
-
-
-async def _fetch(url: str, query: str, *args: Any) -> list[Any]:
-    import asyncpg
-
-    conn = await asyncpg.connect(url)
-    try:
-        return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
-
-
-async def _admin(statement: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(configured_dsn())
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    reason = probe(configured_dsn())
-    if reason is not None:
-        unavailable(reason)
     python = airflow_python()
-    name = f"slotless_airflow_{secrets.token_hex(4)}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    try:
-        pg_url, url = _database_urls(name)
+    with private_database("slotless_airflow") as (pg_url, url):
         dep = Deployment(python, tmp_path_factory.mktemp("airflow"), url, pg_url)
         migrated = dep.run(str(dep.bin / "airflow"), "db", "migrate")
         assert migrated.returncode == 0, migrated.stderr[-3000:]
@@ -194,24 +158,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         )
         assert synced.returncode == 0, synced.stderr[-3000:]
         yield dep
-    finally:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-def _metrics(port: int) -> dict[str, float]:
-    """The process's slotless_airflow_* samples; none while it is still starting (importing
-    Airflow, checking its database) and not listening yet."""
-    try:
-        with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-    except URLError:
-        return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("slotless_airflow_"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def test_deferred_task_instances_resume_as_airflows_triggerer_would(
@@ -316,11 +262,11 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
 
         # Five task instances on one file: one check, at its interval.
         wait_until(
-            lambda: _metrics(port).get("slotless_airflow_triggers") == 7,
+            lambda: slotless_metrics(port).get("slotless_airflow_triggers") == 7,
             timeout=30,
             what="the six waiting rows and the asset watcher's held",
         )
-        m = _metrics(port)
+        m = slotless_metrics(port)
         assert m['slotless_airflow_waiting{dag_id="waits"}'] == 6
         assert m['slotless_airflow_checks{kind="file"}'] == 1
         assert m['slotless_airflow_checks{kind="adapter"}'] == 2
@@ -328,7 +274,8 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
         began = time.monotonic()
         wait_until(
             lambda: (
-                _metrics(port)['slotless_airflow_native_checks_total{kind="file"}'] >= first + 4
+                slotless_metrics(port)['slotless_airflow_native_checks_total{kind="file"}']
+                >= first + 4
             ),
             timeout=30,
             interval=0.05,
@@ -352,14 +299,14 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             assert states[name]["next_method"] == "execute_complete"
             assert states[name]["next_kwargs"] == {"asked": name, "event": True}
         assert states["flag"]["next_kwargs"]["event"] == {"path": flag, "content": "go"}
-        m = _metrics(port)
+        m = slotless_metrics(port)
         assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 4
 
         # The asset watcher: each file that lands is an asset event, and it keeps watching.
         landed = dep.inbox / "landed"
 
         def asset_events(want: int) -> bool:
-            return len(asyncio.run(_fetch(dep.pg_url, "SELECT id FROM asset_event"))) == want
+            return len(asyncio.run(fetch(dep.pg_url, "SELECT id FROM asset_event"))) == want
 
         for n in (1, 2):
             landed.write_text(str(n))
@@ -369,7 +316,7 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
                 interval=0.2,
                 what=f"asset event {n}",
             )
-        events = asyncio.run(_fetch(dep.pg_url, "SELECT extra FROM asset_event"))
+        events = asyncio.run(fetch(dep.pg_url, "SELECT extra FROM asset_event"))
         expected = {"from_trigger": True, "payload": True}  # FileDeleteTrigger's event: True
         assert all(json.loads(e["extra"]) == expected for e in events)
         assert proc.poll() is None
@@ -387,14 +334,14 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
 def test_refuses_to_start_in_one_line(deployment: Deployment) -> None:
     dep = deployment
     version = "SELECT version_num FROM alembic_version"
-    was = asyncio.run(_fetch(dep.pg_url, version))[0]["version_num"]
+    was = asyncio.run(fetch(dep.pg_url, version))[0]["version_num"]
     # 3.2.0's head: a database Airflow 3.3 has not migrated yet.
     set_to = "UPDATE alembic_version SET version_num = $1"
-    asyncio.run(_fetch(dep.pg_url, set_to, "1d6611b6ab7c"))
+    asyncio.run(fetch(dep.pg_url, set_to, "1d6611b6ab7c"))
     try:
         done = dep.run(str(dep.bin / "slotless"), "airflow-triggerer", timeout=120)
     finally:
-        asyncio.run(_fetch(dep.pg_url, set_to, was))
+        asyncio.run(fetch(dep.pg_url, set_to, was))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -432,7 +379,7 @@ def test_rollback_to_airflows_triggerer_loses_nothing(
     ours = dep.start_triggerer(log, *args, env=env)
     try:
         wait_until(
-            lambda: _metrics(port).get("slotless_airflow_triggers") == 1,
+            lambda: slotless_metrics(port).get("slotless_airflow_triggers") == 1,
             timeout=60,
             interval=0.2,
             what="slotless airflow-triggerer to hold the wait",
@@ -501,7 +448,7 @@ WHERE ti.dag_id = 'waits' AND ti.run_id = $1
 
 def _holders(dep: Deployment, run_id: str) -> dict[str, tuple[int | None, str | None]]:
     """Each waiting task instance's triggerer (Job id, its executor_class)."""
-    rows = asyncio.run(_fetch(dep.pg_url, _HOLDERS, run_id))
+    rows = asyncio.run(fetch(dep.pg_url, _HOLDERS, run_id))
     return {r["task_id"]: (r["triggerer_id"], r["executor_class"]) for r in rows}
 
 
@@ -510,7 +457,7 @@ def _moved_once(dep: Deployment, run_id: str, names: list[str]) -> None:
     with the file's event, and never again (a second submit_event would be a second row)."""
     query = "SELECT * FROM slotless_ti_moves WHERE run_id = $1"
     # Not the deferral itself (the test's helper sets each task instance DEFERRED).
-    moves = [m for m in asyncio.run(_fetch(dep.pg_url, query, run_id)) if m["old_state"]]
+    moves = [m for m in asyncio.run(fetch(dep.pg_url, query, run_id)) if m["old_state"]]
     by_task: dict[str, list[Any]] = {}
     for m in moves:
         by_task.setdefault(m["task_id"], []).append(m)
@@ -597,7 +544,7 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
             )
         )
         wait_until(
-            lambda: _metrics(ports[0]).get("slotless_airflow_assigned") == 3,
+            lambda: slotless_metrics(ports[0]).get("slotless_airflow_assigned") == 3,
             timeout=60,
             interval=0.2,
             what="the first instance to take three rows",
@@ -608,7 +555,7 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
             )
         )
         wait_until(
-            lambda: all(_metrics(p).get("slotless_airflow_instances") == 2 for p in ports),
+            lambda: all(slotless_metrics(p).get("slotless_airflow_instances") == 2 for p in ports),
             timeout=60,
             interval=0.2,
             what="both instances to see each other",
@@ -619,7 +566,7 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
 
         def owner() -> tuple[int] | None:
             """The one instance checking the path (for all six rows); None until settled."""
-            ms = [_metrics(p) for p in ports]
+            ms = [slotless_metrics(p) for p in ports]
             files = [m.get('slotless_airflow_checks{kind="file"}') for m in ms]
             if sorted(files) != [0, 1]:  # type: ignore[type-var]
                 return None
@@ -630,24 +577,24 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
         other = 1 - checker
         killed_job = _job_id(tmp_path / ("a.log", "b.log")[checker])
         key = 'slotless_airflow_native_checks_total{kind="file"}'
-        before = [_metrics(p)[key] for p in ports]
+        before = [slotless_metrics(p)[key] for p in ports]
         began = time.monotonic()
         wait_until(
-            lambda: _metrics(ports[checker])[key] >= before[checker] + 4,
+            lambda: slotless_metrics(ports[checker])[key] >= before[checker] + 4,
             timeout=30,
             interval=0.05,
             what="four more file checks",
         )
         assert time.monotonic() - began >= 1.2  # one check per 0.5 s interval, not six
-        assert _metrics(ports[other])[key] == before[other]  # the other checks nothing
+        assert slotless_metrics(ports[other])[key] == before[other]  # the other checks nothing
 
         # SIGKILL the checking instance: the other checks the path within 3 s.
-        seen = _metrics(ports[other])[key]
+        seen = slotless_metrics(ports[other])[key]
         procs[checker].kill()
         procs[checker].wait(timeout=10)
         killed = time.monotonic()
         wait_until(
-            lambda: _metrics(ports[other])[key] > seen,
+            lambda: slotless_metrics(ports[other])[key] > seen,
             timeout=10,
             interval=0.05,
             what="the survivor to check the killed instance's path",
@@ -655,7 +602,7 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
         took = time.monotonic() - killed
         print(f"a SIGKILLed instance's condition checked again after {took:.2f} s")
         assert took < 3.0, f"took over in {took:.2f} s"
-        assert _metrics(ports[other])["slotless_airflow_triggers"] >= 6
+        assert slotless_metrics(ports[other])["slotless_airflow_triggers"] >= 6
         # Airflow still counts the killed instance's rows as assigned to it (its threshold
         # is 30 s): they are checked where they stand.
         assert killed_job in {job for job, _ in _holders(dep, "many1").values()}
@@ -672,12 +619,12 @@ def test_two_instances_check_equal_waits_once_and_take_over_a_killed_one(
             )
         )
         wait_until(
-            lambda: _metrics(port).get(key, 0) > 0,
+            lambda: slotless_metrics(port).get(key, 0) > 0,
             timeout=60,
             interval=0.1,
             what="a new instance to check the dead instances' path",
         )
-        assert _metrics(port)["slotless_airflow_triggers"] >= 6
+        assert slotless_metrics(port)["slotless_airflow_triggers"] >= 6
         new_job = _job_id(tmp_path / "c.log")
         assert new_job not in {job for job, _ in _holders(dep, "many1").values()}
 
@@ -727,7 +674,7 @@ def test_a_mixed_deployment_neither_loses_nor_double_fires(
             tmp_path / "slotless.log", "--metrics-port", str(port), "--interval", "0.5"
         )
         wait_until(
-            lambda: _metrics(port).get('slotless_airflow_waiting{dag_id="waits"}') == 3,
+            lambda: slotless_metrics(port).get('slotless_airflow_waiting{dag_id="waits"}') == 3,
             timeout=60,
             interval=0.2,
             what="slotless to check the other three",
@@ -735,7 +682,7 @@ def test_a_mixed_deployment_neither_loses_nor_double_fires(
         holders = _holders(dep, "many2")
         marks = sorted(str(mark) for _, mark in holders.values())
         assert marks == ["None"] * 3 + ["slotless airflow-triggerer"] * 3, holders
-        assert _metrics(port)['slotless_airflow_checks{kind="file"}'] == 1
+        assert slotless_metrics(port)['slotless_airflow_checks{kind="file"}'] == 1
 
         Path(data).write_text("x\n")
         wait_until(
@@ -745,7 +692,7 @@ def test_a_mixed_deployment_neither_loses_nor_double_fires(
             what="the six task instances to resume",
         )
         _moved_once(dep, "many2", WAITERS)
-        assert _metrics(port)['slotless_airflow_submitted_total{outcome="event"}'] == 3
+        assert slotless_metrics(port)['slotless_airflow_submitted_total{outcome="event"}'] == 3
         assert ours.poll() is None and theirs.poll() is None
     finally:
         if ours is not None:
@@ -775,7 +722,7 @@ def test_an_instance_that_stalls_and_comes_back_fires_nothing_twice(
     try:
 
         def checker() -> tuple[int] | None:
-            ms = [_metrics(p) for p in ports]
+            ms = [slotless_metrics(p) for p in ports]
             if not all(m.get("slotless_airflow_instances") == 2 for m in ms):
                 return None
             files = [m.get('slotless_airflow_checks{kind="file"}') for m in ms]
@@ -783,12 +730,12 @@ def test_an_instance_that_stalls_and_comes_back_fires_nothing_twice(
 
         (stalled,) = wait_until(checker, timeout=90, interval=0.2, what="one checker")
         other = 1 - stalled
-        seen = _metrics(ports[other])[key]
+        seen = slotless_metrics(ports[other])[key]
         procs[stalled].send_signal(signal.SIGSTOP)
         try:
             stopped = time.monotonic()
             wait_until(
-                lambda: _metrics(ports[other])[key] > seen,
+                lambda: slotless_metrics(ports[other])[key] > seen,
                 timeout=10,
                 interval=0.05,
                 what="the other instance to take the stalled one's condition",
@@ -806,20 +753,22 @@ def test_an_instance_that_stalls_and_comes_back_fires_nothing_twice(
         # Back, it beats again, and its check (under way when it stopped) either fires on
         # the file or is dropped once the rows are gone; either way it ends.
         wait_until(
-            lambda: _metrics(ports[stalled]).get("slotless_airflow_instances") == 2,
+            lambda: slotless_metrics(ports[stalled]).get("slotless_airflow_instances") == 2,
             timeout=30,
             interval=0.2,
             what="the stalled instance to be live again",
         )
         wait_until(
-            lambda: _metrics(ports[stalled]).get('slotless_airflow_checks{kind="file"}') == 0,
+            lambda: (
+                slotless_metrics(ports[stalled]).get('slotless_airflow_checks{kind="file"}') == 0
+            ),
             timeout=30,
             interval=0.2,
             what="the stalled instance's check to end",
         )
-        cycles = _metrics(ports[stalled])["slotless_airflow_cycles_total"]
+        cycles = slotless_metrics(ports[stalled])["slotless_airflow_cycles_total"]
         wait_until(
-            lambda: _metrics(ports[stalled])["slotless_airflow_cycles_total"] >= cycles + 2,
+            lambda: slotless_metrics(ports[stalled])["slotless_airflow_cycles_total"] >= cycles + 2,
             timeout=30,
             interval=0.2,
             what="two more cycles (what it found is written or dropped by then)",
@@ -900,7 +849,7 @@ def test_status_and_metrics_name_airflows_dags_and_the_task_log_shows_the_trigge
         for name in names:
             assert f"waits.{name} obs1 -1" in out, text.stdout
 
-        m = _metrics(port)
+        m = slotless_metrics(port)
         key = f'slotless_airflow_waiting_by_class{{classpath="{file_class}",dag_id="waits"}}'
         assert m[key] >= 3, m
         assert m[f'slotless_airflow_checks_by_class{{classpath="{file_class}"}}'] >= 1, m
@@ -915,7 +864,7 @@ def test_status_and_metrics_name_airflows_dags_and_the_task_log_shows_the_trigge
             what="the four task instances to resume",
         )
         wait_until(
-            lambda: _metrics(port).get("slotless_airflow_task_log_lines_total", 0) >= 9,
+            lambda: slotless_metrics(port).get("slotless_airflow_task_log_lines_total", 0) >= 9,
             timeout=10,
             interval=0.2,
             what="the trigger log lines written",

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from support.helpers import free_port, wait_until
+from support.pg import fetch
 
 HEALTH_THRESHOLD = 5  # seconds: [triggerer] triggerer_health_check_threshold
 
@@ -202,7 +203,7 @@ class AirflowDeployment:
 
     # the database
     def query(self, query: str, *args: Any) -> list[Any]:
-        return asyncio.run(_fetch(self.pg_url, query, *args))
+        return asyncio.run(fetch(self.pg_url, query, *args))
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
         rows = self.query(
@@ -282,11 +283,21 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-async def _fetch(url: str, query: str, *args: Any) -> list[Any]:
-    import asyncpg
+def slotless_metrics(port: int) -> dict[str, float]:
+    """A ``slotless airflow-triggerer``'s slotless_airflow_* samples on its metrics port;
+    none while it is still starting (importing Airflow, checking its database) and not
+    listening yet."""
+    from urllib.error import URLError
+    from urllib.request import urlopen
 
-    conn = await asyncpg.connect(url)
     try:
-        return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
+        with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except (URLError, OSError):
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("slotless_airflow_"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
@@ -188,3 +188,47 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'test.db'}"
     return str(request.getfixturevalue("pg_url"))
+
+
+# ------------------------------------------------------------- a database of one's own
+# For a whole other system's metadata database (Airflow's), which wants a database, not a
+# schema, and migrates it itself.
+
+
+@contextmanager
+def private_database(prefix: str) -> Iterator[tuple[str, str]]:
+    """A new database on the configured server, dropped (FORCE) after: its URL as asyncpg
+    takes it, and as SQLAlchemy with psycopg (Airflow) does. Skips, or fails under CI,
+    where no server answers."""
+    reason = probe(configured_dsn())
+    if reason is not None:
+        unavailable(reason)
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    asyncio.run(_server_execute(f'CREATE DATABASE "{name}"'))
+    try:
+        parts = urlsplit(configured_dsn())
+        ours = urlunsplit(parts._replace(path=f"/{name}", query=""))
+        yield ours, ours.replace("postgresql://", "postgresql+psycopg://", 1)
+    finally:
+        asyncio.run(_server_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _server_execute(statement: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(configured_dsn())
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def fetch(url: str, query: str, *args: Any) -> list[Any]:
+    """The rows of one query, on a connection of its own."""
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
