@@ -40,10 +40,14 @@ from triggers.registry import in_import_thread
 
 from . import comms, native, owners, tasklogs
 from .plans import Plan, plan, poke_interval
-from .rows import AirflowRows, Outcome, Row, Seen
+from .rows import AirflowRows, Outcome, Row, Seen, in_batches
 from .tasklogs import TaskLogs
 
 log = logging.getLogger("slotless.airflow")
+
+# Trigger ids written per transaction (rows.in_batches): Airflow's submit_event is about six
+# statements each, so a transaction of this many holds its row locks for a few seconds.
+SUBMIT_IDS = 500
 
 RECENT = 50  # outcomes kept for `slotless status --airflow`
 TASKS_SHOWN = 5  # task instances named per outcome there
@@ -239,10 +243,11 @@ class Engine:
 
     async def _submitting(self) -> None:
         while True:
-            batch = [await self.outbox.get()]
+            pending = [await self.outbox.get()]
             while not self.outbox.empty():
-                batch.append(self.outbox.get_nowait())
-            await self._submit(batch)
+                pending.append(self.outbox.get_nowait())
+            for batch in in_batches(pending, SUBMIT_IDS):
+                await self._submit(batch)
 
     async def _submit(self, batch: list[Outcome]) -> None:
         while True:

@@ -20,6 +20,9 @@ from .owners import BEAT_S, RECENT_S, Peer, candidates, mark, owner
 
 log = logging.getLogger("slotless.airflow")
 
+# Trigger rows fetched per bulk_fetch statement (see load).
+FETCH_PIECE = 5_000
+
 
 @dataclass(frozen=True)
 class Row:
@@ -56,6 +59,36 @@ class Outcome:
     # The condition's key (who checks it, :mod:`.owners`); None: submitted whoever owns it.
     key: Any = None
     written: int = 0  # trigger ids it was written to (set by AirflowRows.submit)
+
+
+def in_batches(outcomes: Sequence[Outcome], most: int) -> list[list[Outcome]]:
+    """``outcomes`` as transactions of at most ``most`` trigger ids each, in order; an
+    outcome with more ids than that is cut into parts (its names follow its ids).
+
+    One transaction per burst would hold every row lock while thousands of
+    ``submit_event`` calls run, and bind more ids than PostgreSQL's 65,535 parameters in
+    its lock statement: a burst of 100,000 would never be written at all.
+    """
+    batches: list[list[Outcome]] = []
+    batch: list[Outcome] = []
+    room = most
+    for o in outcomes:
+        start = 0
+        while True:
+            take = min(room, len(o.ids) - start)
+            whole = take == len(o.ids)
+            names = o.names[start : start + take] if len(o.names) == len(o.ids) else o.names
+            end = start + take
+            batch.append(o if whole else Outcome(o.ids[start:end], o.event, o.error, names, o.key))
+            room, start = room - take, end
+            if room == 0:
+                batches.append(batch)
+                batch, room = [], most
+            if start >= len(o.ids):
+                break
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 @dataclass
@@ -187,8 +220,15 @@ class AirflowRows:
         bad: list[Outcome] = []
         gone: set[int] = set()
         with create_session() as session:
-            fetched = Trigger.bulk_fetch(list(ids), session=session)
             others = Trigger.fetch_trigger_ids_with_non_task_associations(session=session)
+            fetched: dict[int, Any] = {}
+            wanted = sorted(ids)
+            # In pieces: bulk_fetch is one `id IN (...)`, and PostgreSQL takes at most
+            # 65,535 bound parameters in a statement (an instance joining peers that hold
+            # 100,000 rows loads them all in its first cycle).
+            for start in range(0, len(wanted), FETCH_PIECE):
+                piece = wanted[start : start + FETCH_PIECE]
+                fetched.update(Trigger.bulk_fetch(piece, session=session))
             for tid, trigger in fetched.items():
                 ti = trigger.task_instance
                 if ti is None and tid not in others:
