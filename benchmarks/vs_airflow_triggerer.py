@@ -15,8 +15,8 @@ a fresh copy of it (``CREATE DATABASE ... TEMPLATE``), dropped after; the templa
 dropped at the end. The waits are written as benchmarks/airflow_side/seed.py writes them:
 task instances DEFERRED through Airflow's ORM, one FileTrigger row each, as a deferrable
 FileSensor leaves them. Both triggerers get the same settings: capacity and
-``[triggerer] max_trigger_to_select_per_loop`` of the waits plus 1,000, Airflow's defaults
-otherwise.
+``[triggerer] max_trigger_to_select_per_loop`` of the waits plus 1,000 (the latter at most
+50,000: see SELECT_LIMIT_CAP), Airflow's defaults otherwise.
 
 Each triggerer runs, in turn, the workloads of benchmarks/vs_airflow.py (its ``w1``,
 ``w2``, ``w3``), measured the same way for both:
@@ -66,7 +66,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from . import calibration
 from .airflow_env import BENCH_VENV, CONSTRAINTS, airflow_python
-from .common import result_document, save_figure, subplots, write_json
+from .common import RESULTS, result_document, save_figure, subplots, write_json
 from .vs_airflow import (
     AIRFLOW_DAG,
     SEED,
@@ -83,6 +83,16 @@ from .vs_airflow import (
 NAME = "vs_airflow_triggerer"
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 INTERVALS = (1.0, 5.0)
+# Airflow's assign_unassigned takes its rows with one UPDATE ... WHERE id IN (...), a bind
+# parameter per row, and PostgreSQL's protocol allows 65,535: a select limit above that
+# fails every cycle (psycopg refuses the statement), whichever triggerer asks.
+SELECT_LIMIT_CAP = 50_000
+
+
+def select_limit(n: int) -> int:
+    """``[triggerer] max_trigger_to_select_per_loop`` for n waits: all of them in one
+    cycle where PostgreSQL allows it (Airflow's default, 50, would take them 50 a cycle)."""
+    return min(n + 1000, SELECT_LIMIT_CAP)
 
 
 async def _admin(dsn: str, statement: str) -> None:
@@ -245,7 +255,7 @@ class AirflowTriggerer(OnAirflow):
         self.settings = {
             "command": f"airflow triggerer --capacity {capacity}",
             "[triggerer] capacity": capacity,
-            "[triggerer] max_trigger_to_select_per_loop": capacity,
+            "[triggerer] max_trigger_to_select_per_loop": select_limit(n),
             "[database] sql_alchemy_conn": "postgresql+psycopg (127.0.0.1)",
             "open files limit (ulimit -n)": _nofile(),
             "other settings": "Airflow's defaults",
@@ -253,7 +263,7 @@ class AirflowTriggerer(OnAirflow):
         env = {
             **self.env,
             "AIRFLOW__TRIGGERER__CAPACITY": str(capacity),
-            "AIRFLOW__TRIGGERER__MAX_TRIGGER_TO_SELECT_PER_LOOP": str(capacity),
+            "AIRFLOW__TRIGGERER__MAX_TRIGGER_TO_SELECT_PER_LOOP": str(select_limit(n)),
         }
         argv = [str(self.dep.bin / "airflow"), "triggerer", "--capacity", str(capacity)]
         return argv, env
@@ -277,11 +287,14 @@ class SlotlessAirflowTriggerer(OnAirflow):
         self.settings = {
             "command": f"slotless airflow-triggerer --capacity {capacity} "
             "--metrics-port P (defaults otherwise: --interval 1)",
-            "[triggerer] max_trigger_to_select_per_loop": capacity,
+            "[triggerer] max_trigger_to_select_per_loop": select_limit(n),
             "[database] sql_alchemy_conn": "postgresql+psycopg (127.0.0.1)",
             "open files limit (ulimit -n)": _nofile(),
         }
-        env = {**self.env, "AIRFLOW__TRIGGERER__MAX_TRIGGER_TO_SELECT_PER_LOOP": str(capacity)}
+        env = {
+            **self.env,
+            "AIRFLOW__TRIGGERER__MAX_TRIGGER_TO_SELECT_PER_LOOP": str(select_limit(n)),
+        }
         argv = [str(self.dep.bin / "slotless"), "airflow-triggerer", "--capacity", str(capacity)]
         argv += ["--metrics-port", str(self.port), "--metrics-host", "127.0.0.1"]
         return argv, env
@@ -429,6 +442,12 @@ def main(raw: list[str]) -> None:
     ap.add_argument("--hold-limit", type=float, default=600.0)
     ap.add_argument("--fire-limit", type=float, default=180.0)
     ap.add_argument("--only", choices=["airflow", "slotless"], default=None)
+    ap.add_argument(
+        "--most-only",
+        action="store_true",
+        help="only slotless's most held (and its empty baseline), merged into the last "
+        "result file's slotless section with its own date, command and load",
+    )
     ap.add_argument("--w2-n", type=int, default=1000)
     ap.add_argument("--w3-n", type=int, default=1000)
     ap.add_argument("--w3-distinct", type=int, default=600)
@@ -476,6 +495,9 @@ def main(raw: list[str]) -> None:
         try:
             log("migrating the template database (airflow db migrate, dags reserialize)")
             doc["deployment_ready_s"] = round(dep.build(), 1)
+            if args.most_only:
+                most_only(doc, makers["slotless"], args, root, log)
+                return
             with calibration.Recording(root) as rec:
                 for name, make in makers.items():
                     if args.only and name != args.only:
@@ -506,6 +528,46 @@ def main(raw: list[str]) -> None:
     path = write_json(NAME, doc)
     plot(doc)
     log(f"wrote {path} in {time.monotonic() - began:.0f} s")
+
+
+def most_only(
+    doc: dict[str, Any],
+    make: Callable[[Path], OnAirflow],
+    args: argparse.Namespace,
+    root: Path,
+    log: Callable[[str], None],
+) -> None:
+    """slotless's most held alone, put into the last result file: its W1 row replaces the
+    one at that size (the earlier attempt is kept under ``most_held_earlier``)."""
+    path = RESULTS / f"{NAME}.json"
+    old = json.loads(path.read_text())
+    res = old["slotless"]
+    with calibration.Recording(root) as rec:
+        log("slotless: W1 baseline (no waits)")
+        base = loaded(lambda: w1(make(root / "w1-0"), 0, 5.0, args.idle_window, 300))
+        log(f"slotless: the most held, {args.most:,} waits")
+        system = make(root / f"w1-{args.most}")
+        system.seed_timeout = args.most_limit
+        row = w1_row(system, args.most, base, args, args.most_limit, log)
+    earlier = [r for r in res["w1"] if r["n"] == args.most]
+    if earlier:
+        res.setdefault("most_held_earlier", []).extend(earlier)
+    row["measured"] = {
+        "date": doc["date"],
+        "command": doc["command"],
+        "git": doc["git"],
+        "baseline": base,
+        "select_limit": select_limit(args.most),
+        **rec.fields(),
+        "machine_load": rec.load,
+    }
+    res["w1"] = [r for r in res["w1"] if r["n"] != args.most] + [row]
+    res.pop("most_held_failed", None)
+    headline_into(res, "slotless", args)
+    old["targets"] = targets(old, args)
+    write_json(NAME, old)
+    plot(old)
+    log(f"merged the most held into {path}")
 
 
 def plot(doc: dict[str, Any]) -> None:
