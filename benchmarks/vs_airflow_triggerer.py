@@ -4,6 +4,8 @@ side in one run (``python -m benchmarks.vs_airflow --through-airflow``).
 
     python -m benchmarks.vs_airflow --through-airflow                  # the sizes
     python -m benchmarks.vs_airflow --through-airflow --w1-sizes 5000 --most 50000
+    python -m benchmarks.vs_airflow --through-airflow --most-only   # slotless's most held
+                                    # alone, merged into the last result file
 
 The deployment: Airflow 3.3 (``.venv-bench-airflow``, benchmarks/airflow_env.py, which also
 holds this checkout, so ``slotless airflow-triggerer`` runs in the deployment's own
