@@ -3,6 +3,8 @@ after the other in one run, both on SQLite.
 
     python -m benchmarks.vs_airflow                          # W1 at 1,000 / 5,000 / 19,000
     python -m benchmarks.vs_airflow --w1-sizes 1000,5000     # a shorter run
+    python -m benchmarks.vs_airflow --through-airflow        # one Airflow deployment served
+                                                             # by each (vs_airflow_triggerer)
 
 First it builds ``.venv-bench-airflow`` (apache-airflow pinned by constraints-airflow.txt;
 once, about a minute with a warm pip cache; not in CI). Each system then runs:
@@ -634,6 +636,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--w2-n", type=int, default=1000)
     ap.add_argument("--w3-n", type=int, default=1000)
     ap.add_argument("--w3-distinct", type=int, default=600)
+    ap.add_argument(
+        "--through-airflow",
+        action="store_true",
+        help="one Airflow deployment (PostgreSQL) served by `airflow triggerer`, then by "
+        "`slotless airflow-triggerer` (benchmarks/vs_airflow_triggerer.py; its own options)",
+    )
     calibration.add_repeats_argument(ap)
     ap.add_argument(
         "--airflow-repeats",
@@ -642,6 +650,13 @@ def main(argv: list[str] | None = None) -> None:
         help="runs of Airflow's side (default 3; each is long, 1 keeps the command short)",
     )
     raw = sys.argv[1:] if argv is None else argv
+    if "--through-airflow" in raw:
+        # Not slotless's own triggerer: `slotless airflow-triggerer` serving an Airflow
+        # deployment, against `airflow triggerer` on the same one (its own options).
+        from .vs_airflow_triggerer import main as through_airflow
+
+        through_airflow(raw)
+        return
     args = ap.parse_args(raw)
     args.w1_sizes = [int(x) for x in args.w1_sizes.split(",") if x]
 
