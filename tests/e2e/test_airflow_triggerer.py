@@ -356,6 +356,19 @@ def test_refuses_to_start_in_one_line(deployment: Deployment) -> None:
         "is True (AIRFLOW__TRIGGERER__QUEUES_ENABLED=True), as for `airflow triggerer --queues`"
     ]
 
+    # A select limit no statement can bind: every cycle would fail, nothing would be taken.
+    done = subprocess.run(
+        [str(dep.bin / "slotless"), "airflow-triggerer"],
+        env={**dep.env, "AIRFLOW__TRIGGERER__MAX_TRIGGER_TO_SELECT_PER_LOOP": "100000"},
+        cwd=dep.tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "max_trigger_to_select_per_loop is 100000" in line and "1 to 65535" in line, line
+
 
 def test_rollback_to_airflows_triggerer_loses_nothing(
     deployment: Deployment, tmp_path: Path

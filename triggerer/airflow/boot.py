@@ -89,5 +89,25 @@ def check_queues_enabled() -> None:
         )
 
 
+# PostgreSQL binds at most this many parameters in one statement; Airflow's
+# assign_unassigned binds one per row it takes in a cycle.
+MOST_SELECTED = 65_535
+
+
+def check_select_limit() -> None:
+    """Refuse ``[triggerer] max_trigger_to_select_per_loop`` above what one statement can
+    bind: every cycle's assignment would fail, and no row would ever be taken."""
+    from airflow.configuration import conf
+
+    limit = conf.getint("triggerer", "max_trigger_to_select_per_loop", fallback=50)
+    if not 1 <= limit <= MOST_SELECTED:
+        raise Refused(
+            f"Airflow's [triggerer] max_trigger_to_select_per_loop is {limit}: Airflow takes "
+            f"that many rows in one statement, which binds at most {MOST_SELECTED:,} "
+            "parameters; set it from 1 to 65535 "
+            "(AIRFLOW__TRIGGERER__MAX_TRIGGER_TO_SELECT_PER_LOOP)"
+        )
+
+
 def _redacted(url: str) -> str:
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

@@ -48,6 +48,7 @@ async def serve(
     try:
         version = await to_thread(boot.import_airflow)
         await to_thread(boot.check_database)
+        await to_thread(boot.check_select_limit)
         if queues:
             await to_thread(boot.check_queues_enabled)
         await to_thread(_preload)
