@@ -6,7 +6,9 @@ from support.helpers import REPO
 
 from slotless.bench import BENCHES
 
-HELPERS = {"__init__", "common", "calibration", "airflow_env"}
+# Imported by the benchmarks, not run: vs_airflow_triggerer is vs_airflow's
+# --through-airflow mode (`slotless bench vs_airflow --through-airflow`).
+HELPERS = {"__init__", "common", "calibration", "airflow_env", "vs_airflow_triggerer"}
 
 
 def test_every_benchmark_module_is_offered_and_each_offered_one_runs_as_a_module() -> None:
