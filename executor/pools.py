@@ -119,10 +119,11 @@ class _Rounds:
 
 
 async def claim_rounds(
-    tx: Tx, now: float, queues: Sequence[str], limit: int
+    tx: Tx, now: float, queues: Sequence[str], limit: int, busy: Sequence[int] = ()
 ) -> AsyncIterator[list[Candidate]]:
     """Up to ``limit`` claimable rows of ``queues`` that fit their pools, in claim order,
     round by round, inside the write transaction that claims them (``Exchange.exchange``).
+    Rows in ``busy`` are left to other claimers.
     The caller moves each round's rows to RUNNING before asking for the next, so the next
     round's candidates (read after) do not include them."""
     st = _Rounds()
@@ -131,8 +132,9 @@ async def claim_rounds(
         if left <= 0:
             return
         rows = await tx.fetch(
-            "claim_candidates", now=now, n=left, queues=list(queues), full=sorted(st.full)
-        )
+            "claim_candidates",
+            now=now, n=left, queues=list(queues), full=sorted(st.full), busy=list(busy),
+        )  # fmt: skip
         if not rows:
             return
         cands = [Candidate(r["id"], r["state"], r["pool"], r["pool_slots"]) for r in rows]

@@ -188,8 +188,13 @@ class Worker:
         self._claims += 1
         try:
             callbacks: list[CallbackRow] = []  # any worker delivers them, whatever its queues
+            # Rows this worker still holds a copy of: one whose outcome is not in this
+            # batch, or a taken-back attempt still in its slot (a thread blocked in C).
+            # Claimed again here, two copies of one row would share its per-row state.
+            reported = {o.row_id for o in batch}
+            busy = sorted((set(self._in_flight) - reported) | self._running)
             claimed = await self.store.exchange.exchange(
-                batch, owner, limit, self.queues, callbacks=callbacks
+                batch, owner, limit, self.queues, callbacks=callbacks, busy=busy
             )
         except Exception as exc:
             if is_transient(exc):
@@ -204,7 +209,8 @@ class Worker:
         else:
             self._backoff.succeeded()
         for o in batch:
-            self._in_flight.pop(o.row_id, None)
+            if self._in_flight.get(o.row_id) == o.owner:
+                del self._in_flight[o.row_id]
         if self._on_defer is not None and any(isinstance(o, Deferred) for o in batch):
             self._on_defer()
         for row in claimed:
@@ -384,7 +390,12 @@ class Worker:
                     # the attempt where the slot can (a process); its report is discarded.
                     # Not held and still in a slot: an attempt that ended meanwhile (its
                     # report may have committed before this heartbeat) is not lost.
-                    lost = [i for i in ids if i not in held and i in self._running]
+                    # Only the claim heartbeated: its row may have been reported and
+                    # claimed again while this heartbeat was under way.
+                    lost = [
+                        i for i in ids
+                        if i not in held and i in self._running and self._in_flight.get(i) == owner
+                    ]  # fmt: skip
                     if lost:
                         self.attempts_lost += len(lost)
                         log.warning(

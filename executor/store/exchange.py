@@ -35,6 +35,7 @@ class Exchange(Part):
         limit: int,
         queues: Sequence[str] = DEFAULT_QUEUES,
         callbacks: list[CallbackRow] | None = None,
+        busy: Sequence[int] = (),
     ) -> list[MovedTask]:
         """Record finished attempts and claim up to ``limit`` new tasks, in one transaction.
 
@@ -43,6 +44,9 @@ class Exchange(Part):
         tasks of ``queues`` are claimed, and only as many of a pool as its free slots
         (:func:`executor.pools.claim_rounds`: the check and the claim in this transaction).
         Given a ``callbacks`` list, the slots no task took claim due callback rows into it.
+        Rows in ``busy`` are not claimed: the worker still runs an earlier, taken-back copy
+        of them (a thread cannot always stop at once), and one worker holds one copy of a
+        row at a time.
         """
         outcomes = list(outcomes)
         if not outcomes and limit <= 0:
@@ -55,7 +59,7 @@ class Exchange(Part):
             if limit <= 0:
                 return []
             claimed: list[MovedTask] = []
-            async for batch in claim_rounds(tx, now, queues, limit):
+            async for batch in claim_rounds(tx, now, queues, limit, busy):
                 by_state: dict[str, list[int]] = defaultdict(list)
                 for c in batch:
                     by_state[c.state].append(c.id)

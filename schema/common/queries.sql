@@ -314,10 +314,12 @@ GROUP BY task_id, state;
 -- PostgreSQL from a count taken under the pool's lock). On PostgreSQL rows another worker
 -- is claiming right now are skipped, not waited for, and a row whose ready_at was cleared
 -- meanwhile is re-checked and dropped; on SQLite, one writer at a time, the write
--- transaction that reads these claims them. No row is claimed twice.
+-- transaction that reads these claims them. No row is claimed twice. Rows in :busy are
+-- ones the claiming worker still runs a taken-back copy of: another worker may take them.
 SELECT t.id, t.state, t.pool, t.pool_slots FROM task t
 WHERE t.ready_at IS NOT NULL AND t.ready_at <= :now
   AND t.queue = ANY(:queues::text[])
+  AND NOT (t.id = ANY(:busy::bigint[]))
   AND (t.pool = 'default' OR t.pool IN (
         SELECT p.name FROM pool p
         WHERE NOT (p.name = ANY(:full::text[]))
