@@ -355,7 +355,7 @@ async def test_fail_fast_racing_a_worker_claiming_a_task_of_the_run_stops_that_c
     try:
         async with other.db.write() as tx:  # worker 2 claims, and has not committed yet
             [cand] = await tx.fetch(
-                "claim_candidates", now=clock(), n=1, queues=["default"], full=[]
+                "claim_candidates", now=clock(), n=1, queues=["default"], full=[], busy=[]
             )
             claimed = await transition(
                 tx, [cand["id"]], State.PENDING, State.RUNNING, now=clock(),
