@@ -12,7 +12,7 @@ and waits until the run succeeds:
 - two slotless instances, the one holding the three SIGKILLed: the other takes them over
   once Airflow's health threshold (set to a few seconds here) has passed.
 
-"All three DEFERRED" also waits until the scheduler has handled the executor events of
+"All three DEFERRED" also waits until the scheduler has taken the executor events of
 the workers that exited on ``defer()``: Airflow 3.3.2's scheduler fails a resumed task if
 it handles that event late (apache/airflow#72716; see
 ``AirflowDeployment.executor_events_seen``), which a loaded machine made happen here.
@@ -178,12 +178,18 @@ class Run:
         return self.dep.executor_events_seen(DAG_ID, self.run_id) >= set(SENSORS)
 
     def wait_deferred(self, *watch: tuple[str, Any]) -> None:
-        wait_until(
-            lambda: self.all_deferred(*watch),
-            timeout=120,
-            interval=0.2,
-            what=f"{SENSORS} of run {self.run_id} to be DEFERRED, their workers' exits handled",
-        )
+        try:
+            wait_until(
+                lambda: self.all_deferred(*watch),
+                timeout=120,
+                interval=0.2,
+                what=f"{SENSORS} of run {self.run_id} to be DEFERRED, their workers' exits taken",
+            )
+        except AssertionError as exc:
+            taken = sorted(self.dep.executor_events_seen(DAG_ID, self.run_id))
+            raise AssertionError(
+                f"{exc}: states {self.states()}, executor events taken for {taken}"
+            ) from None
 
     def assert_all_deferred(self, when: str) -> None:
         states = self.states()

@@ -85,7 +85,7 @@ class AirflowDeployment:
             self.env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
         self.procs: list[subprocess.Popen[bytes]] = []
         self._scheduler_read = 0
-        self._finished: set[tuple[str, str, str]] = set()
+        self._taken: set[tuple[str, str, str]] = set()
 
     # processes
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
@@ -181,9 +181,12 @@ class AirflowDeployment:
                 proc.wait(10)
 
     def executor_events_seen(self, dag_id: str, run_id: str) -> set[str]:
-        """The run's tasks for which the scheduler has handled an executor event (its
-        "TaskInstance Finished" line): for a task that deferred, the event of the worker
-        that exited on ``defer()``.
+        """The run's tasks whose executor event the scheduler has taken (its "Received
+        executor event" line): for a task that deferred, the event of the worker that
+        exited on ``defer()``. The scheduler takes the whole buffer and handles each event
+        in that same call, milliseconds later: it logs "TaskInstance Finished", or, when
+        the task instance's row is locked at that moment (its query skips locked rows),
+        drops the event without a word, so "Finished" alone cannot be waited for.
 
         Airflow 3.3.2's scheduler fails a task instance whose trigger fired and whose resumed
         attempt is already RUNNING when that stale event is handled ("state mismatch",
@@ -197,9 +200,9 @@ class AirflowDeployment:
             chunk = f.read()
         end = chunk.rfind(b"\n") + 1  # whole lines only; the rest is read next time
         self._scheduler_read += end
-        for m in _FINISHED.finditer(chunk[:end].decode(errors="replace")):
-            self._finished.add((m["dag"], m["run"], m["task"]))
-        return {task for dag, run, task in self._finished if (dag, run) == (dag_id, run_id)}
+        for m in _TAKEN.finditer(chunk[:end].decode(errors="replace")):
+            self._taken.add((m["dag"], m["run"], m["task"]))
+        return {task for dag, run, task in self._taken if (dag, run) == (dag_id, run_id)}
 
     # the database
     def query(self, query: str, *args: Any) -> list[Any]:
@@ -270,8 +273,9 @@ class AirflowDeployment:
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
 
-_FINISHED = re.compile(
-    r"TaskInstance Finished: dag_id=(?P<dag>[^,]+), task_id=(?P<task>[^,]+), run_id=(?P<run>[^,]+),"
+_TAKEN = re.compile(
+    r"Received executor event with state \S+ for task instance "
+    r"TaskInstanceKey\(dag_id='(?P<dag>[^']+)', task_id='(?P<task>[^']+)', run_id='(?P<run>[^']+)'"
 )
 
 
