@@ -296,8 +296,13 @@ async def test_in_chromium_sign_in_trigger_see_the_run_arrive_live_and_pause(ui)
         )
         before = len(runs_of(ui))
         await page.click_on('tr[data-dag="hello"] a.trigger')
+        # The page signed in on has the same form, hello maybe first in its list: wait for
+        # the page the link opens, parsed, not for a select that the old one satisfies.
         await page.eval_when(
-            "document.querySelector('form.trigger select').value === 'hello'",
+            "new URLSearchParams(location.search).get('trigger') === 'hello'"
+            " && document.readyState !== 'loading'"
+            " && document.querySelector('form.trigger textarea') !== null"
+            " && document.querySelector('form.trigger select').value === 'hello'",
             "the trigger form, hello chosen",
         )
         await page.eval("""document.querySelector('form.trigger textarea').value = '{"n": 2}'""")
