@@ -67,12 +67,15 @@ class DevTools:
         return result["result"].get("value")
 
     async def eval_when(self, expression: str, what: str) -> Any:
-        """``expression``'s value once it is truthy; while the page loads, the expression
-        may fail (no document yet, or the one being left): that only means not yet."""
+        """``expression``'s value once it is truthy on a page parsed to its end; while the
+        page loads, the expression may fail (no document yet, or the one being left): that
+        only means not yet. Judged on a half-parsed page, a list of rows read too early
+        would be short (a grid once lost its last row so)."""
+        whole = f"document.readyState === 'complete' ? ({expression}) : null"
 
         async def value() -> Any:
             with contextlib.suppress(AssertionError):
-                return await self.eval(expression)
+                return await self.eval(whole)
             return None
 
         return await async_wait_until(value, what=what)
