@@ -21,10 +21,11 @@ for most of these, and waits out its timeout on a missing bucket's ``HEAD`` 404)
 unreachable, throttling or a 5xx is retried with backoff and fails nothing.
 
 What it does not do exactly goes through the adapter (the provider's own ``run()``): a
-kwarg other than those below or with another value (``should_check_fn``, ``use_regex``,
-``hook_params``, ``botocore_config``), keys across buckets, an ``https://`` key, and, found
-when the client is made, a connection that assumes a role, names a profile, gives a CA
-bundle as ``verify`` or sets botocore ``config_kwargs`` other than the S3 addressing style.
+kwarg not in :data:`KWARGS`, ``should_check_fn`` or ``use_regex`` true, ``hook_params`` or
+``botocore_config`` given, keys across buckets, an ``https://`` key (:func:`s3_key`); and,
+found when the client is made, a connection that assumes a role, names a profile, gives a
+CA bundle as ``verify`` or sets botocore ``config_kwargs`` other than the S3 addressing
+style (:func:`airflow_connection`).
 """
 
 from __future__ import annotations
