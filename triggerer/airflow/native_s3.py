@@ -147,12 +147,20 @@ def _line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def _pause(every: float, at_least: float) -> float:
-    """Seconds to the first point of the grid of ``every`` at least ``at_least`` from now:
+def _grid(every: float, at: float) -> float:
+    """The last point at or before ``at`` of the grid of ``every`` (monotonic seconds):
     waits on one interval check at the same moments, so they share a listing (after a
     back-off too: the groups a failed listing served try again with one request)."""
-    now = time.monotonic()
-    return math.floor((now + at_least) / every) * every + every - now
+    return math.floor(at / every) * every
+
+
+async def _sleep_until(due: float) -> float:
+    """Sleep until the monotonic clock reads ``due``, not a moment before: uvloop's timers
+    count whole milliseconds and may wake one early, and a check woken before its grid
+    point would take the previous point's listing, then check again at once."""
+    while (left := due - time.monotonic()) > 0:
+        await asyncio.sleep(left)
+    return due
 
 
 class NotNative(Exception):
@@ -248,23 +256,26 @@ class S3Native:
         spots = {(where, bucket, _directory(n, wildcard)) for n in names}
         self._want(spots, wildcard, 1)
         failures = 0
+        # The grid point this check is for: at first the one just passed (a listing made
+        # since then answers), then each one slept until.
+        due = _grid(interval(), time.monotonic())
         try:
             while True:
                 every = interval()
-                since = math.floor(time.monotonic() / every) * every
                 try:
                     link = await self._link(where)
-                    found = await self._found(link, spots, names, wildcard, since)
+                    found = await self._found(link, spots, names, wildcard, due)
                 except TransientError as exc:
                     failures += 1
                     on_check(f"retrying: {exc}")
-                    await asyncio.sleep(_pause(every, min(every * 2**failures, BACKOFF_MAX_S)))
+                    backoff = min(every * 2**failures, BACKOFF_MAX_S)
+                    due = await _sleep_until(_grid(every, time.monotonic() + backoff) + every)
                     continue
                 failures = 0
                 on_check("found" if found else "no match yet")
                 if found:
                     return
-                await asyncio.sleep(_pause(every, 0.0))
+                due = await _sleep_until(_grid(every, time.monotonic()) + every)
         finally:
             self._want(spots, wildcard, -1)
 
@@ -290,6 +301,10 @@ class S3Native:
         if resolve is None:
             await in_import_thread(HOOK, partial(importlib.import_module, HOOK))
             resolve = airflow_connection
+        # aiobotocore's first import (0.4 s here) in the import thread: _S3Link.open would
+        # import it on the event loop, and stop it for that long.
+        for module in ("aiobotocore.session", "aiobotocore.config", "botocore.loaders"):
+            await in_import_thread(module, partial(importlib.import_module, module))
         try:
             conn = await to_thread(resolve, *where)
         except NotNative as exc:
