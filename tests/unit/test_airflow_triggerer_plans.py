@@ -10,7 +10,15 @@ import pytest
 
 from slotless.cli import main
 from triggerer.airflow.boot import version_refusal
-from triggerer.airflow.plans import DATETIME, FILE, TIMEDELTA, canonical, plan, poke_interval
+from triggerer.airflow.plans import (
+    DATETIME,
+    FILE,
+    S3KEY,
+    TIMEDELTA,
+    canonical,
+    plan,
+    poke_interval,
+)
 
 MOMENT = datetime(2026, 5, 1, 6, 0, tzinfo=UTC)
 
@@ -64,6 +72,94 @@ def test_any_other_class_is_one_check_per_equal_kwargs() -> None:
     # Keys JSON cannot sort are still a key, not an error that would stop every cycle.
     odd = {"by": {1: "a", "b": 2}}
     assert plan(cls, odd).key == plan(cls, {"by": {"b": 2, 1: "a"}}).key
+
+
+def _s3(**changes: object) -> dict[str, object]:
+    """An S3KeyTrigger's kwargs as the provider's serialize() writes them (9.39.0), as an
+    S3KeySensor(deferrable=True) defers: every kwarg present, defaults included."""
+    kwargs: dict[str, object] = {
+        "bucket_name": "lake",
+        "bucket_key": "in/a.csv",
+        "wildcard_match": False,
+        "aws_conn_id": "aws_default",
+        "hook_params": {},
+        "poke_interval": 5.0,
+        "should_check_fn": False,
+        "use_regex": False,
+        "region_name": None,
+        "verify": None,
+        "botocore_config": None,
+        "metadata_keys": ["Size", "Key"],
+    }
+    kwargs.update(changes)
+    return kwargs
+
+
+def test_equal_s3_keys_are_one_native_check_whatever_their_interval() -> None:
+    a = plan(S3KEY, _s3())
+    assert a.kind == "s3"
+    assert a.key == ("s3", "aws_default", None, None, "lake", "in/a.csv", False)
+    # What only paces the check, or what the provider reads only with should_check_fn.
+    assert plan(S3KEY, _s3(poke_interval=0.5, metadata_keys=None)).key == a.key
+    # The same key written as a URL (bucket_name None), or as a list of one.
+    assert plan(S3KEY, _s3(bucket_name=None, bucket_key="s3://lake/in/a.csv")).key == a.key
+    assert plan(S3KEY, _s3(bucket_key=["in/a.csv"])).key == a.key
+    # Only what the provider's constructor needs: the rest defaults as it does.
+    assert plan(S3KEY, {"bucket_name": "lake", "bucket_key": "in/a.csv"}).key == a.key
+
+
+def test_what_an_s3_check_waits_for_is_in_its_key() -> None:
+    a = plan(S3KEY, _s3()).key
+    others = [
+        _s3(bucket_key="in/b.csv"),
+        _s3(bucket_name="other"),
+        _s3(wildcard_match=True),
+        _s3(aws_conn_id="prod"),
+        _s3(aws_conn_id=None),
+        _s3(region_name="eu-west-1"),
+        _s3(verify=False),
+    ]
+    keys = {plan(S3KEY, kw).key for kw in others}
+    assert all(plan(S3KEY, kw).kind == "s3" for kw in others)
+    assert a not in keys and len(keys) == len(others)
+
+
+def test_a_list_of_s3_keys_is_one_wait_for_all_of_them_in_any_order() -> None:
+    a = plan(S3KEY, _s3(bucket_key=["in/b.csv", "in/a.csv", "in/b.csv"]))
+    assert a.kind == "s3" and a.key[5] == ("in/a.csv", "in/b.csv")
+    assert plan(S3KEY, _s3(bucket_key=["in/a.csv", "in/b.csv"])).key == a.key
+    urls = ["s3://lake/in/a.csv", "S3A://lake/in/b.csv"]
+    assert plan(S3KEY, _s3(bucket_name=None, bucket_key=urls)).key == a.key
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"should_check_fn": True},  # the provider HEADs each file for check_fn
+        {"use_regex": True},
+        {"hook_params": {"requester_pays": True}},
+        {"botocore_config": {"read_timeout": 5}},
+        {"min_size": 10},  # a kwarg of another provider version
+        {"metadata_keys": "Size"},
+        {"wildcard_match": "yes"},
+        {"verify": "/etc/ssl/ca.pem"},  # a CA bundle
+        {"poke_interval": 0},
+        {"aws_conn_id": ""},
+        {"bucket_key": []},  # the provider fires at once on an empty list: not worth it here
+        {"bucket_key": ""},
+        {"bucket_key": "s3://lake/in/a.csv"},  # a URL beside a bucket_name: the provider raises
+        {"bucket_name": ""},  # the provider takes the bucket from the connection
+        {"bucket_name": None, "bucket_key": "in/a.csv"},  # no bucket at all
+        {"bucket_name": None, "bucket_key": "https://lake.s3.eu-west-1.amazonaws.com/a"},
+        {"bucket_name": None, "bucket_key": ["s3://lake/a", "s3://other/b"]},  # two buckets
+    ],
+)
+def test_an_s3_wait_the_native_check_does_not_do_exactly_goes_through_the_adapter(
+    changes: dict[str, object],
+) -> None:
+    p = plan(S3KEY, _s3(**changes))
+    assert p.kind == "adapter", changes
+    assert plan(S3KEY, {"bucket_key": "in/a.csv"}).kind == "adapter"  # no bucket_name
 
 
 @pytest.mark.skipif(importlib.util.find_spec("airflow") is not None, reason="Airflow installed")

@@ -38,7 +38,7 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import comms, native, owners, tasklogs
+from . import comms, native, native_s3, owners, tasklogs
 from .plans import Plan, plan, poke_interval
 from .rows import AirflowRows, Outcome, Row, Seen, in_batches
 from .tasklogs import TaskLogs
@@ -103,6 +103,9 @@ class Engine:
         self.outbox: asyncio.Queue[Outcome] = asyncio.Queue()
         self.stopping = asyncio.Event()
         self.checks: Counter[str] = Counter()  # native checks made, by kind
+        # The native S3 checks' clients (one per connection, closed at the stop) and the
+        # listings they share.
+        self.s3 = native_s3.S3Native()
         self.submitted: Counter[str] = Counter()  # "event" / "failure", per trigger id
         self.cycles = 0
         self._classes: dict[str, type] = {}
@@ -135,6 +138,8 @@ class Engine:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
             await self._stop_groups()
+            with contextlib.suppress(Exception):
+                await self.s3.close()
             await self._flush()
             with contextlib.suppress(Exception):
                 await self.tasklogs.flush()
@@ -330,6 +335,9 @@ class Engine:
                 self._failed(group, f"Trigger {group.classpath} exited without sending an event")
         except asyncio.CancelledError:
             raise
+        except native_s3.S3Failed as exc:
+            # Its one line, not this process's stack, is what the task's failure says.
+            self._failed(group, native_s3.S3Failed(str(exc)))
         except Exception as exc:
             self._failed(group, exc)
         finally:
@@ -392,7 +400,15 @@ class Engine:
                 path,
                 recursive,
                 functools.partial(self._file_interval, group),
-                functools.partial(self._file_check, group),
+                functools.partial(self._native_check, group, "file"),
+            )
+        if group.plan.kind == "s3":
+            return native_s3.key_events(
+                self.s3,
+                group.plan.key,
+                functools.partial(self._file_interval, group),
+                functools.partial(self._native_check, group, "s3"),
+                functools.partial(self._adapted, group),
             )
         if group.plan.kind == "time":
             end = bool(group.plan.key[2])
@@ -400,13 +416,14 @@ class Engine:
         return self._adapted(group)
 
     def _file_interval(self, group: Group) -> float:
+        """A file's or an S3 key's check: the shortest ``poke_interval`` of its rows."""
         return min((poke_interval(r.kwargs) for r in group.rows.values()), default=5.0)
 
-    def _file_check(self, group: Group) -> None:
-        self.checks["file"] += 1
-        # Said before the event is yielded: a check that finds the file fires at once (and
-        # its result becomes "fired"), so a result kept here is one that found nothing.
-        group.last_check, group.last_result = time.time(), "no match yet"
+    def _native_check(self, group: Group, kind: str, result: str = "no match yet") -> None:
+        self.checks[kind] += 1
+        # Said before the event is yielded: a check that finds its condition fires at once
+        # (and its result becomes "fired"), so a result kept here is one that found nothing.
+        group.last_check, group.last_result = time.time(), result
 
     async def _adapted(self, group: Group) -> AsyncGenerator[Any, None]:
         """Any other class, unmodified, through the adapter: its own ``run()``, held."""

@@ -9,7 +9,10 @@ Natively recognised classes get a key of what they check, so more rows share:
   interval among the rows that wait on it;
 - its ``DateTimeTrigger`` (what ``TimeDeltaTrigger`` serializes as) with a ``moment``:
   ``("time", moment, end_from_trigger)``. One with a ``target_time`` (rendered from a
-  template at the triggerer, ``start_from_trigger``) runs through the adapter.
+  template at the triggerer, ``start_from_trigger``) runs through the adapter;
+- the Amazon provider's ``S3KeyTrigger``: ``("s3", aws_conn_id, region_name, verify,
+  bucket, key, wildcard_match)`` (:func:`.native_s3.s3_key`), ``poke_interval`` left out as
+  for a file.
 
 A row whose kwargs carry anything else than those the native check understands runs
 through the adapter: another provider version's extra kwarg must not be ignored.
@@ -22,18 +25,20 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
+from .native_s3 import S3KEY, s3_key
+
 FILE = "airflow.providers.standard.triggers.file.FileTrigger"
 DATETIME = "airflow.providers.standard.triggers.temporal.DateTimeTrigger"
 TIMEDELTA = "airflow.providers.standard.triggers.temporal.TimeDeltaTrigger"
 
-NATIVE = (FILE, DATETIME, TIMEDELTA)
+NATIVE = (FILE, DATETIME, TIMEDELTA, S3KEY)
 
 Key = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str  # "file", "time" or "adapter"
+    kind: str  # "file", "time", "s3" or "adapter"
     key: Key
 
 
@@ -48,6 +53,8 @@ def plan(classpath: str, kwargs: dict[str, Any]) -> Plan:
         if isinstance(moment, datetime) and moment.tzinfo is not None:
             end = bool(kwargs.get("end_from_trigger", False))
             return Plan("time", ("time", moment.timestamp(), end))
+    if classpath == S3KEY and (key := s3_key(kwargs)) is not None:
+        return Plan("s3", key)
     try:
         text = canonical(kwargs)
     except (TypeError, ValueError):
@@ -57,7 +64,8 @@ def plan(classpath: str, kwargs: dict[str, Any]) -> Plan:
 
 
 def poke_interval(kwargs: dict[str, Any]) -> float:
-    """A FileTrigger row's own interval (Airflow's default, 5 s, when absent)."""
+    """A FileTrigger's or S3KeyTrigger's row's own interval (Airflow's default, 5 s, when
+    absent)."""
     value = kwargs.get("poke_interval", 5.0)
     return float(value) if _number(value) and float(value) > 0 else 5.0
 

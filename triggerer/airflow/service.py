@@ -215,7 +215,7 @@ class EngineCollector(Collector):
             "distinct checks held: rows equal in what they wait for are one",
             labels=["kind"],
         )
-        kinds = {"file": 0, "time": 0, "adapter": 0}
+        kinds = {"file": 0, "time": 0, "s3": 0, "adapter": 0}
         for g in e.groups.values():
             kinds[g.plan.kind] = kinds.get(g.plan.kind, 0) + 1
         for kind, n in kinds.items():
@@ -226,8 +226,16 @@ class EngineCollector(Collector):
             "native checks made (one per group per interval)",
             labels=["kind"],
         )
-        made.add_metric(["file"], e.checks["file"])
+        for kind in ("file", "s3"):
+            made.add_metric([kind], e.checks[kind])
         yield made
+        listings = CounterMetricFamily(
+            "slotless_airflow_s3_listings",
+            "paginated ListObjectsV2 listings made by the native S3 checks (one per "
+            "connection, bucket and directory per interval, however many keys wait there)",
+        )
+        listings.add_metric([], e.s3.listings)
+        yield listings
         submitted = CounterMetricFamily(
             "slotless_airflow_submitted",
             "outcomes written to Airflow, per trigger id",
