@@ -97,10 +97,20 @@ def s3_waits(dag_id: str, bucket: str, keys: list[str], interval: float = HOUR) 
     return dag
 
 
+# A resting S3 check is next due at the safety interval's next grid point (triggers/s3.py
+# puts checks on a grid so that one listing serves them all): anywhere from 0 s to the
+# whole interval away, depending on the wall clock. A woken check is due within a second
+# (its push's recheck). More than this apart, it rests, and the few long polls a test
+# watches next cannot meet its grid point.
+RESTING_S = 5.0
+
+
 def checked_and_resting(trig: Any) -> bool:
     """No check running, and each next due on the slow safety interval, not soon: the
     checks a push or the source's start asked for have all been made."""
-    return all(not c.running and c.due - trig.clock() > 60 for c in trig.table.by_hash.values())
+    return all(
+        not c.running and c.due - trig.clock() > RESTING_S for c in trig.table.by_hash.values()
+    )
 
 
 def not_resting(trig: Any) -> str:
@@ -109,7 +119,7 @@ def not_resting(trig: Any) -> str:
     busy = [
         f"{c.poke_hash[:8]} running={c.running} due_in={c.due - now:.2f} failures={c.failures}"
         for c in trig.table.by_hash.values()
-        if c.running or c.due - now <= 60
+        if c.running or c.due - now <= RESTING_S
     ]
     return f"{len(busy)} checks not resting ({'; '.join(busy[:5])}); sources {trig.push.sources}"
 
