@@ -17,9 +17,6 @@ bucket that does not exist fails its task instance alone, in one line.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,11 +25,12 @@ from urllib.parse import quote
 
 import pytest
 from support.airflow_deployment import slotless_metrics
+from support.airflow_home import AirflowHome
 from support.helpers import free_port, stop_process, wait_until
 from support.pg import fetch, private_database
 from support.servers import MotoS3Server
 
-from benchmarks.airflow_env import REPO, airflow_python
+from benchmarks.airflow_env import airflow_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -59,47 +57,16 @@ with DAG("s3waits", schedule=None, start_date=datetime(2026, 1, 1)):
 STATES = "SELECT task_id, state FROM task_instance WHERE dag_id = 's3waits' AND run_id = $1"
 
 
-class Airflow:
+class Airflow(AirflowHome):
     """An Airflow home and metadata database, and the commands run against them."""
 
     def __init__(self, python: Path, tmp: Path, url: str, pg_url: str) -> None:
-        self.python, self.bin, self.tmp, self.pg_url = python, python.parent, tmp, pg_url
-        (tmp / "dags").mkdir()
-        (tmp / "dags" / "s3waits.py").write_text(DAG)
-        self.env = {
-            "PATH": f"{self.bin}:{os.environ['PATH']}",
-            "HOME": str(tmp),
-            "AIRFLOW_HOME": str(tmp / "home"),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(tmp / "dags"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": url,
-            "PYTHONPATH": str(REPO / "tests"),
-            # boto3's own chain must not find credentials elsewhere: the connection's only.
+        # boto3's own chain must not find credentials elsewhere: the connection's only.
+        no_aws = {
             "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
             "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
         }
-
-    def run(self, *args: str, stdin: str | None = None) -> Any:
-        return subprocess.run(
-            args,
-            env=self.env,
-            cwd=self.tmp,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-
-    def helper(self, command: str, spec: dict[str, Any]) -> Any:
-        done = self.run(
-            str(self.python), "-m", "support.airflow_deferred", command, stdin=json.dumps(spec)
-        )
-        for line in done.stdout.splitlines():
-            if line.startswith("RESULT "):
-                return json.loads(line.removeprefix("RESULT "))
-        raise AssertionError(f"airflow_deferred {command} failed:\n{done.stdout}\n{done.stderr}")
+        super().__init__(python, tmp, url, pg_url, {"s3waits.py": DAG}, no_aws)
 
     def deferred(self, run_id: str) -> set[str]:
         """The task instances still DEFERRED: one query, not a Python with Airflow."""
@@ -119,10 +86,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     python = airflow_python()
     with private_database("slotless_airflow_s3") as (pg_url, url):
         af = Airflow(python, tmp_path_factory.mktemp("airflow-s3"), url, pg_url)
-        migrated = af.run(str(af.bin / "airflow"), "db", "migrate")
-        assert migrated.returncode == 0, migrated.stderr[-3000:]
-        synced = af.run(str(python), "-m", "support.airflow_deferred", "sync", str(af.tmp / "dags"))
-        assert synced.returncode == 0, synced.stderr[-3000:]
+        af.migrate_and_sync()
         yield af
 
 

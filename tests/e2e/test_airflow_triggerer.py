@@ -16,10 +16,8 @@ three intervals for four checks (five checks per interval, one per row, would ta
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import json
-import os
 import signal
 import subprocess
 import time
@@ -29,10 +27,11 @@ from typing import Any
 
 import pytest
 from support.airflow_deployment import slotless_metrics
+from support.airflow_home import AirflowHome, fernet_key
 from support.helpers import free_port, stop_process, wait_until
 from support.pg import fetch, private_database
 
-from benchmarks.airflow_env import REPO, airflow_python
+from benchmarks.airflow_env import airflow_python
 
 # The first test may build .venv-airflow (a minute on a quiet machine, several on a busy one).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -67,55 +66,16 @@ with DAG(
 """
 
 
-def _fernet_key() -> str:
-    return base64.urlsafe_b64encode(os.urandom(32)).decode()
-
-
-class Deployment:
+class Deployment(AirflowHome):
     """An Airflow home and metadata database, and the commands run against them."""
 
     def __init__(self, python: Path, tmp: Path, url: str, pg_url: str) -> None:
-        self.python = python
-        self.pg_url = pg_url  # the same database, for asyncpg
-        self.bin = python.parent
-        self.tmp = tmp
         self.inbox = tmp / "inbox"
         self.inbox.mkdir()
-        (tmp / "dags").mkdir()
-        (tmp / "dags" / "waits.py").write_text(DAG.replace("{inbox}", str(self.inbox)))
-        self.env = {
-            "PATH": f"{self.bin}:{os.environ['PATH']}",
-            "HOME": str(tmp),
-            "AIRFLOW_HOME": str(tmp / "home"),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(tmp / "dags"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            # Airflow makes an asset's watchers' trigger rows for unpaused DAGs only.
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__CORE__FERNET_KEY": _fernet_key(),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url,
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": url,
-            "PYTHONPATH": str(REPO / "tests"),
-        }
-
-    def run(self, *args: str, stdin: str | None = None, timeout: float = 180) -> Any:
-        return subprocess.run(
-            args,
-            env=self.env,
-            cwd=self.tmp,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def helper(self, command: str, spec: dict[str, Any]) -> Any:
-        done = self.run(
-            str(self.python), "-m", "support.airflow_deferred", command, stdin=json.dumps(spec)
-        )
-        for line in done.stdout.splitlines():
-            if line.startswith("RESULT "):
-                return json.loads(line.removeprefix("RESULT "))
-        raise AssertionError(f"airflow_deferred {command} failed:\n{done.stdout}\n{done.stderr}")
+        # Airflow makes an asset's watchers' trigger rows for unpaused DAGs only.
+        paused = {"AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"}
+        dags = {"waits.py": DAG.replace("{inbox}", str(self.inbox))}
+        super().__init__(python, tmp, url, pg_url, dags, paused)
 
     def states(self, run_id: str) -> dict[str, Any]:
         """Each task instance's state, next_method, next_kwargs (decoded by Airflow's own
@@ -151,12 +111,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     python = airflow_python()
     with private_database("slotless_airflow") as (pg_url, url):
         dep = Deployment(python, tmp_path_factory.mktemp("airflow"), url, pg_url)
-        migrated = dep.run(str(dep.bin / "airflow"), "db", "migrate")
-        assert migrated.returncode == 0, migrated.stderr[-3000:]
-        synced = dep.run(
-            str(python), "-m", "support.airflow_deferred", "sync", str(dep.tmp / "dags")
-        )
-        assert synced.returncode == 0, synced.stderr[-3000:]
+        dep.migrate_and_sync()
         yield dep
 
 
@@ -166,7 +121,7 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
     dep = deployment
     data = str(dep.inbox / "data.csv")
     flag = str(dep.inbox / "flag")
-    other_key = _fernet_key()
+    other_key = fernet_key()
     file_wait = {"classpath": f"{STD}.file.FileTrigger", "args": {"filepath": data}}
     tasks: list[dict[str, Any]] = [
         {**file_wait, "task_id": name, "args": {"filepath": data, "poke_interval": 0.5}}
