@@ -29,10 +29,9 @@ report of a cleared or cancelled attempt is discarded (its owner token no longer
 from __future__ import annotations
 
 import json
-import secrets
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo
@@ -56,7 +55,7 @@ from ..states import RUN_TERMINAL, TERMINAL, RunState, State
 from .backfills import BATCH, Backfilled, backfill_runs
 from .part import Part
 from .pools import check_known
-from .runs import NewRun, RunShape, StartedRun, insert_run, manual_run_key, new_run_id
+from .runs import NewRun, RunShape, StartedRun, free_tokens, insert_run, manual_run_key, new_run_id
 from .starts import StartSpec
 from .values import forget_instance_values, forget_values, with_setups
 
@@ -135,15 +134,14 @@ class Runs(Part):
         kind = RunType(run_type)  # a type that is not one: ValueError, nothing stored
         dag.validate()
         resolve(dag.params, conf, dag.dag_id)
-        token = secrets.token_hex(3)
-        new = NewRun(
+        asked = NewRun(
             logical_date,
-            run_key or manual_run_key(logical_date, token),
+            run_key or "",
             interval=interval,
             conf=conf,
             dag_file=dag_file,
             max_active=max_active,
-            run_id=run_id or new_run_id(dag.dag_id, logical_date, token),
+            run_id=run_id,
             run_type=kind,
             zone=ZoneInfo(dag.timezone),
         )
@@ -151,7 +149,18 @@ class Runs(Part):
         async with self.db.write() as tx:
             # Unknown pools and queues are refused here, before any row (naming them).
             await check_known(tx, shape.tasks, f"DAG {dag.dag_id!r}")
-            return await insert_run(tx, shape, new, self.clock())
+            while True:
+                # A manual run's key and id share a random part, drawn until both are free:
+                # a drawn key that is taken is another run's, never this one's to return.
+                [token] = await free_tokens(tx, [(dag.dag_id, logical_date)])
+                new = replace(
+                    asked,
+                    run_key=run_key or manual_run_key(logical_date, token),
+                    run_id=run_id or new_run_id(dag.dag_id, logical_date, token),
+                )
+                started = await insert_run(tx, shape, new, self.clock())
+                if started.created or run_key is not None:
+                    return started
 
     async def backfill(
         self,

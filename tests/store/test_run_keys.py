@@ -16,6 +16,8 @@ from support.helpers import run_to_end
 from executor import DAG, TaskContext
 from executor.params import BadConf
 from executor.store import Store, open_store
+from executor.store import runs as store_runs
+from executor.store.runs import NewRun, RunShape, insert_runs
 
 backend, url, store = backends.backend, backends.url, backends.store  # fixtures
 pg_server = backends.pg_server  # fixture
@@ -78,6 +80,34 @@ async def test_manual_runs_of_one_date_are_distinct_and_keep_the_dates_key_free(
     other = DAG("other")
     assert (await store.runs.start_run(other, DAY, run_key="2026-04-25")).created
     assert len(await runs(store)) == 4
+
+
+async def test_manual_runs_whose_random_parts_meet_are_still_two_runs(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six hex digits meet among thousands of runs of one date: a drawn id or key that is
+    taken is drawn again, never answered with the run that holds it, nor a failed insert."""
+    a_then_b = ["abc123", "abc123", "abc123", "def456"]
+    c_and_d = ["abc123", "abc123", "0a0a0a", "0a0a0a", "0b0b0b"]
+    draws = iter([*a_then_b, *c_and_d])
+    monkeypatch.setattr(store_runs, "new_token", lambda: next(draws))
+    dag = two_tasks()
+    a = await store.runs.start_run(dag, DAY)
+    b = await store.runs.start_run(dag, DAY)  # abc123 is taken twice: def456
+    assert b.created and (a.run_id, b.run_id) == ("keyed:2026-04-25:abc123",
+                                                  "keyed:2026-04-25:def456")  # fmt: skip
+    assert b.run_key == "2026-04-25~manual-def456"
+    # Runs keyed elsewhere (an asset's, a start condition's) draw their ids the same way,
+    # a batch's draws meeting each other too: abc123 is taken; 0a0a0a drawn twice.
+    shape = RunShape.of(dag)
+    async with store.db.write() as tx:
+        c, d = await insert_runs(
+            tx, [(shape, NewRun(DAY, "asset-1")), (shape, NewRun(DAY, "asset-2"))], 0.0
+        )
+    assert c.created and d.created
+    assert (c.run_id, d.run_id) == ("keyed:2026-04-25:0a0a0a", "keyed:2026-04-25:0b0b0b")
+    assert len({a.run_id, b.run_id, c.run_id, d.run_id}) == 4
+    assert await task_count(store, b.run_id) == 2 and len(await runs(store)) == 4
 
 
 async def test_conf_is_stored_and_becomes_ctx_params(store: Store) -> None:
