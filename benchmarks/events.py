@@ -302,10 +302,6 @@ async def run_backend(
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     doc = common.result_document("events", sys.argv[1:], vars(args).copy(), Path("."))
-    doc["note"] = (
-        "measured on a shared 2-core machine (other helpers' builds and tests ran meanwhile): "
-        "see load; the figures are an upper bound of what the code costs"
-    )
     per_backend: dict[str, list[dict[str, Any]]] = {}
     with common.workdir(args.workdir, args.keep) as folder, calibration.Recording(folder) as rec:
         for i in range(args.repeats):
