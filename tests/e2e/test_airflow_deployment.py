@@ -26,6 +26,7 @@ triggerer that finishes the run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import signal
 import time
@@ -234,49 +235,47 @@ def _holds(port: int, proc: Any, name: str, dep: AirflowDeployment) -> bool:
     return want >= len(SENSORS) and slotless_metrics(port).get("slotless_airflow_triggers") == want
 
 
-def test_deferred_sensors_run_with_slotless_and_no_airflow_triggerer(setup: Setup) -> None:
+@contextlib.contextmanager
+def held_by_slotless(
+    setup: Setup, name: str, key: str, delay: int
+) -> Iterator[tuple[Run, int, Any]]:
+    """A run whose three sensors are DEFERRED and held by a new ``slotless
+    airflow-triggerer`` called ``name``: (the run, the process's metrics port, the
+    process). The process is stopped when the block ends, and must exit 0."""
     dep = setup.dep
     port = free_port()
-    name = "slotless-solo"
     ours = dep.slotless(name, "--interval", "0.5", "--metrics-port", str(port))
     try:
-        run = Run(setup, "solo", delay=20)
+        run = Run(setup, key, delay=delay)
         run.wait_deferred((name, ours))
         wait_until(
             lambda: _holds(port, ours, name, dep),
             timeout=90,
             interval=0.2,
-            what="slotless airflow-triggerer to hold the three rows",
+            what=f"{name} to hold the three rows",
         )
-        # No Airflow triggerer anywhere: slotless's Job is the one live TriggererJob.
-        assert dep.live_triggerer_jobs() == 1
-        run.land()
-        run.wait_success((name, ours))
-        m = slotless_metrics(port)
-        assert m['slotless_airflow_submitted_total{outcome="event"}'] == 3, m
-        assert m.get('slotless_airflow_submitted_total{outcome="failure"}', 0) == 0, m
+        yield run, port, ours
     finally:
         code = dep.stop(ours)
     assert code == 0, dep.log(name)
+
+
+def test_deferred_sensors_run_with_slotless_and_no_airflow_triggerer(setup: Setup) -> None:
+    dep = setup.dep
+    with held_by_slotless(setup, "slotless-solo", "solo", delay=20) as (run, port, ours):
+        # No Airflow triggerer anywhere: slotless's Job is the one live TriggererJob.
+        assert dep.live_triggerer_jobs() == 1
+        run.land()
+        run.wait_success(("slotless-solo", ours))
+        m = slotless_metrics(port)
+        assert m['slotless_airflow_submitted_total{outcome="event"}'] == 3, m
+        assert m.get('slotless_airflow_submitted_total{outcome="failure"}', 0) == 0, m
 
 
 def test_rollback_to_airflows_triggerer_mid_run_loses_nothing(setup: Setup) -> None:
     dep = setup.dep
-    port = free_port()
-    name = "slotless-rollback"
-    ours = dep.slotless(name, "--interval", "0.5", "--metrics-port", str(port))
-    try:
-        run = Run(setup, "rollback", delay=25)
-        run.wait_deferred((name, ours))
-        wait_until(
-            lambda: _holds(port, ours, name, dep),
-            timeout=90,
-            interval=0.2,
-            what="slotless airflow-triggerer to hold the three rows",
-        )
-    finally:
-        code = dep.stop(ours)
-    assert code == 0, dep.log(name)
+    with held_by_slotless(setup, "slotless-rollback", "rollback", delay=25) as held:
+        run = held[0]
     # Stopped while all three wait; nothing of theirs was fired.
     run.assert_all_deferred("slotless airflow-triggerer was stopped")
 
