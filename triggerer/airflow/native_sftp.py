@@ -164,7 +164,7 @@ class _Conn:
     host: str | None
     port: int | None
     login: str | None
-    options: dict[str, Any]
+    options: dict[str, Any] = field(repr=False)  # a password, a private key
     scheme: str = "sftp"
     password: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
