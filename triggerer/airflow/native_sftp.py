@@ -336,14 +336,13 @@ class SFTPNative:
     ) -> str | None:
         """The provider's message if what ``key`` waits for is in the listing."""
         _, _, path, pattern, _ = key
-        to_utc = importlib.import_module(HOOK).SFTPHookAsync._mod_time_to_utc
         if pattern:
             entries = await self._listing(link, spot, since)
             if entries is None:
                 return None  # the provider's FileNotFoundError: not yet
             matched = [e for e in entries if fnmatch.fnmatch(str(e.filename), pattern)]
             if newer is not None:  # a name without a modification time is skipped, as there
-                matched = [e for e in matched if _newer(newer, e.attrs.mtime, to_utc)]
+                matched = [e for e in matched if _newer(newer, e.attrs.mtime)]
             names = [str(e.filename) for e in matched]
             return f"Sensed {len(names)} files: {names}" if names else None
         try:
@@ -354,7 +353,7 @@ class SFTPNative:
             return None  # the provider's "No files matching": not yet
         if attrs.mtime is None:
             raise SFTPFailed(f"sftp://{key[1]}/{path} has no modification time")
-        if newer is not None and not newer <= to_utc(attrs.mtime):
+        if newer is not None and not _newer(newer, attrs.mtime):
             return None
         return f"Sensed file: {path}"
 
@@ -395,8 +394,11 @@ class SFTPNative:
         return entries
 
 
-def _newer(newer: datetime, mtime: int | None, to_utc: Callable[[int], datetime]) -> bool:
-    return mtime is not None and newer <= to_utc(mtime)
+def _newer(newer: datetime, mtime: int | None) -> bool:
+    """The provider's comparison: its own conversion of the modification time."""
+    if mtime is None:
+        return False
+    return bool(newer <= importlib.import_module(HOOK).SFTPHookAsync._mod_time_to_utc(mtime))
 
 
 async def sftp_events(
