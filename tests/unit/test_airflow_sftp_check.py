@@ -93,7 +93,8 @@ async def test_the_providers_answers_from_a_listing(server: AsyncSFTPServer) -> 
         # fnmatch over the server's entries as listed, "." and ".." included.
         got = await _first(native, _key("/in", "*"))
         assert got is not None and got.startswith("Sensed 6 files: ")
-        assert {".", "..", "a.csv", "b.csv", "sub", "x.ready"} == set(ast.literal_eval(got.split(": ", 1)[1]))
+        names = ast.literal_eval(got.split(": ", 1)[1])
+        assert set(names) == {".", "..", "a.csv", "b.csv", "sub", "x.ready"}
     finally:
         await native.close()
 
