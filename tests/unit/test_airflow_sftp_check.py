@@ -4,9 +4,9 @@ would resolve it; everything from the SSH connection on is the code the airflow-
 runs.
 
 What is shown: the provider's answers and messages from a listing (a plain path, a file or a
-directory; a ``file_pattern`` over every entry the server lists, ``.`` and ``..`` too), many
-waits in two directories answered by one listing per directory per interval over one SSH
-connection, and refused credentials failing in one line.
+directory, a link followed; a ``file_pattern`` over every entry the server lists, ``.`` and
+``..`` too), many waits in two directories answered by one listing per directory per
+interval over one SSH connection, and refused credentials failing in one line.
 """
 
 from __future__ import annotations
@@ -77,12 +77,17 @@ async def test_the_providers_answers_from_a_listing(server: AsyncSFTPServer) -> 
     for rel in ("in/a.csv", "in/b.csv", "in/sub/deep.csv", "in/x.ready"):
         server.local(rel).parent.mkdir(parents=True, exist_ok=True)
         server.local(rel).write_text("x")
+    server.local("in/link.csv").symlink_to("a.csv")
+    server.local("in/dead.csv").symlink_to("gone.csv")
     native = _native(server)
     try:
         cases: list[tuple[tuple[Any, ...], str | None]] = [
             (_key("/in/a.csv"), "Sensed file: /in/a.csv"),
             (_key("/in/sub"), "Sensed file: /in/sub"),  # a directory is a path too
             (_key("/in/a"), None),
+            # A link is what its target is, as the provider's stat follows it.
+            (_key("/in/link.csv"), "Sensed file: /in/link.csv"),
+            (_key("/in/dead.csv"), None),
             (_key("/in/missing/a.csv"), None),  # no such directory: not yet
             (_key("/in", "*.ready"), "Sensed 1 files: ['x.ready']"),
             (_key("/in/", "*.txt"), None),
@@ -92,9 +97,9 @@ async def test_the_providers_answers_from_a_listing(server: AsyncSFTPServer) -> 
             assert await _first(native, key) == message, key
         # fnmatch over the server's entries as listed, "." and ".." included.
         got = await _first(native, _key("/in", "*"))
-        assert got is not None and got.startswith("Sensed 6 files: ")
+        assert got is not None and got.startswith("Sensed 8 files: ")
         names = ast.literal_eval(got.split(": ", 1)[1])
-        assert set(names) == {".", "..", "a.csv", "b.csv", "sub", "x.ready"}
+        assert set(names) == {".", "..", "a.csv", "b.csv", "sub", "x.ready", "link.csv", "dead.csv"}
     finally:
         await native.close()
 
