@@ -352,7 +352,8 @@ class SFTPNative:
         if attrs is None:
             return None  # the provider's "No files matching": not yet
         if attrs.mtime is None:
-            raise SFTPFailed(f"sftp://{key[1]}/{path} has no modification time")
+            # The provider's run() fails on it too (its mod-time conversion raises).
+            raise SFTPFailed(f"{path!r} via SFTP connection {key[1]!r} has no modification time")
         if newer is not None and not _newer(newer, attrs.mtime):
             return None
         return f"Sensed file: {path}"
