@@ -3,8 +3,8 @@
 Airflow cannot live in the main .venv (its pins would fight ours). The tests use
 ``.venv-airflow`` (tests/e2e/test_airflow_triggers.py) and benchmarks/vs_airflow.py uses
 ``.venv-bench-airflow``, both git-ignored: apache-airflow (core, task SDK, the standard
-provider, the Amazon provider with aiobotocore, psycopg for a PostgreSQL metadata
-database) at the versions
+provider, the Amazon provider with aiobotocore, the SFTP provider, psycopg for a
+PostgreSQL metadata database) at the versions
 ``constraints-airflow.txt`` pins, plus this checkout (editable,
 with ``[airflow]``). A venv is rebuilt when that file or pyproject.toml changes; building
 took 53 s here with a warm pip cache on a quiet machine, several minutes while the machine
@@ -54,7 +54,8 @@ def airflow_python(venv: Path = VENV, *, what: str = "the Airflow test environme
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         done = subprocess.run(
             # psycopg: Airflow's metadata database on PostgreSQL (tests/store/airflow_db.py);
-            # the Amazon provider: the S3KeySensor of tests/e2e/test_airflow_deployment.py
+            # the Amazon provider: the S3KeySensor of tests/e2e/test_airflow_deployment.py;
+            # the SFTP provider: the native SFTPTrigger's (tests/e2e/test_airflow_sftp_native.py)
             [
                 *pip,
                 "-c",
@@ -63,6 +64,7 @@ def airflow_python(venv: Path = VENV, *, what: str = "the Airflow test environme
                 f"{REPO}[airflow]",
                 "psycopg[binary]",
                 "apache-airflow-providers-amazon[aiobotocore]",
+                "apache-airflow-providers-sftp",
             ],
             capture_output=True,
             text=True,

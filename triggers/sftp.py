@@ -39,6 +39,10 @@ class SFTPCheckError(RuntimeError):
     """A check that cannot succeed as things are (credentials or host key refused...)."""
 
 
+class SFTPDenied(SFTPCheckError):
+    """The server refused to list or read a path (its permissions)."""
+
+
 class SFTPFileTrigger(BaseTrigger):
     """Fires when ``path`` exists on the server named by ``conn_id``.
 
@@ -178,7 +182,9 @@ class SFTPLink:
                 self._ssh, self._sftp = await self._connect()
             return self._sftp
 
-    async def _connect(self) -> tuple[Any, Any]:
+    def _options(self) -> dict[str, Any]:
+        """``asyncssh.connect``'s options for this connection (all but the host), from its
+        URI's extras. SFTPCheckError for keys or a known_hosts file it cannot load."""
         import asyncssh
 
         conn, extra = self.conn, self.conn.extra
@@ -210,8 +216,14 @@ class SFTPLink:
         except (OSError, asyncssh.KeyImportError, ValueError) as exc:
             # A missing or unreadable key file is a configuration error, not a blip.
             raise SFTPCheckError(f"cannot load the keys of {self._where()}: {exc}") from exc
+        return options
+
+    async def _connect(self) -> tuple[Any, Any]:
+        import asyncssh
+
+        options = self._options()
         try:
-            ssh = await asyncssh.connect(conn.host, **options)
+            ssh = await asyncssh.connect(self.conn.host, **options)
         except asyncssh.PermissionDenied as exc:
             raise SFTPCheckError(
                 f"SSH server refused the credentials of {self._where()}: {exc.reason}"
@@ -239,32 +251,55 @@ class SFTPLink:
                 ssh.close()
 
     async def listdir(self, directory: str) -> dict[str, tuple[int, int]] | None:
-        import asyncssh
-
-        sftp = await self.session()
-        try:
-            names = await sftp.readdir(directory)
-        except asyncssh.SFTPNoSuchFile:
-            return None  # the directory is not there yet: not yet
-        except asyncssh.SFTPPermissionDenied as exc:
-            raise SFTPCheckError(
-                f"permission denied listing {directory!r} via {self._where()}: {exc.reason}"
-            ) from exc
-        except (asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection) as exc:
-            self._reset(sftp)
-            raise TransientError(f"SFTP connection lost via {self._where()}: {exc}") from exc
-        except asyncssh.SFTPError as exc:
-            raise SFTPCheckError(f"cannot list {directory!r} via {self._where()}: {exc}") from exc
-        except (asyncssh.Error, OSError, TimeoutError) as exc:
-            self._reset(sftp)
-            raise TransientError(f"SSH connection lost via {self._where()}: {exc}") from exc
+        entries = await self.readdir(directory)
+        if entries is None:
+            return None
         out: dict[str, tuple[int, int]] = {}
-        for n in names:
+        for n in entries:
             name = n.filename if isinstance(n.filename, str) else n.filename.decode()
             if name in (".", "..") or _is_dir(n.attrs):
                 continue
             out[name] = (n.attrs.size or 0, n.attrs.mtime or 0)
         return out
+
+    async def readdir(self, directory: str) -> list[Any] | None:
+        """The server's entries of ``directory`` as it sends them (``asyncssh.SFTPName``,
+        ``.`` and ``..`` included, in its order), or None if it is missing."""
+        sftp = await self.session()
+        try:
+            return list(await sftp.readdir(directory))
+        except Exception as exc:
+            self._failed(sftp, exc, f"listing {directory!r}")
+            return None
+
+    async def stat(self, path: str) -> Any:
+        """``path``'s attributes, its link followed (``asyncssh.SFTPAttrs``), or None if it
+        is missing."""
+        sftp = await self.session()
+        try:
+            return await sftp.stat(path)
+        except Exception as exc:
+            self._failed(sftp, exc, f"reading {path!r}")
+            return None
+
+    def _failed(self, sftp: Any, exc: Exception, doing: str) -> None:
+        """Return for a missing path (not there yet); raise what any other failure means."""
+        import asyncssh
+
+        if isinstance(exc, asyncssh.SFTPNoSuchFile):
+            return
+        if isinstance(exc, asyncssh.SFTPPermissionDenied):
+            denied = f"permission denied {doing} via {self._where()}: {exc.reason}"
+            raise SFTPDenied(denied) from exc
+        if isinstance(exc, (asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection)):
+            self._reset(sftp)
+            raise TransientError(f"SFTP connection lost via {self._where()}: {exc}") from exc
+        if isinstance(exc, asyncssh.SFTPError):
+            raise SFTPCheckError(f"failed {doing} via {self._where()}: {exc}") from exc
+        if isinstance(exc, (asyncssh.Error, OSError, TimeoutError)):
+            self._reset(sftp)
+            raise TransientError(f"SSH connection lost via {self._where()}: {exc}") from exc
+        raise exc
 
     async def close(self) -> None:
         ssh = self._ssh

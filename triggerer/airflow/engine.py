@@ -38,7 +38,7 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import comms, native, native_s3, owners, tasklogs
+from . import comms, native, native_s3, native_sftp, owners, tasklogs
 from .plans import Plan, plan, poke_interval
 from .rows import AirflowRows, Outcome, Row, Seen, in_batches
 from .tasklogs import TaskLogs
@@ -106,6 +106,7 @@ class Engine:
         # The native S3 checks' clients (one per connection, closed at the stop) and the
         # listings they share.
         self.s3 = native_s3.S3Native()
+        self.sftp = native_sftp.SFTPNative()  # likewise: a link per SFTP connection
         self.submitted: Counter[str] = Counter()  # "event" / "failure", per trigger id
         self.cycles = 0
         self._classes: dict[str, type] = {}
@@ -140,6 +141,8 @@ class Engine:
             await self._stop_groups()
             with contextlib.suppress(Exception):
                 await self.s3.close()
+            with contextlib.suppress(Exception):
+                await self.sftp.close()
             await self._flush()
             with contextlib.suppress(Exception):
                 await self.tasklogs.flush()
@@ -335,9 +338,9 @@ class Engine:
                 self._failed(group, f"Trigger {group.classpath} exited without sending an event")
         except asyncio.CancelledError:
             raise
-        except native_s3.S3Failed as exc:
+        except (native_s3.S3Failed, native_sftp.SFTPFailed) as exc:
             # Its one line, not this process's stack, is what the task's failure says.
-            self._failed(group, native_s3.S3Failed(str(exc)))
+            self._failed(group, type(exc)(str(exc)))
         except Exception as exc:
             self._failed(group, exc)
         finally:
@@ -408,6 +411,15 @@ class Engine:
                 group.plan.key,
                 functools.partial(self._file_interval, group),
                 functools.partial(self._native_check, group, "s3"),
+                functools.partial(self._adapted, group),
+            )
+        if group.plan.kind == "sftp":
+            return native_sftp.sftp_events(
+                self.sftp,
+                group.plan.key,
+                group.kwargs,
+                functools.partial(self._file_interval, group),
+                functools.partial(self._native_check, group, "sftp"),
                 functools.partial(self._adapted, group),
             )
         if group.plan.kind == "time":

@@ -12,7 +12,9 @@ Natively recognised classes get a key of what they check, so more rows share:
   template at the triggerer, ``start_from_trigger``) runs through the adapter;
 - the Amazon provider's ``S3KeyTrigger``: ``("s3", aws_conn_id, region_name, verify,
   bucket, key, wildcard_match)`` (:func:`.native_s3.s3_key`), ``poke_interval`` left out as
-  for a file.
+  for a file;
+- the SFTP provider's ``SFTPTrigger``: ``("sftp", sftp_conn_id, path, file_pattern,
+  newer_than)`` (:func:`.native_sftp.sftp_key`), ``poke_interval`` left out as for a file.
 
 A row whose kwargs carry anything else than those the native check understands runs
 through the adapter: another provider version's extra kwarg must not be ignored.
@@ -26,19 +28,20 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from .native_s3 import S3KEY, s3_key
+from .native_sftp import SFTP, sftp_key
 
 FILE = "airflow.providers.standard.triggers.file.FileTrigger"
 DATETIME = "airflow.providers.standard.triggers.temporal.DateTimeTrigger"
 TIMEDELTA = "airflow.providers.standard.triggers.temporal.TimeDeltaTrigger"
 
-NATIVE = (FILE, DATETIME, TIMEDELTA, S3KEY)
+NATIVE = (FILE, DATETIME, TIMEDELTA, S3KEY, SFTP)
 
 Key = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str  # "file", "time", "s3" or "adapter"
+    kind: str  # "file", "time", "s3", "sftp" or "adapter"
     key: Key
 
 
@@ -55,6 +58,8 @@ def plan(classpath: str, kwargs: dict[str, Any]) -> Plan:
             return Plan("time", ("time", moment.timestamp(), end))
     if classpath == S3KEY and (key := s3_key(kwargs)) is not None:
         return Plan("s3", key)
+    if classpath == SFTP and (key := sftp_key(kwargs)) is not None:
+        return Plan("sftp", key)
     try:
         text = canonical(kwargs)
     except (TypeError, ValueError):
@@ -64,8 +69,8 @@ def plan(classpath: str, kwargs: dict[str, Any]) -> Plan:
 
 
 def poke_interval(kwargs: dict[str, Any]) -> float:
-    """A FileTrigger's or S3KeyTrigger's row's own interval (Airflow's default, 5 s, when
-    absent)."""
+    """A FileTrigger's, S3KeyTrigger's or SFTPTrigger's row's own interval (Airflow's
+    default, 5 s, when absent)."""
     value = kwargs.get("poke_interval", 5.0)
     return float(value) if _number(value) and float(value) > 0 else 5.0
 

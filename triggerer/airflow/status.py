@@ -55,7 +55,7 @@ def _check(engine: Engine, g: Group, tasks: int) -> dict[str, Any]:
         if r.dag_id is not None:
             dags[r.dag_id] = dags.get(r.dag_id, 0) + 1
     since = min((r.since for r in rows if r.since is not None), default=None)
-    if g.plan.kind in ("file", "s3"):
+    if g.plan.kind in ("file", "s3", "sftp"):
         interval: float | None = min((poke_interval(r.kwargs) for r in rows), default=None)
         next_at = None
     else:
