@@ -38,7 +38,7 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import comms, native, native_s3, owners, tasklogs
+from . import comms, native, native_external, native_s3, owners, tasklogs
 from .plans import Plan, plan, poke_interval
 from .rows import AirflowRows, Outcome, Row, Seen, in_batches
 from .tasklogs import TaskLogs
@@ -106,6 +106,8 @@ class Engine:
         # The native S3 checks' clients (one per connection, closed at the stop) and the
         # listings they share.
         self.s3 = native_s3.S3Native()
+        # The native DagStateTrigger / WorkflowTrigger checks' shared reads of Airflow's runs.
+        self.external = native_external.ExternalNative()
         self.submitted: Counter[str] = Counter()  # "event" / "failure", per trigger id
         self.cycles = 0
         self._classes: dict[str, type] = {}
@@ -409,6 +411,16 @@ class Engine:
                 functools.partial(self._file_interval, group),
                 functools.partial(self._native_check, group, "s3"),
                 functools.partial(self._adapted, group),
+            )
+        if group.plan.kind == "external":
+            return native_external.external_events(
+                self.external,
+                group.plan.key,
+                group.kwargs,
+                lambda: native_external.interval(
+                    group.plan.key, (r.kwargs for r in group.rows.values())
+                ),
+                functools.partial(self._native_check, group, "external"),
             )
         if group.plan.kind == "time":
             end = bool(group.plan.key[2])

@@ -12,7 +12,13 @@ Natively recognised classes get a key of what they check, so more rows share:
   template at the triggerer, ``start_from_trigger``) runs through the adapter;
 - the Amazon provider's ``S3KeyTrigger``: ``("s3", aws_conn_id, region_name, verify,
   bucket, key, wildcard_match)`` (:func:`.native_s3.s3_key`), ``poke_interval`` left out as
-  for a file.
+  for a file;
+- the standard provider's ``DagStateTrigger`` with a non-empty ``run_ids`` list:
+  ``("dagstate", dag_id, run_ids, states, execution_dates, poll_interval)``, all of them
+  (its event echoes its kwargs); its ``WorkflowTrigger`` without ``external_task_group_id``:
+  ``("workflow", external_dag_id, run_ids, logical_dates, external_task_ids, failed_states,
+  skipped_states, allowed_states)``, ``poke_interval`` and ``soft_fail`` left out
+  (:func:`.native_external.external_key`).
 
 A row whose kwargs carry anything else than those the native check understands runs
 through the adapter: another provider version's extra kwarg must not be ignored.
@@ -25,20 +31,21 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
+from .native_external import DAGSTATE, WORKFLOW, external_key
 from .native_s3 import S3KEY, s3_key
 
 FILE = "airflow.providers.standard.triggers.file.FileTrigger"
 DATETIME = "airflow.providers.standard.triggers.temporal.DateTimeTrigger"
 TIMEDELTA = "airflow.providers.standard.triggers.temporal.TimeDeltaTrigger"
 
-NATIVE = (FILE, DATETIME, TIMEDELTA, S3KEY)
+NATIVE = (FILE, DATETIME, TIMEDELTA, S3KEY, DAGSTATE, WORKFLOW)
 
 Key = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str  # "file", "time", "s3" or "adapter"
+    kind: str  # "file", "time", "s3", "external" or "adapter"
     key: Key
 
 
@@ -55,6 +62,8 @@ def plan(classpath: str, kwargs: dict[str, Any]) -> Plan:
             return Plan("time", ("time", moment.timestamp(), end))
     if classpath == S3KEY and (key := s3_key(kwargs)) is not None:
         return Plan("s3", key)
+    if classpath in (DAGSTATE, WORKFLOW) and (key := external_key(classpath, kwargs)) is not None:
+        return Plan("external", key)
     try:
         text = canonical(kwargs)
     except (TypeError, ValueError):
