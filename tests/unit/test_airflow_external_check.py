@@ -25,7 +25,7 @@ from triggerer.airflow.native_external import (
     ExternalNative,
     Need,
     Seen,
-    dagstate_done,
+    dagstate_state,
     interval,
     workflow_status,
 )
@@ -244,18 +244,23 @@ def test_ti_states_follow_the_null_rule_and_dag_run_states_do_not() -> None:
 
 def test_a_dagstate_trigger_is_done_once_all_its_runs_are_in_its_states() -> None:
     seen = _seen()
-    assert dagstate_done(_key(DAGSTATE, _dagstate(dag_id="upstream", run_ids=["r1"])), seen)
+    one = _dagstate(dag_id="upstream", run_ids=["r1"])
+    assert dagstate_state(_key(DAGSTATE, one), seen) == "success"
     both = _dagstate(dag_id="upstream", run_ids=["r1", "r2"])
-    assert dagstate_done(_key(DAGSTATE, both), seen) is None
-    assert dagstate_done(_key(DAGSTATE, {**both, "states": ["success", "running"]}), seen)
-    assert dagstate_done(_key(DAGSTATE, {**both, "states": []}), seen)  # no state filter
+    assert dagstate_state(_key(DAGSTATE, both), seen) is None
+    # Done: the state of the first run id, as the provider's event carries it.
+    both_states = {**both, "states": ["success", "running"]}
+    assert dagstate_state(_key(DAGSTATE, both_states), seen) == "success"
+    first_r2 = {**both_states, "run_ids": ["r2", "r1"]}
+    assert dagstate_state(_key(DAGSTATE, first_r2), seen) == "running"
+    assert dagstate_state(_key(DAGSTATE, {**both, "states": []}), seen) == "success"  # no filter
     # A duplicated run id is one run: never len(run_ids), as for the provider.
     assert (
-        dagstate_done(_key(DAGSTATE, _dagstate(dag_id="upstream", run_ids=["r1"] * 2)), seen)
+        dagstate_state(_key(DAGSTATE, _dagstate(dag_id="upstream", run_ids=["r1"] * 2)), seen)
         is None
     )
     dated = _dagstate(dag_id="upstream", run_ids=["r1"], execution_dates=[DAY + timedelta(days=1)])
-    assert dagstate_done(_key(DAGSTATE, dated), seen) is None
+    assert dagstate_state(_key(DAGSTATE, dated), seen) is None
 
 
 # -- one read per moment ---------------------------------------------------------------------
@@ -317,9 +322,9 @@ async def test_the_database_away_is_retried_said_once_and_fails_nothing(
     key = _key(DAGSTATE, _dagstate(dag_id="upstream", run_ids=["r1"], poll_interval=0.05))
     with caplog.at_level(logging.WARNING, logger="slotless.airflow"):
         found = await asyncio.wait_for(
-            native.wait(key, dagstate_done, lambda: 0.05, checks.append), 10
+            native.wait(key, dagstate_state, lambda: 0.05, checks.append), 10
         )
-    assert found is True
+    assert found == "success"
     assert checks[:4] == ["retrying: OperationalError: connection refused"] * 4
     assert checks[-1] == "found"
     said = [r for r in caplog.records if "failed" in r.getMessage()]
@@ -329,10 +334,10 @@ async def test_the_database_away_is_retried_said_once_and_fails_nothing(
 async def test_a_group_leaving_does_not_cancel_the_read_others_wait_on() -> None:
     native = ExternalNative(reader=Tables())
     key = _key(DAGSTATE, _dagstate(dag_id="upstream", run_ids=["r1"]))
-    leaving = asyncio.create_task(native.wait(key, dagstate_done, lambda: 60.0, lambda _: None))
-    staying = asyncio.create_task(native.wait(key, dagstate_done, lambda: 60.0, lambda _: None))
+    leaving = asyncio.create_task(native.wait(key, dagstate_state, lambda: 60.0, lambda _: None))
+    staying = asyncio.create_task(native.wait(key, dagstate_state, lambda: 60.0, lambda _: None))
     await asyncio.sleep(0)
     leaving.cancel()
-    assert await asyncio.wait_for(staying, 5) is True
+    assert await asyncio.wait_for(staying, 5) == "success"
     with contextlib.suppress(asyncio.CancelledError):
         await leaving

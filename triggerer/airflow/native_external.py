@@ -19,7 +19,8 @@ else ``{"status": "success"}`` once the ``allowed_states`` count equals
 ``len(run_ids or logical_dates)`` (with ``external_task_ids``, the task instance count over
 ``len(external_task_ids)``); ``DagStateTrigger`` yields ``(classpath, serialize() data +
 {run_ids[0]: its state})`` once the count of its runs in ``states`` is ``len(run_ids)``, the
-state asked through the Task SDK as the provider asks it.
+state from the same read, of the type the Task SDK's ``get_dagrun_state`` returns (no
+Execution API call at all).
 
 What goes through the adapter (:func:`external_key` says None): a kwarg the provider's
 ``serialize()`` does not write or a value of a type it would not send, a
@@ -32,6 +33,7 @@ retried with backoff (logged at most once a minute) and fails nothing.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import time
@@ -53,6 +55,7 @@ log = logging.getLogger("slotless.airflow")
 
 MODULE = "airflow.providers.standard.triggers.external_task"
 DAGSTATE = f"{MODULE}.DagStateTrigger"
+SDK_STATES = "airflow.sdk.api.datamodels._generated"  # the Task SDK's DagRunState
 WORKFLOW = f"{MODULE}.WorkflowTrigger"
 # What each class's serialize() writes under Airflow 3 (DagStateTrigger takes no others).
 DAGSTATE_KWARGS = frozenset({"dag_id", "states", "run_ids", "execution_dates", "poll_interval"})
@@ -253,11 +256,16 @@ def workflow_status(key: Key, seen: Seen) -> str | None:
     return "success" if count(allowed) == len(run_ids or dates or ()) else None
 
 
-def dagstate_done(key: Key, seen: Seen) -> bool | None:
-    """DagStateTrigger's AF3 ``run()`` on one read: True once its runs are all in
-    ``states``, else None."""
-    states = key[3]
-    return True if dr_count(seen, need(key), states) == len(key[2]) else None
+def dagstate_state(key: Key, seen: Seen) -> str | None:
+    """DagStateTrigger's AF3 ``run()`` on one read: once its runs are all in ``states``,
+    the state of its first run (what ``get_dagrun_state`` reads), else None."""
+    _, dag_id, run_ids, states, _, _ = key
+    if dr_count(seen, need(key), states) != len(run_ids):
+        return None
+    state = seen.runs[dag_id][run_ids[0]][1]
+    if state is None:  # the route's answer would not validate: the provider's run() fails
+        raise ValueError(f"Dag run {dag_id!r} {run_ids[0]!r} has no state")
+    return state
 
 
 # -- one read per moment -------------------------------------------------------------------
@@ -447,20 +455,15 @@ async def external_events(
         status = await ext.wait(key, workflow_status, interval, on_check)
         yield TriggerEvent({"status": status})
         return
-    await ext.wait(key, dagstate_done, interval, on_check)
+    state = await ext.wait(key, dagstate_state, interval, on_check)
     cls = await in_import_thread(MODULE, partial(airflow_trigger_class, DAGSTATE))
     classpath, data = cls(**kwargs).serialize()
-    # As the provider: its first run id's state, asked through the Task SDK (one call, at
-    # the fire, for every row of the group).
-    run_id = kwargs["run_ids"][0]
-    data.update({run_id: await to_thread(_dagrun_state, kwargs["dag_id"], run_id)})
+    # As the provider: {its first run id: that run's state}, the state from the read that
+    # found the count (what the route get_dagrun_state reads), as the Task SDK's
+    # DagRunState, the type the provider's get_dagrun_state returns.
+    sdk_state = await in_import_thread(SDK_STATES, partial(importlib.import_module, SDK_STATES))
+    data.update({kwargs["run_ids"][0]: sdk_state.DagRunState(state)})
     yield TriggerEvent((classpath, data))
-
-
-def _dagrun_state(dag_id: str, run_id: str) -> Any:
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-    return RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id)
 
 
 def _utc(d: datetime) -> datetime:
