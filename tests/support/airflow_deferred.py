@@ -6,6 +6,7 @@ the environment (AIRFLOW_HOME, AIRFLOW__DATABASE__SQL_ALCHEMY_CONN, ...):
     python -m support.airflow_deferred sync DAGS_DIR
     python -m support.airflow_deferred defer < {"dag_id", "run_id", "tasks": [...]}
     python -m support.airflow_deferred states < {"dag_id", "run_id"}
+    python -m support.airflow_deferred set_states < {"dag_id", "run_id", "state", "tasks"}
     python -m support.airflow_deferred log < {"dag_id", "run_id", "task_id", "try_number"}
 
 ``defer`` creates a DagRun of the (synced) DAG through Airflow's own ``create_dagrun``, then
@@ -15,13 +16,18 @@ and ``serialize()``s it, serde-encodes its kwargs and the next_kwargs; the API s
 trigger_id, next_method and next_kwargs (api_fastapi/execution_api/routes/task_instances.py).
 A task's ``"queue"`` is its trigger row's queue (what the worker writes when Airflow's
 ``[triggerer] queues_enabled`` is on). ``"connections"`` ({conn_id: uri}) are stored in
-Airflow's connection table first.
+Airflow's connection table first. A ``"logical_date"`` (ISO text) is the run's (a manual
+run has none otherwise); ``"tasks"`` may be empty, for a run that others wait on.
+``set_states`` sets a run's state (Airflow's own ``DagRun.set_state``) and its task
+instances' (``{task_id: state}``, every map index; ``"task_id[i]"`` for one) through the ORM,
+as the scheduler and the execution API would.
 A task given ``"fernet_key"`` has its kwargs encrypted with that key instead (as a row
 written by ``Trigger(...)`` itself is), to test a triggerer with another key.
 
 Each task: {"task_id", "classpath", "args": {...}} builds ``classpath(**args)``, with
-``{"seconds": n}`` under ``delta`` made a timedelta; or {"task_id", "raw_classpath",
-"raw_kwargs"} stores those as they are (a class that does not exist).
+``{"seconds": n}`` under ``delta`` made a timedelta and each ``{"iso": text}`` a datetime;
+or {"task_id", "raw_classpath", "raw_kwargs"} stores those as they are (a class that does
+not exist).
 """
 
 from __future__ import annotations
@@ -62,8 +68,12 @@ def defer(spec: dict[str, Any]) -> dict[str, int]:
         for conn_id, uri in spec.get("connections", {}).items():
             session.add(Connection(conn_id=conn_id, uri=uri))
         dag = SerializedDagModel.get_dag(spec["dag_id"], session=session)
+        logical = spec.get("logical_date")
+        at = None if logical is None else timezone.parse(logical)
         run = dag.create_dagrun(
             run_id=spec["run_id"],
+            logical_date=at,
+            data_interval=None if at is None else (at, at),
             run_after=timezone.utcnow(),
             run_type=DagRunType.MANUAL,
             triggered_by=DagRunTriggeredByType.TEST,
@@ -125,6 +135,36 @@ def states(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def set_states(spec: dict[str, Any]) -> dict[str, int]:
+    """A run's state and its task instances' states, set through Airflow's ORM; how many
+    task instances each entry changed."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import select, update
+
+    out: dict[str, int] = {}
+    with create_session() as session:
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == spec["dag_id"], DagRun.run_id == spec["run_id"])
+        ).one()
+        for task, state in spec.get("tasks", {}).items():
+            task_id, _, index = task.partition("[")
+            where = [
+                TI.dag_id == spec["dag_id"],
+                TI.run_id == spec["run_id"],
+                TI.task_id == task_id,
+            ]
+            if index:
+                where.append(TI.map_index == int(index.rstrip("]")))
+            done = session.execute(update(TI).where(*where).values(state=state))
+            out[task] = done.rowcount
+        if spec.get("state"):
+            run.set_state(DagRunState(spec["state"]))
+    return out
+
+
 def task_log(spec: dict[str, Any]) -> dict[str, Any]:
     """A task instance's log as Airflow's UI gets it (its TaskLogReader, the configured
     task handler): each message's event text, and the sources it read."""
@@ -151,7 +191,18 @@ def _build(classpath: str, args: dict[str, Any]) -> Any:
     cls = getattr(importlib.import_module(module), name)
     if isinstance(args.get("delta"), dict):
         args = {**args, "delta": timedelta(**args["delta"])}
-    return cls(**args)
+    return cls(**{k: _value(v) for k, v in args.items()})
+
+
+def _value(value: Any) -> Any:
+    """``{"iso": text}`` as the aware datetime Airflow would pass (a list of them too)."""
+    from airflow._shared.timezones import timezone
+
+    if isinstance(value, list):
+        return [_value(v) for v in value]
+    if isinstance(value, dict) and set(value) == {"iso"}:
+        return timezone.parse(value["iso"])
+    return value
 
 
 def main() -> None:
@@ -160,7 +211,7 @@ def main() -> None:
         sync(sys.argv[2])
         return
     spec = json.load(sys.stdin)
-    commands = {"defer": defer, "states": states, "log": task_log}
+    commands = {"defer": defer, "states": states, "set_states": set_states, "log": task_log}
     result = commands[command](spec)
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -38,7 +38,7 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import comms, native, native_s3, native_sftp, owners, tasklogs
+from . import comms, native, native_external, native_s3, native_sftp, owners, tasklogs
 from .plans import Plan, plan, poke_interval
 from .rows import AirflowRows, Outcome, Row, Seen, in_batches
 from .tasklogs import TaskLogs
@@ -107,6 +107,8 @@ class Engine:
         # listings they share.
         self.s3 = native_s3.S3Native()
         self.sftp = native_sftp.SFTPNative()  # likewise: a link per SFTP connection
+        # The native DagStateTrigger / WorkflowTrigger checks' shared reads of Airflow's runs.
+        self.external = native_external.ExternalNative()
         self.submitted: Counter[str] = Counter()  # "event" / "failure", per trigger id
         self.cycles = 0
         self._classes: dict[str, type] = {}
@@ -421,6 +423,16 @@ class Engine:
                 functools.partial(self._file_interval, group),
                 functools.partial(self._native_check, group, "sftp"),
                 functools.partial(self._adapted, group),
+            )
+        if group.plan.kind == "external":
+            return native_external.external_events(
+                self.external,
+                group.plan.key,
+                group.kwargs,
+                lambda: native_external.interval(
+                    group.plan.key, (r.kwargs for r in group.rows.values())
+                ),
+                functools.partial(self._native_check, group, "external"),
             )
         if group.plan.kind == "time":
             end = bool(group.plan.key[2])

@@ -15,6 +15,12 @@ Natively recognised classes get a key of what they check, so more rows share:
   for a file;
 - the SFTP provider's ``SFTPTrigger``: ``("sftp", sftp_conn_id, path, file_pattern,
   newer_than)`` (:func:`.native_sftp.sftp_key`), ``poke_interval`` left out as for a file.
+- the standard provider's ``DagStateTrigger`` with a non-empty ``run_ids`` list:
+  ``("dagstate", dag_id, run_ids, states, execution_dates, poll_interval)``, all of them
+  (its event echoes its kwargs); its ``WorkflowTrigger`` without ``external_task_group_id``:
+  ``("workflow", external_dag_id, run_ids, logical_dates, external_task_ids, failed_states,
+  skipped_states, allowed_states)``, ``poke_interval`` and ``soft_fail`` left out
+  (:func:`.native_external.external_key`).
 
 A row whose kwargs carry anything else than those the native check understands runs
 through the adapter: another provider version's extra kwarg must not be ignored.
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
+from .native_external import DAGSTATE, WORKFLOW, external_key
 from .native_s3 import S3KEY, s3_key
 from .native_sftp import SFTP, sftp_key
 
@@ -34,14 +41,14 @@ FILE = "airflow.providers.standard.triggers.file.FileTrigger"
 DATETIME = "airflow.providers.standard.triggers.temporal.DateTimeTrigger"
 TIMEDELTA = "airflow.providers.standard.triggers.temporal.TimeDeltaTrigger"
 
-NATIVE = (FILE, DATETIME, TIMEDELTA, S3KEY, SFTP)
+NATIVE = (FILE, DATETIME, TIMEDELTA, S3KEY, SFTP, DAGSTATE, WORKFLOW)
 
 Key = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
 class Plan:
-    kind: str  # "file", "time", "s3", "sftp" or "adapter"
+    kind: str  # "file", "time", "s3", "sftp", "external" or "adapter"
     key: Key
 
 
@@ -60,6 +67,8 @@ def plan(classpath: str, kwargs: dict[str, Any]) -> Plan:
         return Plan("s3", key)
     if classpath == SFTP and (key := sftp_key(kwargs)) is not None:
         return Plan("sftp", key)
+    if classpath in (DAGSTATE, WORKFLOW) and (key := external_key(classpath, kwargs)) is not None:
+        return Plan("external", key)
     try:
         text = canonical(kwargs)
     except (TypeError, ValueError):

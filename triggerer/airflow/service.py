@@ -215,7 +215,7 @@ class EngineCollector(Collector):
             "distinct checks held: rows equal in what they wait for are one",
             labels=["kind"],
         )
-        kinds = {"file": 0, "time": 0, "s3": 0, "sftp": 0, "adapter": 0}
+        kinds = {"file": 0, "time": 0, "s3": 0, "sftp": 0, "external": 0, "adapter": 0}
         for g in e.groups.values():
             kinds[g.plan.kind] = kinds.get(g.plan.kind, 0) + 1
         for kind, n in kinds.items():
@@ -226,7 +226,7 @@ class EngineCollector(Collector):
             "native checks made (one per group per interval)",
             labels=["kind"],
         )
-        for kind in ("file", "s3", "sftp"):
+        for kind in ("file", "s3", "sftp", "external"):
             made.add_metric([kind], e.checks[kind])
         yield made
         listings = CounterMetricFamily(
@@ -243,6 +243,13 @@ class EngineCollector(Collector):
         )
         readdirs.add_metric([], e.sftp.listings)
         yield readdirs
+        reads = CounterMetricFamily(
+            "slotless_airflow_external_reads",
+            "reads of Airflow's dag_run and task_instance tables by the native DagStateTrigger "
+            "and WorkflowTrigger checks (one per moment, however many groups are due then)",
+        )
+        reads.add_metric([], e.external.reads)
+        yield reads
         submitted = CounterMetricFamily(
             "slotless_airflow_submitted",
             "outcomes written to Airflow, per trigger id",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from . import native_external
 from .plans import poke_interval
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ def _check(engine: Engine, g: Group, tasks: int) -> dict[str, Any]:
     if g.plan.kind in ("file", "s3", "sftp"):
         interval: float | None = min((poke_interval(r.kwargs) for r in rows), default=None)
         next_at = None
+    elif g.plan.kind == "external":
+        interval, next_at = native_external.interval(g.plan.key, (r.kwargs for r in rows)), None
     else:
         interval = None  # a timer sleeps until its moment; an adapted run() paces itself
         next_at = g.kwargs.get("moment") if g.plan.kind == "time" else None
