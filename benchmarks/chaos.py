@@ -544,6 +544,9 @@ async def judge(run: dict[str, Any]) -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    # The run is created here, and its sensors defer on this module's trigger class: it is
+    # allowed in this process as in the fleet's (Fleet.env), or the DAG is refused.
+    os.environ["SLOTLESS_ALLOWED_TRIGGERS"] = CLASSPATH
     cluster = Cluster(folder)
     cluster.start()
     try:
