@@ -25,6 +25,29 @@ def test_cycles_split_on_gaps() -> None:
     assert capacity.cycles_of(log, 5.0) == [["a", "b"], ["a", "b"], ["a"]]
 
 
+def test_w1_cpu_is_reported_only_from_w1s_own_run() -> None:
+    """W1 is 19,000 waits on 5 s: a million-wait run's CPU per check is not W1's."""
+
+    def run(triggers: int, interval: float, cpu: float) -> dict[str, object]:
+        lags = ("loop_lag_p99_ms", "loop_lag_max_ms", "loop_lag_max_while_loading_ms")
+        return {
+            **dict.fromkeys(lags, 1.0),
+            "load_s": 1.0,
+            "bytes_per_trigger": 600,
+            "triggers": triggers,
+            "interval_s": interval,
+            "cpu_us_per_check": cpu,
+            "cpu_s_per_min": cpu,
+            "probe_latencies_s": [0.1],
+        }
+
+    million = run(1_000_000, 60, 13.3)
+    alone = capacity.headline([million], 1.0)
+    assert (alone["cpu_us_per_check_w1"], alone["cpu_s_per_min_w1"]) == (None, None)
+    both = capacity.headline([run(19_000, 5, 9.5), million], 1.0)
+    assert both["cpu_us_per_check_w1"] == 9.5 and both["load_s"] == 1.0
+
+
 def test_inserted_waits_load_as_the_triggerer_loads_them(tmp_path: Path) -> None:
     db = tmp_path / "w.db"
     capacity.create_schema(db)
