@@ -49,7 +49,7 @@ from triggers.base import TransientError
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from .native_s3 import _grid, _sleep_until
+from .grid import SAY_EVERY_S, back_off, next_point
 
 log = logging.getLogger("slotless.airflow")
 
@@ -76,8 +76,6 @@ WORKFLOW_KWARGS = frozenset(
 )
 GATHER_S = 0.02  # requests due within this long of the first are one read
 RUNS_PER_STATEMENT = 5_000  # run keys bound per statement (PostgreSQL binds 65,535 at most)
-BACKOFF_MAX_S = 60.0
-SAY_EVERY_S = 60.0  # a failing read is logged at most this often
 
 Key = tuple[Any, ...]
 Names = tuple[str, ...]
@@ -309,15 +307,14 @@ class ExternalNative:
             except TransientError as exc:
                 failures += 1
                 on_check(f"retrying: {exc}")
-                backoff = min(every * 2**failures, BACKOFF_MAX_S)
-                await _sleep_until(_grid(every, time.monotonic() + backoff) + every)
+                await back_off(every, failures)
                 continue
             failures = 0
             found = decide(key, seen)
             on_check("found" if found is not None else "not yet")
             if found is not None:
                 return found
-            await _sleep_until(_grid(every, time.monotonic()) + every)
+            await next_point(every)
 
     async def read(self, n: Need) -> Seen:
         """The next read that has not begun, with ``n`` in it: never one begun earlier."""

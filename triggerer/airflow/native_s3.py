@@ -35,7 +35,6 @@ import contextlib
 import fnmatch
 import importlib
 import logging
-import math
 import re
 import time
 from collections import Counter
@@ -50,6 +49,8 @@ from triggers.context import to_thread
 from triggers.listing import SingleFlight, literal_prefix
 from triggers.registry import in_import_thread
 from triggers.s3 import S3CheckError, _S3Link
+
+from .grid import SAY_EVERY_S, NotNative, back_off, grid, next_point, one_line
 
 log = logging.getLogger("slotless.airflow")
 
@@ -75,8 +76,6 @@ KWARGS = frozenset(
         "metadata_keys",
     }
 )
-BACKOFF_MAX_S = 60.0
-SAY_EVERY_S = 60.0  # a failing listing is logged at most this often
 
 Where = tuple[str | None, str | None, bool | None]  # aws_conn_id, region_name, verify
 Key = tuple[Any, ...]
@@ -140,31 +139,6 @@ def _directory(key: str, wildcard: bool) -> str:
     before its first wildcard for a pattern), shared by every key in it."""
     literal = literal_prefix(key) if wildcard else key
     return literal[: literal.rfind("/") + 1]
-
-
-def _line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
-
-
-def _grid(every: float, at: float) -> float:
-    """The last point at or before ``at`` of the grid of ``every`` (monotonic seconds):
-    waits on one interval check at the same moments, so they share a listing (after a
-    back-off too: the groups a failed listing served try again with one request)."""
-    return math.floor(at / every) * every
-
-
-async def _sleep_until(due: float) -> float:
-    """Sleep until the monotonic clock reads ``due``, not a moment before: uvloop's timers
-    count whole milliseconds and may wake one early, and a check woken before its grid
-    point would take the previous point's listing, then check again at once."""
-    while (left := due - time.monotonic()) > 0:
-        await asyncio.sleep(left)
-    return due
-
-
-class NotNative(Exception):
-    """The connection asks for what the native client does not do: the adapter serves."""
 
 
 class S3Failed(Exception):
@@ -258,7 +232,7 @@ class S3Native:
         failures = 0
         # The grid point this check is for: at first the one just passed (a listing made
         # since then answers), then each one slept until.
-        due = _grid(interval(), time.monotonic())
+        due = grid(interval(), time.monotonic())
         try:
             while True:
                 every = interval()
@@ -268,14 +242,13 @@ class S3Native:
                 except TransientError as exc:
                     failures += 1
                     on_check(f"retrying: {exc}")
-                    backoff = min(every * 2**failures, BACKOFF_MAX_S)
-                    due = await _sleep_until(_grid(every, time.monotonic() + backoff) + every)
+                    due = await back_off(every, failures)
                     continue
                 failures = 0
                 on_check("found" if found else "no match yet")
                 if found:
                     return
-                due = await _sleep_until(_grid(every, time.monotonic()) + every)
+                due = await next_point(every)
         finally:
             self._want(spots, wildcard, -1)
 
@@ -311,11 +284,12 @@ class S3Native:
             self._links[where] = exc
             raise
         except Exception as exc:  # the connection could not be read now (its database)
-            raise TransientError(f"reading AWS connection {where[0]!r}: {_line(exc)}") from None
+            raise TransientError(f"reading AWS connection {where[0]!r}: {one_line(exc)}") from None
         try:
             link = self._links[where] = await _S3Link.open(conn)
         except Exception as exc:  # an endpoint_url botocore refuses, say
-            raise S3Failed(f"cannot make an S3 client for {conn.conn_id!r}: {_line(exc)}") from None
+            said = one_line(exc)
+            raise S3Failed(f"cannot make an S3 client for {conn.conn_id!r}: {said}") from None
         return link
 
     # -- listings ----------------------------------------------------------------------

@@ -60,7 +60,7 @@ from triggers.listing import SingleFlight
 from triggers.registry import in_import_thread
 from triggers.sftp import SFTPCheckError, SFTPDenied, SFTPLink
 
-from .native_s3 import BACKOFF_MAX_S, SAY_EVERY_S, NotNative, _grid, _line, _sleep_until
+from .grid import SAY_EVERY_S, NotNative, back_off, grid, next_point, one_line
 
 log = logging.getLogger("slotless.airflow")
 
@@ -227,7 +227,7 @@ def airflow_connection(conn_id: str) -> _Conn:
         if hook.passphrase:
             options["passphrase"] = hook.passphrase
     except (ValueError, OSError, asyncssh.Error) as exc:  # KeyImportError is a ValueError
-        raise SFTPFailed(f"{name}: {_line(exc)}") from None
+        raise SFTPFailed(f"{name}: {one_line(exc)}") from None
     options.update(
         connect_timeout=CONNECT_TIMEOUT_S, keepalive_interval=KEEPALIVE_S, keepalive_count_max=3
     )
@@ -241,7 +241,7 @@ def newer_than_utc(path: str, newer_than: Any) -> Any:
     try:
         return trigger.newer_than_utc
     except Exception as exc:
-        raise NotNative(f"newer_than {newer_than!r}: {_line(exc)}") from None
+        raise NotNative(f"newer_than {newer_than!r}: {one_line(exc)}") from None
 
 
 @dataclass
@@ -270,7 +270,7 @@ class SFTPNative:
         spot: Spot = (key[1], directory(key))
         self._waits[spot] += 1
         failures = 0
-        due = _grid(interval(), time.monotonic())
+        due = grid(interval(), time.monotonic())
         try:
             while True:
                 every = interval()
@@ -280,8 +280,7 @@ class SFTPNative:
                 except TransientError as exc:
                     failures += 1
                     on_check(f"retrying: {exc}")
-                    backoff = min(every * 2**failures, BACKOFF_MAX_S)
-                    due = await _sleep_until(_grid(every, time.monotonic() + backoff) + every)
+                    due = await back_off(every, failures)
                     continue
                 except SFTPCheckError as exc:
                     raise SFTPFailed(str(exc)) from None
@@ -289,7 +288,7 @@ class SFTPNative:
                 on_check("found" if message else "no match yet")
                 if message:
                     return message
-                due = await _sleep_until(_grid(every, time.monotonic()) + every)
+                due = await next_point(every)
         finally:
             self._waits[spot] -= 1
             if self._waits[spot] <= 0:
@@ -324,7 +323,7 @@ class SFTPNative:
                 self._links[conn_id] = exc  # for the process's life, as its link would be
             raise
         except Exception as exc:  # the connection could not be read now (its database)
-            raise TransientError(f"reading SFTP connection {conn_id!r}: {_line(exc)}") from None
+            raise TransientError(f"reading SFTP connection {conn_id!r}: {one_line(exc)}") from None
         try:
             link = self._links[conn_id] = _AirflowLink(conn)
         except SFTPCheckError as exc:  # no host
