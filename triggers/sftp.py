@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import field_validator, model_validator
 
 from .base import BaseTrigger, TransientError, TriggerEvent
-from .context import TriggerContext
+from .context import TriggerContext, to_thread
 from .listing import SingleFlight, check_glob, compile_glob, has_magic, on_grid
 
 MAX_PAYLOAD_PATHS = 1000
@@ -221,7 +221,9 @@ class SFTPLink:
     async def _connect(self) -> tuple[Any, Any]:
         import asyncssh
 
-        options = self._options()
+        # Key and known_hosts files are read in a thread: a (re)connect must not stop the
+        # loop on a slow disk or a network mount.
+        options = await to_thread(self._options)
         try:
             ssh = await asyncssh.connect(self.conn.host, **options)
         except asyncssh.PermissionDenied as exc:
