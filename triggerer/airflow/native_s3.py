@@ -46,11 +46,11 @@ from urllib.parse import urlsplit
 
 from triggers.base import TransientError
 from triggers.context import to_thread
-from triggers.listing import SingleFlight, literal_prefix
+from triggers.listing import literal_prefix
 from triggers.registry import in_import_thread
 from triggers.s3 import S3CheckError, _S3Link
 
-from .grid import SAY_EVERY_S, NotNative, back_off, grid, next_point, one_line
+from .grid import SAY_EVERY_S, Clients, NotNative, back_off, grid, next_point, one_line
 
 log = logging.getLogger("slotless.airflow")
 
@@ -210,8 +210,7 @@ class S3Native:
     # (aws_conn_id, region_name, verify) -> a _Conn; Airflow's by default, a test's own.
     resolve: Callable[[str | None, str | None, bool | None], _Conn] | None = None
     listings: int = 0  # listings made (each a paginated ListObjectsV2), for /metrics
-    _links: dict[Where, Any] = field(default_factory=dict)  # a _S3Link, or NotNative
-    _opening: SingleFlight = field(default_factory=SingleFlight)
+    _clients: Clients = field(default_factory=Clients)  # an _S3Link per Where
     # (where, bucket, directory) -> how many groups wait under it, how many with a wildcard
     _waits: Counter[Hashable] = field(default_factory=Counter)
     _wildcards: Counter[Hashable] = field(default_factory=Counter)
@@ -253,21 +252,12 @@ class S3Native:
             self._want(spots, wildcard, -1)
 
     async def close(self) -> None:
-        links, self._links = self._links, {}
-        for link in links.values():
-            if not isinstance(link, NotNative):
-                with contextlib.suppress(Exception):
-                    await link.close()
+        await self._clients.close()
 
     # -- clients ---------------------------------------------------------------------
 
     async def _link(self, where: Where) -> Any:
-        link = self._links.get(where)
-        if link is None:
-            link = await self._opening.run(where, partial(self._open, where))
-        if isinstance(link, NotNative):
-            raise link
-        return link
+        return await self._clients.get(where, partial(self._open, where))
 
     async def _open(self, where: Where) -> Any:
         resolve = self.resolve
@@ -280,13 +270,12 @@ class S3Native:
             await in_import_thread(module, partial(importlib.import_module, module))
         try:
             conn = await to_thread(resolve, *where)
-        except NotNative as exc:
-            self._links[where] = exc
+        except NotNative:
             raise
         except Exception as exc:  # the connection could not be read now (its database)
             raise TransientError(f"reading AWS connection {where[0]!r}: {one_line(exc)}") from None
         try:
-            link = self._links[where] = await _S3Link.open(conn)
+            link = await _S3Link.open(conn)
         except Exception as exc:  # an endpoint_url botocore refuses, say
             said = one_line(exc)
             raise S3Failed(f"cannot make an S3 client for {conn.conn_id!r}: {said}") from None

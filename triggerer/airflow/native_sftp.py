@@ -56,11 +56,10 @@ from typing import Any
 
 from triggers.base import TransientError
 from triggers.context import to_thread
-from triggers.listing import SingleFlight
 from triggers.registry import in_import_thread
 from triggers.sftp import SFTPCheckError, SFTPDenied, SFTPLink
 
-from .grid import SAY_EVERY_S, NotNative, back_off, grid, next_point, one_line
+from .grid import SAY_EVERY_S, Clients, NotNative, back_off, grid, next_point, one_line
 
 log = logging.getLogger("slotless.airflow")
 
@@ -251,8 +250,7 @@ class SFTPNative:
     # sftp_conn_id -> a _Conn; Airflow's by default, a test's own.
     resolve: Callable[[str], _Conn] | None = None
     listings: int = 0  # readdirs made, for /metrics
-    _links: dict[str, Any] = field(default_factory=dict)  # an _AirflowLink, or NotNative
-    _opening: SingleFlight = field(default_factory=SingleFlight)
+    _clients: Clients = field(default_factory=Clients)  # an _AirflowLink per connection
     _waits: Counter[Hashable] = field(default_factory=Counter)  # spot -> groups waiting
     # spot -> the last listing: when it began (monotonic), its entries (None: no directory)
     _last: dict[Hashable, tuple[float, list[Any] | None]] = field(default_factory=dict)
@@ -296,19 +294,10 @@ class SFTPNative:
                     kept.pop(spot, None)
 
     async def close(self) -> None:
-        links, self._links = self._links, {}
-        for link in links.values():
-            if not isinstance(link, NotNative):
-                with contextlib.suppress(Exception):
-                    await link.close()
+        await self._clients.close()
 
     async def _link(self, conn_id: str) -> Any:
-        link = self._links.get(conn_id)
-        if link is None:
-            link = await self._opening.run(conn_id, partial(self._open, conn_id))
-        if isinstance(link, NotNative):
-            raise link
-        return link
+        return await self._clients.get(conn_id, partial(self._open, conn_id))
 
     async def _open(self, conn_id: str) -> Any:
         resolve = self.resolve
@@ -318,14 +307,12 @@ class SFTPNative:
         await in_import_thread("asyncssh", partial(importlib.import_module, "asyncssh"))
         try:
             conn = await to_thread(resolve, conn_id)
-        except (NotNative, SFTPFailed) as exc:
-            if isinstance(exc, NotNative):
-                self._links[conn_id] = exc  # for the process's life, as its link would be
+        except (NotNative, SFTPFailed):
             raise
         except Exception as exc:  # the connection could not be read now (its database)
             raise TransientError(f"reading SFTP connection {conn_id!r}: {one_line(exc)}") from None
         try:
-            link = self._links[conn_id] = _AirflowLink(conn)
+            link = _AirflowLink(conn)
         except SFTPCheckError as exc:  # no host
             raise SFTPFailed(str(exc)) from None
         return link
