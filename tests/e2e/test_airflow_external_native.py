@@ -29,9 +29,7 @@ import pytest
 from support.airflow_deployment import slotless_metrics
 from support.airflow_home import AirflowHome
 from support.helpers import free_port, stop_process, wait_until
-from support.pg import fetch, private_database
-
-from benchmarks.airflow_env import airflow_python
+from support.pg import fetch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -167,10 +165,7 @@ class Airflow(AirflowHome):
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
-    python = airflow_python()
-    with private_database("slotless_airflow_external") as (pg_url, url):
-        af = Airflow(python, tmp_path_factory.mktemp("airflow-external"), url, pg_url)
-        af.migrate_and_sync()
+    with Airflow.migrated(tmp_path_factory, "slotless_airflow_external") as af:
         yield af
 
 

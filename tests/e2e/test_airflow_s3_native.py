@@ -27,10 +27,8 @@ import pytest
 from support.airflow_deployment import slotless_metrics
 from support.airflow_home import AirflowHome
 from support.helpers import free_port, stop_process, wait_until
-from support.pg import fetch, private_database
+from support.pg import fetch
 from support.servers import MotoS3Server
-
-from benchmarks.airflow_env import airflow_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -83,10 +81,7 @@ def moto() -> Iterator[MotoS3Server]:
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
-    python = airflow_python()
-    with private_database("slotless_airflow_s3") as (pg_url, url):
-        af = Airflow(python, tmp_path_factory.mktemp("airflow-s3"), url, pg_url)
-        af.migrate_and_sync()
+    with Airflow.migrated(tmp_path_factory, "slotless_airflow_s3") as af:
         yield af
 
 

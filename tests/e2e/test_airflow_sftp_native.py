@@ -31,10 +31,8 @@ import pytest
 from support.airflow_deployment import slotless_metrics
 from support.airflow_home import AirflowHome
 from support.helpers import free_port, stop_process, wait_until
-from support.pg import fetch, private_database
+from support.pg import fetch
 from support.servers import OpenSSHServer, SSHKeys, sshd_available
-
-from benchmarks.airflow_env import airflow_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -86,10 +84,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSSHServer]:
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
-    python = airflow_python()
-    with private_database("slotless_airflow_sftp") as (pg_url, url):
-        af = Airflow(python, tmp_path_factory.mktemp("airflow-sftp"), url, pg_url, {"w.py": DAG})
-        af.migrate_and_sync()
+    with Airflow.migrated(tmp_path_factory, "slotless_airflow_sftp", {"w.py": DAG}) as af:
         yield af
 
 

@@ -29,9 +29,7 @@ import pytest
 from support.airflow_deployment import slotless_metrics
 from support.airflow_home import AirflowHome, fernet_key
 from support.helpers import free_port, stop_process, wait_until
-from support.pg import fetch, private_database
-
-from benchmarks.airflow_env import airflow_python
+from support.pg import fetch
 
 # The first test may build .venv-airflow (a minute on a quiet machine, several on a busy one).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -108,10 +106,7 @@ _STATE_QUERY = "SELECT task_id, state FROM task_instance WHERE dag_id = 'waits' 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    python = airflow_python()
-    with private_database("slotless_airflow") as (pg_url, url):
-        dep = Deployment(python, tmp_path_factory.mktemp("airflow"), url, pg_url)
-        dep.migrate_and_sync()
+    with Deployment.migrated(tmp_path_factory, "slotless_airflow") as dep:
         yield dep
 
 

@@ -10,13 +10,18 @@ key, the DAG folder written from ``dags`` (file name -> source), no examples.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from benchmarks.airflow_env import REPO
+import pytest
+
+from benchmarks.airflow_env import REPO, airflow_python
+from support.pg import private_database
 
 
 def fernet_key() -> str:
@@ -54,6 +59,20 @@ class AirflowHome:
             "PYTHONPATH": str(REPO / "tests"),
             **(env or {}),
         }
+
+    @classmethod
+    @contextlib.contextmanager
+    def migrated(
+        cls, tmp_path_factory: pytest.TempPathFactory, name: str, *args: Any
+    ) -> Iterator[Self]:
+        """A home of this class (built with ``args`` after its database) on a private
+        PostgreSQL database ``name``, migrated, its DAGs synced; the database dropped
+        after. Builds the Airflow test environment first if it is missing."""
+        python = airflow_python()
+        with private_database(name) as (pg_url, url):
+            home = cls(python, tmp_path_factory.mktemp(name), url, pg_url, *args)
+            home.migrate_and_sync()
+            yield home
 
     def run(self, *args: str, stdin: str | None = None, timeout: float = 180) -> Any:
         return subprocess.run(
