@@ -179,6 +179,11 @@ def install() -> SupervisorAnswers:
     from airflow.sdk.execution_time import task_runner
 
     answers = SupervisorAnswers()
-    answers.decoder  # noqa: B018 (its import is slow: here, in the start-up thread)
+    # Both are slow to make (the in-process Execution API server, ~0.8 s here): made here,
+    # before the engine runs. Made at a trigger's first SDK call, in that call's thread,
+    # it was seen to stop the event loop for as long (the GIL held through the imports and
+    # the API app's building), and the instance to miss a beat of its liveness.
+    answers.decoder  # noqa: B018
+    answers.client  # noqa: B018
     task_runner.SUPERVISOR_COMMS = answers
     return answers
