@@ -37,7 +37,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 STD = "airflow.providers.standard.triggers"
 HERE = "support.airflow_triggers"
 FILES = [f"file{i}" for i in range(5)]
-TASKS = [*FILES, "delta", "flag", "conn", "queued", "raises", "unknown", "badkey", "dagstate"]
+TASKS = [
+    *FILES,
+    "delta",
+    "flag",
+    "conn",
+    "queued",
+    "raises",
+    "unknown",
+    "badkey",
+    "dagstate",
+    "sdk",
+]
 
 DAG = f"""
 from datetime import datetime
@@ -137,11 +148,18 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             "args": {"message": "the source said no"},
         },
         {"task_id": "unknown", "raw_classpath": "nowhere.triggers.Gone", "raw_kwargs": {}},
-        # Asks the triggerer supervisor (RuntimeTaskInstance.get_dr_count, get_dagrun_state).
+        # Checked natively: the count and the state from one read of Airflow's dag_run.
         {
             "task_id": "dagstate",
             "classpath": f"{STD}.external_task.DagStateTrigger",
             "args": {"dag_id": "waits", "states": ["running"], "run_ids": ["r1"]},
+        },
+        # The same questions from a class run through the adapter: the Task SDK asks the
+        # triggerer supervisor (RuntimeTaskInstance.get_dr_count, get_dagrun_state).
+        {
+            "task_id": "sdk",
+            "classpath": f"{HERE}.RunStateTrigger",
+            "args": {"dag_id": "waits", "run_id": "r1"},
         },
         # A row in a trigger queue: not this triggerer's (it serves no queue).
         {**file_wait, "task_id": "queued", "queue": "elsewhere"},
@@ -179,7 +197,7 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             return states
 
         states = wait_until(
-            lambda: settled(["delta", "conn", "raises", "unknown", "badkey", "dagstate"]),
+            lambda: settled(["delta", "conn", "raises", "unknown", "badkey", "dagstate", "sdk"]),
             timeout=90,
             interval=0.5,
             what="the moment, the connection, the DAG state and three failures to resume",
@@ -190,10 +208,11 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
         assert delta["next_kwargs"]["asked"] == "delta"
         assert delta["next_kwargs"]["event"].startswith("20")
         assert delta["trigger_id"] is None
-        # The Task SDK's calls to the supervisor answered: this run is running.
+        # This run is running: read natively, and answered to the Task SDK's calls.
         dagstate = states["dagstate"]["next_kwargs"]["event"]
         assert dagstate[0] == f"{STD}.external_task.DagStateTrigger"
         assert dagstate[1]["r1"] == "running"
+        assert states["sdk"]["next_kwargs"]["event"] == {"count": 1, "state": "running"}
         conn = states["conn"]["next_kwargs"]["event"]
         assert conn == {"host": "dw.example", "login": "bob", "port": 6543}
         # Each failure is its own task instance's, through submit_failure, with its error.
@@ -250,7 +269,8 @@ def test_deferred_task_instances_resume_as_airflows_triggerer_would(
             assert states[name]["next_kwargs"] == {"asked": name, "event": True}
         assert states["flag"]["next_kwargs"]["event"] == {"path": flag, "content": "go"}
         m = slotless_metrics(port)
-        assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(FILES) + 4
+        fired = [*FILES, "delta", "conn", "dagstate", "sdk", "flag"]
+        assert m['slotless_airflow_submitted_total{outcome="event"}'] == len(fired)
 
         # The asset watcher: each file that lands is an asset event, and it keeps watching.
         landed = dep.inbox / "landed"

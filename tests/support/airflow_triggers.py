@@ -107,6 +107,33 @@ class BlockingTrigger(BaseTrigger):
         yield TriggerEvent("unblocked")
 
 
+class RunStateTrigger(BaseTrigger):
+    """Asks the Task SDK what DagStateTrigger asks (``get_dr_count``, ``get_dagrun_state``),
+    from a class no triggerer recognises: its calls go to the triggerer's supervisor."""
+
+    def __init__(self, dag_id: str, run_id: str) -> None:
+        super().__init__()
+        self.dag_id = dag_id
+        self.run_id = run_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{HERE}.RunStateTrigger", {"dag_id": self.dag_id, "run_id": self.run_id}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        # asgiref comes with Airflow (.venv-airflow), as the providers' triggers use it.
+        from asgiref.sync import sync_to_async  # type: ignore[import-not-found]
+
+        count = await sync_to_async(RuntimeTaskInstance.get_dr_count)(
+            dag_id=self.dag_id, run_ids=[self.run_id], states=["running"]
+        )
+        state = await sync_to_async(RuntimeTaskInstance.get_dagrun_state)(
+            dag_id=self.dag_id, run_id=self.run_id
+        )
+        yield TriggerEvent({"count": count, "state": getattr(state, "value", state)})
+
+
 class ConnTrigger(BaseTrigger):
     """Looks its connection up the Airflow way (BaseHook.get_connection)."""
 
