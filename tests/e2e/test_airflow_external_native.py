@@ -20,7 +20,6 @@ the provider's answer; a failed mapped instance is
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,17 +150,6 @@ class Airflow(AirflowHome):
         assert set(ids) == set(waits)
         assert self.deferred(run_id) == set(waits)
 
-    def start(self, log: Path, port: int) -> subprocess.Popen[str]:
-        with open(log, "w") as out:
-            return subprocess.Popen(
-                [str(self.bin / "slotless"), "airflow-triggerer", "--metrics-port", str(port)],
-                env=self.env,
-                cwd=self.tmp,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
@@ -177,7 +165,7 @@ def test_waits_on_other_dags_runs_are_one_read_per_interval(
     airflow.defer("r1", WAITS)
     port = free_port()
     log = tmp_path / "triggerer.log"
-    proc = airflow.start(log, port)
+    proc = airflow.start_triggerer(log, "--metrics-port", str(port))
 
     def metrics() -> dict[str, float]:
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -263,7 +251,7 @@ def test_a_failed_mapped_instance_and_a_skipped_task_are_the_providers_events(
     airflow.defer("r2", FAILS)
     port = free_port()
     log = tmp_path / "triggerer.log"
-    proc = airflow.start(log, port)
+    proc = airflow.start_triggerer(log, "--metrics-port", str(port))
     try:
         wait_until(
             lambda: slotless_metrics(port).get('slotless_airflow_checks{kind="external"}') == 2,

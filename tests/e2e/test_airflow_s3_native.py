@@ -17,7 +17,6 @@ bucket that does not exist fails its task instance alone, in one line.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,15 +116,7 @@ def test_s3_key_waits_are_one_listing_per_interval(
 
     port = free_port()
     log = tmp_path / "triggerer.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [str(airflow.bin / "slotless"), "airflow-triggerer", "--metrics-port", str(port)],
-            env=airflow.env,
-            cwd=airflow.tmp,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    proc = airflow.start_triggerer(log, "--metrics-port", str(port))
 
     def metrics() -> dict[str, float]:
         assert proc.poll() is None, log.read_text()[-3000:]

@@ -117,16 +117,7 @@ def _touch(sshd: OpenSSHServer, rel: str, mtime: float | None = None) -> None:
 
 def _start(airflow: Airflow, log: Path) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [str(airflow.bin / "slotless"), "airflow-triggerer", "--metrics-port", str(port)],
-            env=airflow.env,
-            cwd=airflow.tmp,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    return proc, port
+    return airflow.start_triggerer(log, "--metrics-port", str(port)), port
 
 
 def _events(airflow: Airflow, run_id: str) -> dict[str, Any]:

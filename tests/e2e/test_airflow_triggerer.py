@@ -98,19 +98,6 @@ class Deployment(AirflowHome):
         states = {r["task_id"]: r["state"] for r in rows}
         return all(states.get(n) not in (None, "deferred") for n in names)
 
-    def start_triggerer(
-        self, log: Path, *args: str, env: dict[str, str] | None = None
-    ) -> subprocess.Popen[str]:
-        with open(log, "w") as out:
-            return subprocess.Popen(
-                [str(self.bin / "slotless"), "airflow-triggerer", *args],
-                env=env or self.env,
-                cwd=self.tmp,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-
 
 _STATE_QUERY = "SELECT task_id, state FROM task_instance WHERE dag_id = 'waits' AND run_id = $1"
 

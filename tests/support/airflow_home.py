@@ -74,6 +74,20 @@ class AirflowHome:
             home.migrate_and_sync()
             yield home
 
+    def start_triggerer(
+        self, log: Path, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        """``slotless airflow-triggerer ARGS`` on this home, its output into ``log``."""
+        with open(log, "w") as out:
+            return subprocess.Popen(
+                [str(self.bin / "slotless"), "airflow-triggerer", *args],
+                env=env or self.env,
+                cwd=self.tmp,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+
     def run(self, *args: str, stdin: str | None = None, timeout: float = 180) -> Any:
         return subprocess.run(
             args,
