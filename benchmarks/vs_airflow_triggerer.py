@@ -66,6 +66,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from triggers.inotify import POLL_FSTYPES_ENV
+
 from . import calibration
 from .airflow_env import BENCH_VENV, CONSTRAINTS, airflow_python
 from .common import RESULTS, result_document, save_figure, subplots, write_json
@@ -177,8 +179,8 @@ class OnAirflow(System):
     """A triggerer serving a copy of the deployment's database: seeded by seed.py, read
     back from Airflow's ``task_instance`` table."""
 
-    def __init__(self, work: Path, dep: Deployment) -> None:
-        super().__init__(work)
+    def __init__(self, work: Path, dep: Deployment, push: bool = False) -> None:
+        super().__init__(work, push)
         self.dep = dep
         self.db: str | None = None
         self.env: dict[str, str] = {}
@@ -280,8 +282,11 @@ class AirflowTriggerer(OnAirflow):
 class SlotlessAirflowTriggerer(OnAirflow):
     name = "slotless"
 
-    def __init__(self, work: Path, dep: Deployment) -> None:
-        super().__init__(work, dep)
+    def __init__(self, work: Path, dep: Deployment, push: bool = True) -> None:
+        # push: its native file checks' directories watched by inotify (its default);
+        # without, polled at the interval as Airflow's FileTrigger polls (inotify turned
+        # off with SLOTLESS_INOTIFY_POLL_FSTYPES=*, as for a network filesystem).
+        super().__init__(work, dep, push)
         self.port = free_port()
 
     def command(self, n: int) -> tuple[list[str], dict[str, str]]:
@@ -297,6 +302,9 @@ class SlotlessAirflowTriggerer(OnAirflow):
             **self.env,
             "AIRFLOW__TRIGGERER__MAX_TRIGGER_TO_SELECT_PER_LOOP": str(select_limit(n)),
         }
+        if not self.push:
+            env[POLL_FSTYPES_ENV] = "*"
+            self.settings["inotify"] = f"off ({POLL_FSTYPES_ENV}=*): polled at the interval"
         argv = [str(self.dep.bin / "slotless"), "airflow-triggerer", "--capacity", str(capacity)]
         argv += ["--metrics-port", str(self.port), "--metrics-host", "127.0.0.1"]
         return argv, env
@@ -314,12 +322,13 @@ class SlotlessAirflowTriggerer(OnAirflow):
         return total
 
     def held(self, n_distinct: int) -> bool:
-        # Every distinct path globbed once, and every row loaded (W3's 1,000 rows on 600
-        # paths could see every path before the last rows are taken).
+        # Every distinct path checked once (its native check looks paths up by name in a
+        # listing, not by glob: its own count), and every row loaded (W3's 1,000 rows on
+        # 600 paths could see every path before the last rows are taken).
         if n_distinct == 0:
             return True
         return (
-            self.probe()["all_seen_at"] is not None
+            self.metric("slotless_airflow_first_checks_total") >= n_distinct
             and self.metric("slotless_airflow_triggers") >= self.n_rows
         )
 
@@ -331,7 +340,7 @@ class SlotlessAirflowTriggerer(OnAirflow):
 
 
 def run_triggerer(
-    name: str, make: Callable[[Path], OnAirflow], args: argparse.Namespace, root: Path, log: Any
+    name: str, make: Callable[..., OnAirflow], args: argparse.Namespace, root: Path, log: Any
 ) -> dict[str, Any]:
     res: dict[str, Any] = {"w1": [], "w2": [], "w3": None}
     log(f"{name}: W1 baseline (no waits)")
@@ -341,16 +350,27 @@ def run_triggerer(
         log(f"{name}: W1 at {n:,} waits")
         system = make(root / f"{name}-w1-{n}")
         res["w1"].append(w1_row(system, n, base, args, args.hold_limit, log))
-    for interval in INTERVALS:
-        log(f"{name}: W2 at {interval:g} s")
-        system = make(root / f"{name}-w2-{interval:g}")
-        r = loaded(partial(w2, system, args.w2_n, interval, 300, args.fire_limit))
-        res["w2"].append(r)
-        log(f"  {r}")
-    log(f"{name}: W3")
-    system = make(root / f"{name}-w3")
-    res["w3"] = loaded(partial(w3, system, args.w3_n, args.w3_distinct, 5.0, args.w3_window, 300))
-    log(f"  {res['w3']}")
+    # slotless twice, pushed (its default: inotify) and polled (as Airflow's FileTrigger
+    # polls, and as slotless does on a network filesystem); Airflow's only polls.
+    modes = (True, False) if name == "slotless" else (False,)
+    for push in modes:
+        mode = "push" if push else "polling"
+        for interval in INTERVALS:
+            log(f"{name}: W2 at {interval:g} s, {mode}")
+            system = make(root / f"{name}-w2-{interval:g}-{mode}", push=push)
+            r = loaded(partial(w2, system, args.w2_n, interval, 300, args.fire_limit))
+            res["w2"].append(r)
+            log(f"  {r}")
+    # W3 counts periodic checks, polled (the de-duplication target); pushed, slotless
+    # makes none between its safety listings: measured apart.
+    for push in modes:
+        key = "w3_push" if push else "w3"
+        log(f"{name}: W3, {'push' if push else 'polling'}")
+        system = make(root / f"{name}-{key}", push=push)
+        res[key] = loaded(
+            partial(w3, system, args.w3_n, args.w3_distinct, 5.0, args.w3_window, 300)
+        )
+        log(f"  {res[key]}")
     if name == "slotless" and args.most and args.most not in args.w1_sizes:
         # Last, so a size this machine cannot take in time costs only its own limit.
         log(
@@ -403,12 +423,17 @@ def headline_into(res: dict[str, Any], name: str, args: argparse.Namespace) -> N
             "the largest W1 size held in this run; no larger size tried here (the issue "
             "measured Airflow's triggerer dying at 20,000 on the open-files limit)"
         )
+    # The headline is each triggerer as deployed: slotless pushed (its default), Airflow
+    # polling; slotless polled is kept beside it.
     for r in res["w2"]:
+        suffix = "" if r.get("push") or name == "airflow" else "_polling"
         for q in ("p50", "p99"):
-            res[f"w2_{q}_s_{r['interval_s']:g}s"] = r.get(f"{q}_s")
+            res[f"w2_{q}_s_{r['interval_s']:g}s{suffix}"] = r.get(f"{q}_s")
     w3r = res["w3"] or {}
     res["w3_checks_per_s"] = w3r.get("checks_per_s")
-    res["w3_globs_per_s"] = w3r.get("listings_per_s")
+    res["w3_listings_per_s"] = w3r.get("listings_per_s")
+    if res.get("w3_push"):
+        res["w3_checks_per_s_push"] = res["w3_push"].get("checks_per_s")
 
 
 def targets(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -419,8 +444,10 @@ def targets(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "w3_checks_per_s_equal_distinct_paths_per_s": None,
     }
     for i in INTERVALS:
-        p99 = s.get(f"w2_p99_s_{i:g}s")
-        out[f"w2_p99_s_{i:g}s_within_interval_plus_0.1"] = None if p99 is None else p99 <= i + 0.1
+        for mode in ("", "_polling"):
+            p99 = s.get(f"w2_p99_s_{i:g}s{mode}")
+            ok = None if p99 is None else p99 <= i + 0.1
+            out[f"w2_p99_s_{i:g}s{mode}_within_interval_plus_0.1"] = ok
     c = s.get("w3_checks_per_s")
     if c is not None:
         # Whole cycles of 5 s counted over a 30 s window: within 5 % of the target.
@@ -490,9 +517,9 @@ def main(raw: list[str]) -> None:
         doc["command"] = "python -m benchmarks.vs_airflow " + " ".join(raw)
         doc["airflow_version"] = version
         doc["airflow_constraints"] = CONSTRAINTS.name
-        makers: dict[str, Callable[[Path], OnAirflow]] = {
-            "airflow": lambda w: AirflowTriggerer(w, dep),
-            "slotless": lambda w: SlotlessAirflowTriggerer(w, dep),
+        makers: dict[str, Callable[..., OnAirflow]] = {
+            "airflow": lambda w, push=False: AirflowTriggerer(w, dep),
+            "slotless": lambda w, push=True: SlotlessAirflowTriggerer(w, dep, push),
         }
         try:
             log("migrating the template database (airflow db migrate, dags reserialize)")
@@ -534,7 +561,7 @@ def main(raw: list[str]) -> None:
 
 def most_only(
     doc: dict[str, Any],
-    make: Callable[[Path], OnAirflow],
+    make: Callable[..., OnAirflow],
     args: argparse.Namespace,
     root: Path,
     log: Callable[[str], None],
@@ -575,7 +602,7 @@ def most_only(
 def plot(doc: dict[str, Any]) -> None:
     fig, axes = subplots(3, width=5.0)
     colors = {"airflow": "#d62728", "slotless": "#1f77b4"}
-    for k, name in enumerate(("airflow", "slotless")):
+    for name in ("airflow", "slotless"):
         res = doc.get(name)
         if not res:
             continue
@@ -590,8 +617,14 @@ def plot(doc: dict[str, Any]) -> None:
         for r in res["w2"]:
             if "p99_s" not in r:
                 continue
-            x = (0 if r["interval_s"] == 1.0 else 1) + (k - 0.5) * 0.4
-            axes[1].bar(x, r["p99_s"], width=0.38, color=colors[name], label=name)
+            # Three series: Airflow's (polling), slotless pushed, slotless polling.
+            series = 0 if name == "airflow" else (1 if r.get("push") else 2)
+            label = (
+                name if name == "airflow" else f"{name} ({'push' if series == 1 else 'polling'})"
+            )
+            x = (0 if r["interval_s"] == 1.0 else 1) + (series - 1) * 0.28
+            color = "#9ecae1" if series == 2 else colors[name]
+            axes[1].bar(x, r["p99_s"], width=0.26, color=color, label=label)
             axes[1].plot([x], [r["p50_s"]], "k_", markersize=10)
         w3r = res.get("w3") or {}
         if "checks_per_s" in w3r:

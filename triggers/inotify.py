@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .context import to_thread
 from .push import PushSource, PushUnavailable, Wake
 
 log = logging.getLogger("slotless.push.inotify")
@@ -139,16 +140,22 @@ class HeardNames:
 
 
 class InotifyDirectory(PushSource):
-    """Wakes the waits of one directory: topics are the names closed or moved into it."""
+    """Wakes the waits of one directory: topics are the names closed or moved into it.
 
-    def __init__(self, directory: str) -> None:
+    ``creations``: the names created or moved into it instead, for waits on a name's mere
+    existence (Airflow's FileTrigger fires on an empty file, or on a directory).
+    """
+
+    def __init__(self, directory: str, *, creations: bool = False) -> None:
         self.directory = directory
+        self.creations = creations
 
     def describe(self) -> str:
         return f"inotify watch on {self.directory}"
 
     async def run(self, ctx: Any, ready: Callable[[], None], wake: Wake) -> None:
-        reason = _poll_reason(self.directory)
+        # Reads /proc/self/mountinfo: not on the loop.
+        reason = await to_thread(_poll_reason, self.directory)
         if reason is not None:
             raise PushUnavailable(reason)
         reader: _Reader = await ctx.shared("inotify", _Reader.open)
@@ -197,7 +204,7 @@ class InotifyDirectory(PushSource):
             wake(names)
 
         gone = loop.create_future()
-        watch = reader.watch(directory, noted, gone)
+        watch = reader.watch(directory, noted, gone, creations=self.creations)
         try:
             if announced:
                 wake([None])

@@ -38,7 +38,16 @@ from triggers.airflow import airflow_events, airflow_trigger_class
 from triggers.context import to_thread
 from triggers.registry import in_import_thread
 
-from . import comms, native, native_external, native_s3, native_sftp, owners, tasklogs
+from . import (
+    comms,
+    native,
+    native_external,
+    native_files,
+    native_s3,
+    native_sftp,
+    owners,
+    tasklogs,
+)
 from .plans import Plan, plan, poke_interval
 from .rows import AirflowRows, Outcome, Row, Seen, in_batches
 from .tasklogs import TaskLogs
@@ -103,6 +112,10 @@ class Engine:
         self.outbox: asyncio.Queue[Outcome] = asyncio.Queue()
         self.stopping = asyncio.Event()
         self.checks: Counter[str] = Counter()  # native checks made, by kind
+        # Conditions checked at least once since the start (held and looked at).
+        self.first_checks = 0
+        # The native FileTrigger checks of literal paths: by directory, pushed by inotify.
+        self.files = native_files.FileHub()
         # The native S3 checks' clients (one per connection, closed at the stop) and the
         # listings they share.
         self.s3 = native_s3.S3Native()
@@ -141,6 +154,8 @@ class Engine:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
             await self._stop_groups()
+            with contextlib.suppress(Exception):
+                await self.files.close()
             with contextlib.suppress(Exception):
                 await self.s3.close()
             with contextlib.suppress(Exception):
@@ -401,7 +416,8 @@ class Engine:
     def _events(self, group: Group) -> AsyncGenerator[Any, None]:
         if group.plan.kind == "file":
             _, path, recursive = group.plan.key
-            return native.file_events(
+            return native_files.file_events(
+                self.files,
                 path,
                 recursive,
                 functools.partial(self._file_interval, group),
@@ -445,6 +461,8 @@ class Engine:
 
     def _native_check(self, group: Group, kind: str, result: str = "no match yet") -> None:
         self.checks[kind] += 1
+        if group.last_check is None:
+            self.first_checks += 1
         # Said before the event is yielded: a check that finds its condition fires at once
         # (and its result becomes "fired"), so a result kept here is one that found nothing.
         group.last_check, group.last_result = time.time(), result

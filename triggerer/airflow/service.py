@@ -229,6 +229,22 @@ class EngineCollector(Collector):
         for kind in ("file", "s3", "sftp", "external"):
             made.add_metric([kind], e.checks[kind])
         yield made
+        checked = CounterMetricFamily(
+            "slotless_airflow_first_checks",
+            "distinct conditions checked at least once since the start (natively checked)",
+        )
+        checked.add_metric([], e.first_checks)
+        yield checked
+        files = CounterMetricFamily(
+            "slotless_airflow_file_looks",
+            "looks of the native FileTrigger checks: a whole directory listed (one per "
+            "directory per interval, or per safety interval while inotify watches it, however "
+            "many paths wait there), or a single name (pushed by inotify, or new)",
+            labels=["what"],
+        )
+        files.add_metric(["listing"], e.files.listings)
+        files.add_metric(["name"], e.files.lookups)
+        yield files
         listings = CounterMetricFamily(
             "slotless_airflow_s3_listings",
             "paginated ListObjectsV2 listings made by the native S3 checks (one per "
