@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from triggerer.airflow.engine import Engine
 from triggerer.airflow.owners import LIVE_S, MARK, Peer, candidates, mark, owner, weight
 from triggerer.airflow.plans import FILE, plan
 
@@ -77,3 +78,16 @@ def test_instances_serving_other_trigger_queues_are_another_pool() -> None:
     many = [f"queue-{i}" for i in range(200)]
     assert len(mark(many)) <= 500  # Job.executor_class is 500 wide
     assert mark(many) == mark(reversed(many)) != mark(many[1:])
+
+
+def test_an_instance_counts_itself_live_when_its_own_beat_is_read_late() -> None:
+    """Its loop or the database slow for a moment, an instance reads its own beat late: it
+    keeps checking its conditions (dropping and re-joining every one of them each time was
+    what made a busy instance's loop stall, and its beat late again). A peer read late is
+    not counted: its conditions are taken over."""
+    engine = Engine(rows=None, interval=1.0)  # type: ignore[arg-type]  # never cycles here
+    engine.job_id = 7
+    now = 1000.0
+    peers = [Peer(7, now - 10.0, True), Peer(8, now - 0.2, True), Peer(9, now - 10.0, True)]
+    assert engine._live(peers, now) == [7, 8]
+    assert engine._live([], now) == [7]

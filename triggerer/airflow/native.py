@@ -2,13 +2,14 @@
 running its class's ``run()``. Each yields the event Airflow's own class would have
 yielded (the same payload), so the task's ``execute_complete`` sees no difference.
 
-- A file: the provider's FileTrigger semantics exactly (the glob, ``recursive``; a match
+- A file (a glob): the provider's FileTrigger semantics exactly (the glob, ``recursive``; a match
   that is a file, or a directory holding a file somewhere below it), but one check per
   distinct (filepath, recursive) for every row waiting on it, made in a thread (Airflow's
   FileTrigger globs on its event loop), at the shortest ``poke_interval`` among them.
-- A moment: a timer (one sleeping task per distinct moment, no polling; Airflow's
-  DateTimeTrigger wakes every second for its last 20 s), re-reading the wall clock when
-  it wakes, so a clock stepped back is not fired early.
+- A moment: :mod:`.native_time` (one timer for every instant held).
+
+A literal path is waited for by name in its directory (:mod:`.native_files`); the glob
+check here serves the paths with glob characters.
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
-import time
 from collections.abc import AsyncGenerator, Callable
-from datetime import datetime
 from typing import Any
 
-from triggers.airflow import airflow_trigger_class
 from triggers.context import to_thread
-
-from .plans import DATETIME
 
 
 async def file_events(
@@ -52,17 +48,3 @@ def file_found(path: str, recursive: bool) -> bool:
             if files:
                 return True
     return False
-
-
-async def time_events(moment: datetime, end_from_trigger: bool) -> AsyncGenerator[Any, None]:
-    """At ``moment``: the DateTimeTrigger's own event (its payload, the moment in UTC), or
-    ``TaskSuccessEvent`` when it ends the task from the trigger."""
-    from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
-
-    # Built, not run: its ``moment`` is the payload Airflow's run() yields (pendulum, UTC).
-    trigger = airflow_trigger_class(DATETIME)(moment=moment, end_from_trigger=end_from_trigger)
-    due = moment.timestamp()
-    while (left := due - time.time()) > 0:
-        # Capped: a long sleep would not notice the wall clock moving under it.
-        await asyncio.sleep(min(left, 60.0))
-    yield TaskSuccessEvent() if end_from_trigger else TriggerEvent(trigger.moment)
