@@ -6,6 +6,7 @@ dropped from the heap."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -28,8 +29,12 @@ async def test_ten_thousand_instants_cost_one_timer(hub: TimeHub) -> None:
     # Twenty instants over 0.2 s, added last and in reverse order.
     soon = [asyncio.create_task(hub.until(now + 0.3 - i * 0.01)) for i in range(20)]
     order: list[int] = []
+
+    def done(i: int, _: asyncio.Task[None]) -> None:
+        order.append(i)
+
     for i, t in enumerate(soon):
-        t.add_done_callback(lambda _t, i=i: order.append(i))
+        t.add_done_callback(functools.partial(done, i))
     await asyncio.wait_for(asyncio.gather(*soon), 10)
     assert order == sorted(order, reverse=True)  # earliest first
     assert not any(t.done() for t in later)
