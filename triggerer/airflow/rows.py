@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from .owners import BEAT_S, RECENT_S, Peer, candidates, mark, owner
+from .submitting import Write, write
 
 log = logging.getLogger("slotless.airflow")
 
@@ -301,6 +302,7 @@ class AirflowRows:
             )
             among = candidates(self.peers(session), time.time())
             me = int(self.job.id)
+            writes: list[Write] = []
             for outcome in outcomes:
                 outcome.written = 0  # a retried batch counts afresh
                 # Nobody live at all (this instance's own beat late too): nobody else checks
@@ -312,11 +314,10 @@ class AirflowRows:
                 for tid in outcome.ids:
                     if locked.get(tid) not in ours:
                         continue  # gone, or another kind of triggerer's now
-                    if outcome.error is not None:
-                        Trigger.submit_failure(tid, outcome.error, session=session)
-                    else:
-                        Trigger.submit_event(tid, outcome.event, session=session)
+                    writes.append(Write(tid, outcome.event, outcome.error))
                     outcome.written += 1
+            # What submit_event / submit_failure do per id, for the whole batch at once.
+            write(writes, session)
         return skipped
 
     def clean_unused(self) -> None:
