@@ -273,11 +273,12 @@ class AirflowRows:
 
         The trigger rows are locked first (``FOR UPDATE``, in id order, with Airflow's own
         ``with_row_locks``, as its ``clean_unused`` locks them), so two instances writing
-        one trigger id follow each other: the second's ``submit_event`` finds its task
-        instances no longer DEFERRED and does nothing. Under the lock, who checks each
-        condition is decided again from the Job rows read then, and a row that another
-        kind of triggerer (Airflow's own, in a mixed deployment) has taken meanwhile is left
-        to it: Airflow's assignment skips locked rows, so it cannot take one mid-write."""
+        one trigger id follow each other: the second finds its task instances no longer
+        DEFERRED and does nothing to them. (The writes are what ``submit_event`` and
+        ``submit_failure`` do per id, done for the whole batch: :mod:`.submitting`.)
+        Under the lock, who checks each condition is decided again from the Job rows read
+        then, and a row that another kind of triggerer (Airflow's own, in a mixed
+        deployment) has taken meanwhile is left to it: Airflow's assignment skips locked rows, so it cannot take one mid-write."""
         from airflow.jobs.job import Job
         from airflow.models.trigger import Trigger
         from airflow.utils.session import create_session
