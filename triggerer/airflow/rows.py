@@ -278,7 +278,8 @@ class AirflowRows:
         ``submit_failure`` do per id, done for the whole batch: :mod:`.submitting`.)
         Under the lock, who checks each condition is decided again from the Job rows read
         then, and a row that another kind of triggerer (Airflow's own, in a mixed
-        deployment) has taken meanwhile is left to it: Airflow's assignment skips locked rows, so it cannot take one mid-write."""
+        deployment) has taken meanwhile is left to it: Airflow's assignment skips locked
+        rows, so it cannot take one mid-write."""
         from airflow.jobs.job import Job
         from airflow.models.trigger import Trigger
         from airflow.utils.session import create_session
