@@ -60,9 +60,8 @@ def write(writes: Sequence[Write], session: Any, *, hold_flushes: bool = True) -
     loaded = _Loaded(writes, session)
     held = _FlushHeld(session)
     for at, w in enumerate(writes):
-        rest = writes[at:]
         # Popped: a second write to this id finds them resumed, as Airflow's would.
-        tis = loaded.ready(rest).waiting.pop(w.trigger_id, [])
+        tis = loaded.ready(writes, at).waiting.pop(w.trigger_id, [])
         if w.error is not None:
             for ti in tis:
                 _fail(ti, w.error)
@@ -75,8 +74,8 @@ def write(writes: Sequence[Write], session: Any, *, hold_flushes: bool = True) -
             if loaded.closed():
                 # Those after it were let go with the session: read again, as the next
                 # submit_event would read them.
-                tis = loaded.ready(rest).waiting.pop(w.trigger_id, [])
-        trigger = loaded.ready(rest).triggers.get(w.trigger_id)
+                tis = loaded.ready(writes, at).waiting.pop(w.trigger_id, [])
+        trigger = loaded.ready(writes, at).triggers.get(w.trigger_id)
         if trigger is None:
             continue  # deleted meanwhile: submit_event does nothing more either
         _reach_assets_and_callback(trigger, w.event, session)
@@ -115,9 +114,10 @@ class _Loaded:
 
         return self.sentinel is not None and bool(inspect(self.sentinel).detached)
 
-    def ready(self, rest: Sequence[Write]) -> _Loaded:
+    def ready(self, writes: Sequence[Write], at: int) -> _Loaded:
+        """Itself, read again for ``writes[at:]`` if the session let go of what it read."""
         if self.closed():
-            self.read(rest)
+            self.read(writes[at:])
         return self
 
 
