@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from .owners import BEAT_S, RECENT_S, Peer, candidates, mark, owner
+from .submitting import Write, write
 
 log = logging.getLogger("slotless.airflow")
 
@@ -272,11 +273,13 @@ class AirflowRows:
 
         The trigger rows are locked first (``FOR UPDATE``, in id order, with Airflow's own
         ``with_row_locks``, as its ``clean_unused`` locks them), so two instances writing
-        one trigger id follow each other: the second's ``submit_event`` finds its task
-        instances no longer DEFERRED and does nothing. Under the lock, who checks each
-        condition is decided again from the Job rows read then, and a row that another
-        kind of triggerer (Airflow's own, in a mixed deployment) has taken meanwhile is left
-        to it: Airflow's assignment skips locked rows, so it cannot take one mid-write."""
+        one trigger id follow each other: the second finds its task instances no longer
+        DEFERRED and does nothing to them. (The writes are what ``submit_event`` and
+        ``submit_failure`` do per id, done for the whole batch: :mod:`.submitting`.)
+        Under the lock, who checks each condition is decided again from the Job rows read
+        then, and a row that another kind of triggerer (Airflow's own, in a mixed
+        deployment) has taken meanwhile is left to it: Airflow's assignment skips locked
+        rows, so it cannot take one mid-write."""
         from airflow.jobs.job import Job
         from airflow.models.trigger import Trigger
         from airflow.utils.session import create_session
@@ -301,6 +304,7 @@ class AirflowRows:
             )
             among = candidates(self.peers(session), time.time())
             me = int(self.job.id)
+            writes: list[Write] = []
             for outcome in outcomes:
                 outcome.written = 0  # a retried batch counts afresh
                 # Nobody live at all (this instance's own beat late too): nobody else checks
@@ -312,11 +316,10 @@ class AirflowRows:
                 for tid in outcome.ids:
                     if locked.get(tid) not in ours:
                         continue  # gone, or another kind of triggerer's now
-                    if outcome.error is not None:
-                        Trigger.submit_failure(tid, outcome.error, session=session)
-                    else:
-                        Trigger.submit_event(tid, outcome.event, session=session)
+                    writes.append(Write(tid, outcome.event, outcome.error))
                     outcome.written += 1
+            # What submit_event / submit_failure do per id, for the whole batch at once.
+            write(writes, session)
         return skipped
 
     def clean_unused(self) -> None:
