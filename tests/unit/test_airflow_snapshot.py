@@ -83,4 +83,4 @@ def test_metrics_are_labelled_by_dag_and_class_only() -> None:
     assert samples[("slotless_airflow_checks_by_class", (("classpath", FILE),))] == 50
     assert samples[("slotless_airflow_oldest_wait_seconds", (("dag_id", "etl"),))] > 0
     labels = {name for (_, pairs) in samples for name, _ in pairs}
-    assert labels <= {"dag_id", "classpath", "kind", "outcome"}, labels
+    assert labels <= {"dag_id", "classpath", "kind", "outcome", "what"}, labels

@@ -2,11 +2,13 @@
 
 Three loops on one event loop, each touching Airflow's database only in a thread:
 
-- assigning: every ``interval`` s, take triggers (``assign_unassigned``), list ours
-  (``ids_for_triggerer``), load the new ones (``bulk_fetch``, decrypted), drop the ones
-  no longer ours, and ``clean_unused``; as Airflow's triggerer does each second;
-- submitting: an outcome is written as soon as its check finds it (``submit_event`` /
-  ``submit_failure`` for every trigger id in the check's group, one transaction);
+- assigning: every ``interval`` s, take triggers (``assign_unassigned``), read the rows
+  new since the last whole listing, load them (``bulk_fetch``, decrypted), and
+  ``clean_unused``, as Airflow's triggerer does each second; every :data:`LIST_ALL_S`, list
+  every row (``ids_for_triggerer``) and drop the ones no longer held;
+- submitting: an outcome is written as soon as its check finds it (what ``submit_event``
+  / ``submit_failure`` do, for every trigger id in the check's group, batched:
+  :mod:`.submitting`);
 - heartbeating: the Job's heartbeat, every :data:`.owners.BEAT_S`, reading the other
   slotless instances' Job rows with it; when the live ones change, a cycle runs at once
   (a killed instance's conditions are taken over without waiting for the next one). It
@@ -28,6 +30,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable
@@ -49,15 +52,19 @@ from . import (
     tasklogs,
 )
 from .plans import Plan, plan, poke_interval
-from .rows import AirflowRows, Outcome, Row, Seen, in_batches
+from .rows import AirflowRows, Outcome, Row, in_batches
 from .tasklogs import TaskLogs
 
 log = logging.getLogger("slotless.airflow")
 
-# Trigger ids written per transaction (rows.in_batches): Airflow's submit_event is about six
-# statements each (5-7 ms here), so a transaction of this many holds its row locks for about
-# half a second, and a burst's first task instances leave DEFERRED while the rest are written.
+# Trigger ids written per transaction (rows.in_batches, then submitting.write): about
+# 0.3 ms each batched, so a transaction of this many holds its row locks for 20-40 ms and a
+# burst's first task instances leave DEFERRED while the rest are written; larger ones
+# measured no faster (1,000 ids: 0.37 s in tens of 100, 0.34 s as one).
 SUBMIT_IDS = 100
+
+# Seconds between two listings of every row held by the pool (see Engine._cycle).
+LIST_ALL_S = 10.0
 
 RECENT = 50  # outcomes kept for `slotless status --airflow`
 TASKS_SHOWN = 5  # task instances named per outcome there
@@ -103,6 +110,10 @@ class Engine:
         self.assigned: set[int] = set()  # what Airflow assigns to this instance's Job
         self.live: list[int] = []  # the slotless instances checking conditions now
         self.wake = asyncio.Event()  # a cycle at once: the live instances changed
+        # When the rows of every instance were last listed whole (monotonic), and the
+        # newest id then: the cycles in between read only the rows above it.
+        self._listed_all_at = -math.inf
+        self._watermark = 0
         # Each condition's owner among ``live`` (cleared when they change): a cycle looks
         # every held row up, and hashing each one each cycle would cost the loop.
         self._owners: dict[Any, int | None] = {}
@@ -215,20 +226,37 @@ class Engine:
             self.wake.set()
 
     async def _cycle(self) -> bool:
-        """One cycle; True when it took a full batch of new rows (more may be waiting)."""
-        seen = await to_thread(self.rows.cycle)
+        """One cycle; True when it took a full batch of new rows (more may be waiting).
+
+        Every :data:`LIST_ALL_S` (and first) the rows of every instance are listed whole:
+        rows gone since (resumed elsewhere, cleared) are forgotten then, and rows handed
+        to the pool with an old id (an Airflow triggerer's, taken over) are found. In
+        between, only the rows above the newest id of that listing are read: a cycle
+        costs the rows new since, not the 100,000 held (listing those each second was a
+        third of a core)."""
+        began = time.monotonic()
+        full = began - self._listed_all_at >= LIST_ALL_S
+        seen = await to_thread(self.rows.cycle, None if full else self._watermark)
         held = seen.held.keys()
-        for tid in [t for t in self.known if t not in held]:
-            self._forget(tid)
-        self.done &= held
+        if seen.full:
+            self._listed_all_at = began
+            self._watermark = max(held, default=0)
+            for tid in [t for t in self.known if t not in held]:
+                self._forget(tid)
+            self.done &= held
+            self.assigned = {t for t, job in seen.held.items() if job == self.job_id}
+        else:
+            self.assigned.update(t for t, job in seen.held.items() if job == self.job_id)
         new = held - self.known.keys() - self.done
         live = self._live(seen.peers, seen.now)
-        if live != self.live:
+        moved = live != self.live
+        if moved:
             log.info("slotless instances checking conditions: TriggererJobs %s", live)
             self.live = live
             self._owners.clear()
         elif len(self._owners) > 2 * len(self.known) + 1024:
             self._owners.clear()  # the keys of conditions long gone
+        added: list[int] = []
         if new:
             loaded, bad, gone = await to_thread(self.rows.load, new)
             self.done |= gone
@@ -240,7 +268,9 @@ class Engine:
             for row in loaded:
                 if row.id not in self.known and row.id not in self.done:
                     self.known[row.id] = (row, plan(row.classpath, row.kwargs))
-        self._own(seen)
+                    added.append(row.id)
+        # Who checks what changes only with the live instances, or for rows new here.
+        self._own(list(self.known) if moved or seen.full else added)
         await to_thread(self.rows.clean_unused)
         self.cycles += 1
         return len(new) >= self.rows.select_limit
@@ -259,11 +289,14 @@ class Engine:
             live.add(self.job_id)
         return sorted(live)
 
-    def _own(self, seen: Seen) -> None:
+    def _own(self, tids: list[int]) -> None:
         """Check the conditions this instance owns among the live ones, for every row
-        waiting on them; leave the ones another instance owns now."""
-        self.assigned = {t for t, job in seen.held.items() if job == self.job_id}
-        for tid, (row, p) in self.known.items():
+        waiting on them (of ``tids``); leave the ones another instance owns now."""
+        for tid in tids:
+            held = self.known.get(tid)
+            if held is None:
+                continue
+            row, p = held
             mine = self._owner(p.key) == self.job_id
             if mine and tid not in self.member:
                 self._join(row, p)

@@ -94,12 +94,14 @@ def in_batches(outcomes: Sequence[Outcome], most: int) -> list[list[Outcome]]:
 
 @dataclass
 class Seen:
-    """One cycle's look at Airflow's tables: every trigger id held by a slotless instance of
-    this pool (id -> its triggerer's Job id), and those instances' Job rows."""
+    """One cycle's look at Airflow's tables: the trigger ids held by slotless instances of
+    this pool (id -> its triggerer's Job id), and those instances' Job rows. ``full``:
+    every id they hold; else only those above the id the look started from."""
 
     held: dict[int, int]
     peers: list[Peer]
     now: float
+    full: bool = True
 
 
 class UndecryptableKwargs(ValueError):
@@ -121,6 +123,9 @@ class AirflowRows:
         self.job: Any = None
         # How many unassigned rows one of Airflow's assignment queries takes at most.
         self.select_limit = conf.getint("triggerer", "max_trigger_to_select_per_loop", fallback=50)
+        # With [core] multi_team on, ids_for_triggerer without a team lists the rows of
+        # no team: the same filter for the listing of new rows (:meth:`_above`).
+        self.multi_team = conf.getboolean("core", "multi_team", fallback=False)
         # Written in the Job's executor_class (unused by Airflow's triggerer): how slotless
         # instances of one pool find each other among Airflow's TriggererJobs.
         self.mark = mark(queues)
@@ -187,10 +192,13 @@ class AirflowRows:
 
     # -- the triggers ----------------------------------------------------------------
 
-    def cycle(self) -> Seen:
+    def cycle(self, above: int | None = None) -> Seen:
         """Take unassigned (or orphaned) triggers up to capacity, then list the rows every
         slotless instance of this pool holds (ours among them): which of them this
-        instance checks is decided by key, not by assignment (:mod:`.owners`)."""
+        instance checks is decided by key, not by assignment (:mod:`.owners`).
+
+        ``above``: only the rows with a higher id (new since a full listing), in one
+        statement; None: every row, through Airflow's ``ids_for_triggerer`` per instance."""
         from airflow.models.trigger import Trigger
         from airflow.utils.session import create_session
 
@@ -200,12 +208,35 @@ class AirflowRows:
         held: dict[int, int] = {}
         with create_session() as session:
             peers = self.peers(session)
-            for peer in peers:
-                for tid in Trigger.ids_for_triggerer(
-                    peer.job_id, queues=self.queues, session=session
-                ):
-                    held[int(tid)] = peer.job_id
-        return Seen(held, peers, time.time())
+            if above is not None:
+                held = self._above(session, [p.job_id for p in peers], above)
+            else:
+                for peer in peers:
+                    for tid in Trigger.ids_for_triggerer(
+                        peer.job_id, queues=self.queues, session=session
+                    ):
+                        held[int(tid)] = peer.job_id
+        return Seen(held, peers, time.time(), full=above is None)
+
+    def _above(self, session: Any, jobs: list[int], above: int) -> dict[int, int]:
+        """``ids_for_triggerer``'s rows for every one of ``jobs`` at once, with ids above
+        ``above``: its filters (the trigger queues served, no team: ``--team`` is not
+        served) and the holder of each."""
+        from airflow.models.trigger import Trigger
+        from sqlalchemy import select
+
+        if not jobs:
+            return {}
+        query = select(Trigger.id, Trigger.triggerer_id).where(
+            Trigger.triggerer_id.in_(jobs), Trigger.id > above
+        )
+        if self.queues:
+            query = query.where(Trigger.queue.in_(self.queues))
+        else:
+            query = query.where(Trigger.queue.is_(None))
+        if self.multi_team:
+            query = query.where(Trigger.team_name.is_(None))
+        return {int(tid): int(job) for tid, job in session.execute(query).all()}
 
     def load(self, ids: Iterable[int]) -> tuple[list[Row], list[Outcome], set[int]]:
         """The rows for ``ids``, decrypted; a row that cannot be is a failure for its own
