@@ -323,13 +323,18 @@ class SlotlessAirflowTriggerer(OnAirflow):
 
     def held(self, n_distinct: int) -> bool:
         # Every distinct path checked once (its native check looks paths up by name in a
-        # listing, not by glob: its own count), and every row loaded (W3's 1,000 rows on
-        # 600 paths could see every path before the last rows are taken).
+        # listing, not by glob: its own count), every row loaded (W3's 1,000 rows on 600
+        # paths could see every path before the last rows are taken).
         if n_distinct == 0:
             return True
+        # And each row's first line written to its task's trigger log, as Airflow's
+        # triggerer creates each trigger's log file before its first check: at 100,000,
+        # writing those files takes tens of seconds, which would otherwise be counted as
+        # idle CPU.
         return (
             self.metric("slotless_airflow_first_checks_total") >= n_distinct
             and self.metric("slotless_airflow_triggers") >= self.n_rows
+            and self.metric("slotless_airflow_task_log_lines_total") >= self.n_rows
         )
 
     def checks(self) -> int:
