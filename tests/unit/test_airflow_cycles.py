@@ -59,9 +59,9 @@ async def test_cycles_read_new_rows_and_forget_gone_ones_at_a_whole_listing() ->
 
     own = engine._own
 
-    def counted(tids: list[int]) -> None:
+    async def counted(tids: list[int]) -> None:
         looked.append(len(tids))
-        own(tids)
+        await own(tids)
 
     engine._join = join  # type: ignore[method-assign]
     engine._leave = leave  # type: ignore[method-assign]
