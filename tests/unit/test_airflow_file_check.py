@@ -111,3 +111,20 @@ async def test_paths_with_glob_characters_are_not_waited_by_name() -> None:
     assert not is_literal("/in/*.csv")
     assert not is_literal("/in/[ab]/done")
     assert not is_literal("/in/dir/")  # names no entry: globbed, as the provider does
+
+
+async def test_waits_joining_in_slices_are_each_looked_at_once(
+    hub: FileHub, tmp_path: Path
+) -> None:
+    """A big pool joins a slice at a time (the engine yields between slices): each slice's
+    names are answered from one listing, without answering every name held again."""
+    checks: list[str] = []
+    waits: list[asyncio.Task[None]] = []
+    for part in range(10):
+        waits += [_start(hub, tmp_path / f"s{part}-{i}", 3600.0, checks) for i in range(500)]
+        await async_wait_until(lambda: len(checks) >= len(waits), what="the slice looked at")
+    # Once each (the watch's own first listing, if it lands meanwhile, adds one round).
+    assert len(checks) <= 2 * len(waits)
+    for w in waits:
+        w.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)

@@ -46,8 +46,8 @@ log = logging.getLogger("slotless.airflow")
 # While its directory's watch is live, a name is listed only this often (the watch can
 # miss nothing slotless knows of on a local filesystem; the listing covers what it cannot).
 SAFETY_S = 300.0
-# A wake for more waited names than this lists the whole directory instead of looking at
-# each name (one scandir beats thousands of stats).
+# More waited names due than this are answered from one listing of the directory instead
+# of looking at each name (one scandir beats thousands of stats).
 SINGLE_NAMES = 256
 # After a watch failed, how long the directory is polled before trying to watch it again.
 REWATCH_S = 60.0
@@ -144,16 +144,22 @@ class FileHub:
                         d.due.add(None)
                     else:
                         d.due.update(d.unsure)
-            whole = None in d.due or len(d.due) > SINGLE_NAMES
-            asked = list(d.waits) if whole else [n for n in d.due if n in d.waits]
+            # Every name at the listing's time (or after a watch said "anything"); else
+            # only the names due (new waits, pushed names), answered from one listing
+            # when they are many: 100,000 waits joining 1,000 at a time must not answer
+            # every name each time.
+            every = None in d.due
+            asked = list(d.waits) if every else [n for n in d.due if n in d.waits]
+            whole = every or len(asked) > SINGLE_NAMES
             d.due.clear()
             if whole:
-                listed_at = time.monotonic()
                 self.listings += 1
-                # Recomputed here only: a wait gone since leaves it shorter, not wrong.
-                d.interval = min((w.interval() for ws in d.waits.values() for w in ws), default=5.0)
             else:
                 self.lookups += len(asked)
+            if every:
+                listed_at = time.monotonic()
+                # Recomputed here only: a wait gone since leaves it shorter, not wrong.
+                d.interval = min((w.interval() for ws in d.waits.values() for w in ws), default=5.0)
             try:
                 found, present = await to_thread(_look, d.path, asked, whole)
             except Exception as exc:  # a failed look is tried again at the interval
