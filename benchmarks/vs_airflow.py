@@ -583,7 +583,23 @@ def run_system(
             r["bytes_per_wait"] = round((r["pss_bytes"] - base["pss_bytes"]) / n)
         res["w1"].append(r)
         log(f"  {json.dumps(r)}")
-    for push in w2_push:
+    res.update(w2_and_w3(name, make, args, root, log, w2_push))
+    res["settings"] = _settings_of(make, root)
+    return res
+
+
+def w2_and_w3(
+    name: str,
+    make: Callable[..., System],
+    args: argparse.Namespace,
+    root: Path,
+    log: Callable[[str], None],
+    modes: tuple[bool, ...],
+) -> dict[str, Any]:
+    """W2 at each interval and W3, once per push mode: ``w2`` (a list), ``w3`` (polling)
+    and ``w3_push``."""
+    res: dict[str, Any] = {"w2": []}
+    for push in modes:
         mode = "push" if push else "polling"
         for interval in (1.0, 5.0):
             log(f"{name}: W2 at {interval:g} s, {mode}")
@@ -593,7 +609,7 @@ def run_system(
             log(f"  {json.dumps(r)}")
     # W3 counts periodic checks: polling, like Airflow's. With push, slotless makes none
     # between the safety polls (inotify says when a path changes): measured apart.
-    for push in w2_push:
+    for push in modes:
         key = "w3_push" if push else "w3"
         log(f"{name}: W3, {'push' if push else 'polling'}")
         system = make(root / f"{name}-{key}", push=push)
@@ -601,7 +617,6 @@ def run_system(
             partial(w3, system, args.w3_n, args.w3_distinct, 5.0, args.w3_window, 300)
         )
         log(f"  {json.dumps(res[key])}")
-    res["settings"] = _settings_of(make, root)
     return res
 
 

@@ -80,8 +80,7 @@ from .vs_airflow import (
     free_port,
     loaded,
     w1,
-    w2,
-    w3,
+    w2_and_w3,
 )
 
 NAME = "vs_airflow_triggerer"
@@ -358,24 +357,7 @@ def run_triggerer(
     # slotless twice, pushed (its default: inotify) and polled (as Airflow's FileTrigger
     # polls, and as slotless does on a network filesystem); Airflow's only polls.
     modes = (True, False) if name == "slotless" else (False,)
-    for push in modes:
-        mode = "push" if push else "polling"
-        for interval in INTERVALS:
-            log(f"{name}: W2 at {interval:g} s, {mode}")
-            system = make(root / f"{name}-w2-{interval:g}-{mode}", push=push)
-            r = loaded(partial(w2, system, args.w2_n, interval, 300, args.fire_limit))
-            res["w2"].append(r)
-            log(f"  {r}")
-    # W3 counts periodic checks, polled (the de-duplication target); pushed, slotless
-    # makes none between its safety listings: measured apart.
-    for push in modes:
-        key = "w3_push" if push else "w3"
-        log(f"{name}: W3, {'push' if push else 'polling'}")
-        system = make(root / f"{name}-{key}", push=push)
-        res[key] = loaded(
-            partial(w3, system, args.w3_n, args.w3_distinct, 5.0, args.w3_window, 300)
-        )
-        log(f"  {res[key]}")
+    res.update(w2_and_w3(name, make, args, root, log, modes))
     if name == "slotless" and args.most and args.most not in args.w1_sizes:
         # Last, so a size this machine cannot take in time costs only its own limit.
         log(
