@@ -204,6 +204,7 @@ class FileHub:
                     d.due.add(name)
                     d.woken.set()
 
+        said: str | None = None
         while True:
             try:
                 await source.run(self.ctx, ready, wake)
@@ -215,7 +216,9 @@ class FileHub:
             if d.pushed:
                 d.pushed = False
                 d.woken.set()  # back to listing at the waits' own interval
-            log.info("%s is polled: %s (watched again in %.0f s)", d.path, why, REWATCH_S)
+            if why != said:  # once per reason: thousands of directories on NFS retry
+                said = why
+                log.info("%s is polled: %s (tried again every %.0f s)", d.path, why, REWATCH_S)
             await asyncio.sleep(REWATCH_S)
 
 
