@@ -12,6 +12,7 @@ its interest and the last one closes the directory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,6 +33,10 @@ async def hub() -> AsyncIterator[FileHub]:
 
 def _start(hub: FileHub, path: Path, interval: float, checks: list[str]) -> asyncio.Task[None]:
     return asyncio.create_task(hub.wait(str(path), lambda: interval, lambda: checks.append("x")))
+
+
+def _at_least(items: list[str], n: int) -> bool:
+    return len(items) >= n
 
 
 async def _pushed(hub: FileHub, directory: Path) -> None:
@@ -122,7 +127,8 @@ async def test_waits_joining_in_slices_are_each_looked_at_once(
     waits: list[asyncio.Task[None]] = []
     for part in range(10):
         waits += [_start(hub, tmp_path / f"s{part}-{i}", 3600.0, checks) for i in range(500)]
-        await async_wait_until(lambda: len(checks) >= len(waits), what="the slice looked at")
+        looked = functools.partial(_at_least, checks, len(waits))
+        await async_wait_until(looked, what="the slice looked at")
     # Once each (the watch's own first listing, if it lands meanwhile, adds one round).
     assert len(checks) <= 2 * len(waits)
     for w in waits:
