@@ -336,6 +336,7 @@ async def test_a_group_leaving_does_not_cancel_the_read_others_wait_on() -> None
     key = _key(DAGSTATE, _dagstate(dag_id="upstream", run_ids=["r1"]))
     leaving = asyncio.create_task(native.wait(key, dagstate_state, lambda: 60.0, lambda _: None))
     staying = asyncio.create_task(native.wait(key, dagstate_state, lambda: 60.0, lambda _: None))
+    # One turn of the loop: both tasks start and join the one read before one leaves.
     await asyncio.sleep(0)
     leaving.cancel()
     assert await asyncio.wait_for(staying, 5) == "success"
