@@ -1,7 +1,8 @@
 """The airflow-triggerer's assignment cycle (triggerer/airflow/engine.py), without Airflow:
 a cycle reads only the rows above the newest id of the last whole listing, and rows gone
 are forgotten at the next whole listing; who checks what is looked at again only for the
-rows new in the cycle, unless the live instances changed."""
+rows new in the cycle (and those whose check ended while they still wait), unless the
+live instances changed."""
 
 from __future__ import annotations
 
@@ -79,6 +80,14 @@ async def test_cycles_read_new_rows_and_forget_gone_ones_at_a_whole_listing() ->
 
     await engine._cycle()
     assert rows.asked[-1] == 3 and looked[-1] == 0  # nothing new: nothing looked at
+
+    # A check that ended while its row still waits (an asset watcher's run() returned):
+    # the row joins a check again at the next cycle, not at the next whole listing.
+    engine.member.pop(3)
+    joined.discard(3)
+    engine._rejoin.add(3)
+    await engine._cycle()
+    assert rows.asked[-1] == 3 and looked[-1] == 1 and 3 in joined
 
     engine._listed_all_at = -math.inf  # LIST_ALL_S passed
     await engine._cycle()

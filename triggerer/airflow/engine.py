@@ -115,6 +115,7 @@ class Engine:
         # newest id then: the cycles in between read only the rows above it.
         self._listed_all_at = -math.inf
         self._watermark = 0
+        self._rejoin: set[int] = set()  # rows whose check ended while they still wait
         # Each condition's owner among ``live`` (cleared when they change): a cycle looks
         # every held row up, and hashing each one each cycle would cost the loop.
         self._owners: dict[Any, int | None] = {}
@@ -270,8 +271,10 @@ class Engine:
                 if row.id not in self.known and row.id not in self.done:
                     self.known[row.id] = (row, plan(row.classpath, row.kwargs))
                     added.append(row.id)
-        # Who checks what changes only with the live instances, or for rows new here.
-        await self._own(list(self.known) if moved or seen.full else added)
+        # Who checks what changes only with the live instances, or for rows new here (or
+        # whose check ended while they still wait: an asset watcher's).
+        rejoin, self._rejoin = self._rejoin, set()
+        await self._own(list(self.known) if moved or seen.full else [*added, *rejoin])
         await to_thread(self.rows.clean_unused)
         self.cycles += 1
         return len(new) >= self.rows.select_limit
@@ -417,10 +420,11 @@ class Engine:
         except Exception as exc:
             self._failed(group, exc)
         finally:
-            # Rows still here (an asset watcher's, after its run() ended) are loaded again
-            # at the next cycle: a watcher keeps watching, as in Airflow.
+            # Rows still here (an asset watcher's, after its run() ended) join a check
+            # again at the next cycle: a watcher keeps watching, as in Airflow.
             for tid in list(group.rows):
                 self.member.pop(tid, None)
+                self._rejoin.add(tid)
             self._drop(group)
 
     def _fired(self, group: Group, event: Any) -> None:
