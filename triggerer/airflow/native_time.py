@@ -31,8 +31,7 @@ COMPACT_AT = 1024
 class TimeHub:
     """:meth:`until` returns once the wall clock reaches an instant."""
 
-    def __init__(self, clock: Any = time.time) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._sooner = asyncio.Event()  # an entry earlier than the one slept for
@@ -66,7 +65,7 @@ class TimeHub:
     async def _run(self) -> None:
         while True:
             heap = self._heap  # rebuilt by a compaction
-            now = self._clock()
+            now = time.time()
             while heap and (heap[0][0] <= now or heap[0][2].done()):
                 _, _, fut = heapq.heappop(heap)
                 if not fut.done():
